@@ -1,0 +1,76 @@
+"""Shared argument validation: every public entry point turns bad input into a
+``ValueError``/``TypeError`` naming the argument (API.md conventions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def as_tensor(x: Any, name: str, *, dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> torch.Tensor:
+    """Convert a numpy array / tensor / nested list to a tensor without copying the
+    caller's memory in place (the result may share memory; callers never write to it).
+
+    Raises:
+        TypeError: if ``x`` is not array-like.
+    """
+    if isinstance(x, torch.Tensor):
+        t = x
+    elif isinstance(x, np.ndarray):
+        if x.dtype == object:
+            raise TypeError(f"{name}: object arrays are not supported")
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    elif isinstance(x, (list, tuple)):
+        t = torch.as_tensor(np.asarray(x))
+    else:
+        raise TypeError(f"{name}: expected a numpy array or torch tensor, got {type(x).__name__}")
+    if dtype is not None or device is not None:
+        t = t.to(dtype=dtype or t.dtype, device=device or t.device)
+    return t
+
+
+def float_matrix(x: Any, name: str, *, ndim: int = 2, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None, allow_empty: bool = False) -> torch.Tensor:
+    """A finite floating tensor with ``ndim`` dimensions (ints are promoted to float32)."""
+    t = as_tensor(x, name, device=device)
+    if t.dtype == torch.bool:
+        raise TypeError(f"{name}: expected floating values, got bool")
+    if not t.is_floating_point():
+        t = t.to(torch.float32)
+    if dtype is not None:
+        t = t.to(dtype)
+    if t.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if not allow_empty and t.numel() == 0:
+        raise ValueError(f"{name}: empty input, shape {tuple(t.shape)}")
+    check_finite(t, name)
+    return t
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` if ``t`` holds NaN or inf."""
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        n_bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name}: contains {n_bad} NaN/inf value(s)")
+
+
+def positive_number(v: Any, name: str) -> float:
+    """A strictly positive finite float."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, got {v!r}") from None
+    if not np.isfinite(f) or f <= 0:
+        raise ValueError(f"{name}: must be a positive finite number, got {v!r}")
+    return f
+
+
+def choice(v: str, name: str, options: tuple[str, ...]) -> str:
+    if v not in options:
+        raise ValueError(f"{name}: unknown option {v!r}; expected one of {', '.join(options)}")
+    return v
