@@ -1,0 +1,5 @@
+import sys
+
+from xmodal.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``xmodal`` CLI (see :mod:`xmodal.cli`)."""
