@@ -1,0 +1,7 @@
+"""Datasets: the :class:`PairedSplit` container, the seeded synthetic generator,
+loaders for the paired-split layout (Flickr8k) and EPIC-KITCHENS-100 MIR relevancy,
+and class distributions for TS++."""
+
+from xmodal.data.types import PairedSplit
+
+__all__ = ["PairedSplit"]
