@@ -1,0 +1,89 @@
+"""The one place that talks to ``torch.distributed`` (house style rule 3).
+
+Losses gather embeddings with :func:`all_gather_with_grad` so that every rank sees the
+global batch, as open_clip's ``gather_features(..., gather_with_grad=True)``.
+
+Gradient convention (the one DDP needs): the backward of :func:`all_gather_with_grad`
+*sums* the gradients that every rank computed for a rank's slice and hands the sum
+back to that rank (``torch.distributed.nn.functional.all_gather``). If every rank
+evaluates the same global loss ``L`` (``local_loss=False``) or its own share of the rows
+with mean over ranks equal to ``L`` (``local_loss=True``), the gradient of the local
+embeddings is ``world_size * dL/d(local)``; DDP's gradient *averaging* over ranks then
+yields exactly ``dL/d(parameters)`` of the single-process loss on the concatenated batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as _dist
+
+
+def is_distributed() -> bool:
+    """True when ``torch.distributed`` is available and a process group is initialised."""
+    return _dist.is_available() and _dist.is_initialized()
+
+
+def world_size() -> int:
+    """Number of processes; 1 when ``torch.distributed`` is not initialised."""
+    return _dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    """This process' rank; 0 when ``torch.distributed`` is not initialised."""
+    return _dist.get_rank() if is_distributed() else 0
+
+
+def _check_same_shapes(t: torch.Tensor, name: str) -> None:
+    shape = torch.tensor(list(t.shape), dtype=torch.long, device=t.device)
+    shapes = [torch.empty_like(shape) for _ in range(world_size())]
+    _dist.all_gather(shapes, shape)
+    if any(not torch.equal(s, shapes[0]) for s in shapes):
+        got = [tuple(s.tolist()) for s in shapes]
+        raise ValueError(f"{name}: every rank must pass the same shape to a gather, got {got}")
+
+
+def all_gather_with_grad(t: torch.Tensor, *, check_shapes: bool = True) -> torch.Tensor:
+    """Concatenate ``t`` along dim 0 across ranks; gradients flow back to each rank's slice.
+
+    Identity (the same tensor object) when ``world_size() == 1``.
+
+    Args:
+        t: the local tensor, same shape on every rank.
+        check_shapes: gather the shapes first and raise ``ValueError`` on a mismatch
+            (one small extra collective; otherwise a mismatch hangs or errors deep in
+            the backend).
+
+    Shape:
+        ``[b, *]`` -> ``[world_size * b, *]``, rank ``r`` at rows ``r*b:(r+1)*b``.
+    """
+    if world_size() == 1:
+        return t
+    if check_shapes:
+        _check_same_shapes(t, "all_gather_with_grad")
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(t.contiguous()), dim=0)
+
+
+def all_gather_no_grad(t: torch.Tensor, *, check_shapes: bool = True) -> torch.Tensor:
+    """Detached concatenation of ``t`` along dim 0 across ranks (queues, ids, relevancy).
+
+    Returns ``t.detach()`` when ``world_size() == 1``.
+    """
+    t = t.detach()
+    if world_size() == 1:
+        return t
+    if check_shapes:
+        _check_same_shapes(t, "all_gather_no_grad")
+    out = [torch.empty_like(t) for _ in range(world_size())]
+    _dist.all_gather(out, t.contiguous())
+    return torch.cat(out, dim=0)
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """Mean of ``t`` over ranks (a new detached tensor); ``t.detach()`` when not distributed."""
+    t = t.detach().clone()
+    if world_size() == 1:
+        return t
+    _dist.all_reduce(t)
+    return t / world_size()

@@ -1,0 +1,30 @@
+"""Cross-modal contrastive losses (``nn.Module`` wrappers over :mod:`xmodal.functional`).
+
+``LOSSES`` maps lower-case names to classes; :func:`build_loss` instantiates one.
+Every class has ``accepts``: the optional ``forward`` keywords it understands.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from xmodal.losses.infonce import InfoNCE
+
+LOSSES: dict[str, type[nn.Module]] = {
+    "infonce": InfoNCE,
+}
+
+
+def build_loss(name: str, **kwargs) -> nn.Module:
+    """Instantiate ``LOSSES[name.lower()](**kwargs)``.
+
+    Raises:
+        ValueError: unknown ``name``.
+    """
+    key = str(name).lower()
+    if key not in LOSSES:
+        raise ValueError(f"name: unknown loss {name!r}; expected one of {', '.join(sorted(LOSSES))}")
+    return LOSSES[key](**kwargs)
+
+
+__all__ = ["LOSSES", "build_loss", "InfoNCE"]

@@ -1,0 +1,79 @@
+"""Gathering a batch across ranks for the in-batch losses (open_clip's ``gather_features``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xmodal import dist
+from xmodal._validate import float_matrix
+from xmodal.functional._common import Temperature, check_ids
+
+
+@dataclass
+class Batch:
+    """The (possibly gathered) batch a functional loss sees.
+
+    ``rows``: the query rows this rank computes (``None``: all); set only with
+    ``local_loss=True`` under ``world_size() > 1``.
+    """
+
+    video: torch.Tensor
+    text: torch.Tensor
+    rows: torch.Tensor | None
+    local: int
+
+
+def embeddings(video, text) -> tuple[torch.Tensor, torch.Tensor]:
+    """Convert/validate the two ``[B, D]`` inputs (numpy or torch) with argument names."""
+    v = float_matrix(video, "video")
+    t = float_matrix(text, "text")
+    if v.shape != t.shape:
+        raise ValueError(f"video and text: batch shapes differ, {tuple(v.shape)} vs {tuple(t.shape)}")
+    return v, t
+
+
+def gather_pair(video: torch.Tensor, text: torch.Tensor, *, gather: bool,
+                local_loss: bool) -> Batch:
+    """All-gather (with grad) both modalities when distributed and ``gather`` is on.
+
+    Every rank must pass the same local batch size; ids must be globally unique
+    across ranks (rank ``r``'s rows sit at ``r*b:(r+1)*b`` of the gathered batch).
+    """
+    b = video.shape[0]
+    if not gather or dist.world_size() == 1:
+        return Batch(video, text, None, b)
+    v = dist.all_gather_with_grad(video)
+    t = dist.all_gather_with_grad(text)
+    rows = None
+    if local_loss:
+        start = dist.rank() * b
+        rows = torch.arange(start, start + b, device=video.device)
+    return Batch(v, t, rows, b)
+
+
+def gather_per_sample(value: Temperature | None, batch: Batch, name: str,
+                      like: torch.Tensor) -> Temperature | None:
+    """Gather a per-sample ``[b]`` tensor (temperature/margin) the way the embeddings were."""
+    if not isinstance(value, torch.Tensor) or batch.video.shape[0] == batch.local:
+        return value
+    t = value.to(like.device)
+    if t.ndim == 0:
+        return t
+    if t.shape != (batch.local,):
+        raise ValueError(f"{name}: expected a float or a tensor of shape [{batch.local}], "
+                         f"got shape {tuple(t.shape)}")
+    return dist.all_gather_with_grad(t) if t.requires_grad else dist.all_gather_no_grad(t)
+
+
+def gather_ids(ids, batch: Batch) -> torch.Tensor | None:
+    """Validate and gather integer instance ids (no gradient)."""
+    if ids is None:
+        return None
+    if not isinstance(ids, torch.Tensor):
+        ids = torch.as_tensor(ids)
+    ids = check_ids(ids, batch.local)
+    if batch.video.shape[0] == batch.local:
+        return ids
+    return dist.all_gather_no_grad(ids.to(batch.video.device))
