@@ -1,0 +1,120 @@
+"""NCL module: Sinkhorn-normalised contrastive loss with train-time query queues."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xmodal import dist
+from xmodal._validate import positive_number
+from xmodal.functional._common import check_embeddings, check_ids, l2_normalize
+from xmodal.functional.ncl import ncl_loss, scalar_temperature
+
+__all__ = ["NCL", "fifo_enqueue"]
+
+
+def fifo_enqueue(queue: torch.Tensor, new: torch.Tensor, size: int) -> torch.Tensor:
+    """A new queue ``cat([new, queue])[:size]``: newest rows first, oldest rows drop out.
+
+    ``queue`` is not modified (a new tensor is returned). If ``new`` alone has more than
+    ``size`` rows, only its first ``size`` rows are kept.
+
+    Shape:
+        queue ``[Q, D]`` (``Q <= size``), new ``[b, D]`` -> ``[min(Q + b, size), D]``.
+    """
+    new = new.detach().to(queue.dtype)
+    if queue.numel() == 0:
+        return new[:size].clone()
+    if queue.shape[1] != new.shape[1]:
+        raise ValueError(f"queue: feature dimension changed from {queue.shape[1]} to {new.shape[1]}")
+    return torch.cat([new, queue], dim=0)[:size]
+
+
+class NCL(nn.Module):
+    """Normalized Contrastive Learning loss (Park et al., EMNLP 2022, eqs. 6-12).
+
+    Each step runs ``sinkhorn_iters`` log-domain Sinkhorn-Knopp iterations on the
+    batch similarities ``S = s / temperature``, turns the scalings into detached
+    biases ``a_i`` (texts) and ``b_j`` (videos) (eq. 11) and applies the symmetric
+    InfoNCE to ``a_i + b_j + <t_i, v_j>`` (eq. 12); see
+    :func:`xmodal.functional.ncl.ncl_loss` (``ids``: Sinkhorn over distinct videos
+    with marginals from the caption counts).
+
+    Queues: in training mode every forward enqueues the (L2-normalised when
+    ``normalize``) detached text and video embeddings, gathered across ranks with
+    :func:`xmodal.dist.all_gather_no_grad`, into two FIFO queues of ``queue_size``
+    rows (newest first, oldest batch out). :meth:`query_bank` returns them for the
+    test-time Sinkhorn bias (:class:`xmodal.normalize.SinkhornBias`). Until
+    ``queue_size`` rows have been seen, the bank holds only the rows seen so far
+    (no padding, no error); ``queue_size=0`` keeps no queue. Eval mode never
+    changes the queues. The queues are buffers (saved in ``state_dict``) but change
+    shape while filling: load a state dict only into a module of the same fill.
+
+    Distributed: embeddings (and ``ids``) are gathered with
+    :func:`xmodal.dist.all_gather_with_grad`, every rank computes the loss of the
+    global batch, so with DDP's gradient averaging the update equals the one of a
+    single process on the concatenated batch.
+
+    Args:
+        temperature: ``gamma > 0``, the softmax and Sinkhorn temperature.
+        sinkhorn_iters: Sinkhorn-Knopp iterations per batch (paper: 4).
+        queue_size: rows kept in each query queue (paper: 16,384; 0: none).
+        normalize: L2-normalise the embeddings.
+
+    Shape:
+        video, text: ``[B, D]``; ids: ``[B]``; returns a scalar.
+    """
+
+    accepts: tuple[str, ...] = ("ids", "temperature")
+
+    def __init__(self, temperature: float = 0.05, sinkhorn_iters: int = 4,
+                 queue_size: int = 16384, normalize: bool = True) -> None:
+        super().__init__()
+        self.temperature = positive_number(temperature, "temperature")
+        for name, value, low in (("sinkhorn_iters", sinkhorn_iters, 1), ("queue_size", queue_size, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
+        self.sinkhorn_iters = sinkhorn_iters
+        self.queue_size = queue_size
+        self.normalize = bool(normalize)
+        self.register_buffer("text_queue", torch.zeros(0, 0))
+        self.register_buffer("video_queue", torch.zeros(0, 0))
+        self.last_biases: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, video: torch.Tensor, text: torch.Tensor, *, ids: torch.Tensor | None = None,
+                temperature: float | torch.Tensor | None = None) -> torch.Tensor:
+        check_embeddings(video, text)
+        tau = self.temperature if temperature is None else scalar_temperature(temperature)
+        if ids is not None:
+            ids = check_ids(ids, video.shape[0]).to(video.device)
+            ids = dist.all_gather_no_grad(ids)
+        video_all = dist.all_gather_with_grad(video)
+        text_all = dist.all_gather_with_grad(text)
+        loss, biases = ncl_loss(video_all, text_all, temperature=tau,
+                                sinkhorn_iters=self.sinkhorn_iters, ids=ids,
+                                normalize=self.normalize, return_biases=True)
+        self.last_biases = biases
+        if self.training and self.queue_size > 0:
+            self._enqueue(video_all, text_all)
+        return loss
+
+    @torch.no_grad()
+    def _enqueue(self, video_all: torch.Tensor, text_all: torch.Tensor) -> None:
+        v = video_all.detach().float()
+        t = text_all.detach().float()
+        if self.normalize:
+            v, t = l2_normalize(v), l2_normalize(t)
+        self.video_queue = fifo_enqueue(self.video_queue.to(v.device), v, self.queue_size)
+        self.text_queue = fifo_enqueue(self.text_queue.to(t.device), t, self.queue_size)
+
+    def query_bank(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(text_queries [K, D], video_queries [K, D])`` seen in training, detached.
+
+        ``K`` is at most ``queue_size`` (fewer while the queues fill; ``[0, 0]`` before
+        the first training step). Rows are newest first.
+        """
+        return self.text_queue.detach().clone(), self.video_queue.detach().clone()
+
+    def extra_repr(self) -> str:
+        return (f"temperature={self.temperature}, sinkhorn_iters={self.sinkhorn_iters}, "
+                f"queue_size={self.queue_size}, normalize={self.normalize}")
