@@ -1,0 +1,382 @@
+"""Run configuration: frozen dataclasses loaded from YAML, overridden by CLI flags.
+
+The config object stops at the CLI/trainer boundary (house style rule 5): the
+trainer turns it into explicit keyword arguments for models, losses, schedules and
+normalisers. The resolved config is saved as ``config.yaml`` in the run directory
+and round-trips through :func:`load_config`.
+
+Overrides are ``section.key=value`` strings; ``value`` is parsed as YAML
+(``loss.name=ncl``, ``optim.lr=3e-4``, ``test_time.normalizers=[none,dn]``,
+``loss.kwargs.queue_size=4096``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+KNOWN_LOSSES = ("infonce", "ntxent", "maxmargin", "mimaxmargin", "milnce", "dcl", "crossclr", "ncl", "calince")
+MARGIN_LOSSES = ("maxmargin", "mimaxmargin")
+NORMALIZER_NAMES = ("none", "dn", "sinkhorn", "ncl", "qbnorm", "is", "dsl")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the features come from.
+
+    ``name``: ``synthetic`` (``xmodal.data.synthetic(**synthetic, seed=train.seed)``)
+    or ``paired`` (the Flickr8k layout under ``root``, path relative to the working
+    directory). ``noise``: fraction of training pairs whose text is shuffled to a
+    wrong video (Cali-NCE Table 7). ``max_train_texts``: 0 = all.
+    """
+
+    name: str = "synthetic"
+    root: str = ""
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    synthetic: dict = field(default_factory=dict)
+    noise: float = 0.0
+    max_train_texts: int = 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: str = "linear"          # linear | mlp | meanp | transformer (video tower)
+    text_kind: str = ""           # "" = same as kind (linear for frame-pooling kinds)
+    dim: int = 256
+    width: int = 1024
+    depth: int = 1
+    dropout: float = 0.0
+    layers: int = 2
+    heads: int = 8
+    hidden: int = 512
+    standardize: bool = True
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """``name`` is a key of ``xmodal.losses.LOSSES``; ``temperature`` / ``margin`` /
+    ``learnable`` are passed when set; ``kwargs`` go to the constructor verbatim."""
+
+    name: str = "infonce"
+    temperature: float | None = 0.05
+    margin: float | None = None
+    learnable: bool = False
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adam"            # adam | adamw | radam
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.999)
+    grad_clip: float = 1.0        # 0 disables clipping
+    warmup_epochs: float = 1.0    # linear LR warm-up, then cosine decay
+    min_lr_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """TS++ temperature (or margin, for margin losses) schedules.
+
+    ``kind``: ``constant`` | ``cosine`` | ``linear`` over training steps, from the
+    loss's base value with amplitude ``alpha`` (``period_epochs`` for cosine).
+    ``class_temperature``: per-sample values from class frequencies (TS++ eq. 4.3),
+    with classes from dataset ``labels`` or ``kmeans`` over training caption
+    features (``k`` clusters); ``t_min``/``t_max`` bound the per-class values.
+    """
+
+    kind: str = "constant"
+    alpha: float = 0.5
+    period_epochs: float = 10.0
+    class_temperature: bool = False
+    classes: str = "kmeans"       # labels | kmeans
+    k: int = 200
+    t_min: float = 0.03
+    t_max: float = 0.1
+
+
+@dataclass(frozen=True)
+class TestTimeConfig:
+    """Test-time normalisers tried on the validation split; the best (by
+    ``train.metric``) is stored in the checkpoint. ``sinkhorn`` uses a bank of
+    ``bank_size`` training queries, ``ncl`` the NCL loss's own query queues."""
+
+    normalizers: tuple = ("none", "dn", "sinkhorn", "qbnorm")
+    bank_size: int = 5000
+    dn_lam: float = 0.25
+    qb_k: int = 1
+    qb_beta: float = 20.0
+    sinkhorn_iters: int = 4
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    epochs: int = 20
+    batch_size: int = 256
+    sampling: str = "captions"    # captions: every caption once per epoch; videos: one caption per video
+    metric: str = "rsum"          # early-stopping metric on val: rsum | r1 (mean of t2v/v2t R@1)
+    patience: int = 5             # epochs without improvement before stopping; 0 = never
+    device: str = "auto"          # auto | cpu | cuda
+    amp: bool = True              # mixed precision, only ever used on GPU
+    progress: bool = True
+    eval_batch_size: int = 8192
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    test_time: TestTimeConfig = field(default_factory=TestTimeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+_SECTIONS = {f.name: f.type for f in fields(Config)}
+_SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig,
+                  "schedule": ScheduleConfig, "test_time": TestTimeConfig, "train": TrainConfig}
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict (tuples become lists), the form saved as YAML."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return {name: {f.name: plain(getattr(getattr(cfg, name), f.name)) for f in fields(_SECTION_TYPES[name])}
+            for name in _SECTION_TYPES}
+
+
+def from_dict(d: dict | None) -> Config:
+    """Build and validate a :class:`Config`; unknown sections/keys raise ``ValueError``."""
+    d = d or {}
+    if not isinstance(d, dict):
+        raise ValueError(f"config: expected a mapping at the top level, got {type(d).__name__}")
+    sections = {}
+    for name, value in d.items():
+        if name not in _SECTION_TYPES:
+            raise ValueError(f"config: unknown section {name!r}; expected one of {', '.join(_SECTION_TYPES)}")
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ValueError(f"{name}: expected a mapping, got {value!r}")
+        cls = _SECTION_TYPES[name]
+        known = {f.name: f for f in fields(cls)}
+        kw = {}
+        for key, v in value.items():
+            if key not in known:
+                raise ValueError(f"{name}.{key}: unknown key; expected one of {', '.join(known)}")
+            kw[key] = _coerce(v, known[key], f"{name}.{key}")
+        sections[name] = cls(**kw)
+    cfg = Config(**sections)
+    validate(cfg)
+    return cfg
+
+
+def _coerce(v: Any, f: dataclasses.Field, where: str) -> Any:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if isinstance(default, tuple):
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {v!r}")
+        return tuple(v)
+    if isinstance(default, dict):
+        if not isinstance(v, dict):
+            raise ValueError(f"{where}: expected a mapping, got {v!r}")
+        return dict(v)
+    if isinstance(default, bool):
+        if not isinstance(v, bool):
+            raise ValueError(f"{where}: expected true/false, got {v!r}")
+        return v
+    if isinstance(default, int):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{where}: expected an integer, got {v!r}")
+        return v
+    if isinstance(default, float) or (default is None and where.split(".")[-1] in ("temperature", "margin")):
+        if v is None and default is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{where}: expected a number, got {v!r}")
+        return float(v)
+    if isinstance(default, str):
+        if not isinstance(v, str):
+            raise ValueError(f"{where}: expected a string, got {v!r}")
+        return v
+    return v
+
+
+def _positive(v: float, where: str) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        raise ValueError(f"{where}: must be a positive number, got {v!r}")
+
+
+def _nonneg(v: float, where: str) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+        raise ValueError(f"{where}: must be a non-negative number, got {v!r}")
+
+
+def _one_of(v: str, where: str, options: Iterable[str]) -> None:
+    options = tuple(options)
+    if v not in options:
+        raise ValueError(f"{where}: unknown value {v!r}; expected one of {', '.join(options)}")
+
+
+def known_losses() -> tuple[str, ...]:
+    try:
+        from xmodal.losses import LOSSES
+    except ImportError:  # losses package not importable: fall back to the API names
+        return KNOWN_LOSSES
+    return tuple(LOSSES)
+
+
+def validate(cfg: Config) -> None:
+    """Raise a one-line ``ValueError`` naming the first bad field."""
+    d = cfg.data
+    _one_of(d.name, "data.name", ("synthetic", "paired"))
+    if not 0 <= d.noise < 1:
+        raise ValueError(f"data.noise: must lie in [0, 1), got {d.noise!r}")
+    if d.max_train_texts < 0:
+        raise ValueError(f"data.max_train_texts: must be >= 0, got {d.max_train_texts}")
+    if d.name == "paired":
+        if not d.root:
+            raise ValueError("data.root: required when data.name is 'paired'")
+        root = Path(d.root)
+        if not root.is_dir():
+            raise ValueError(f"data.root: directory {d.root!r} not found (relative to {Path.cwd()})")
+        for split_field in ("train_split", "val_split"):
+            split = getattr(d, split_field)
+            for suffix in ("caption_features.npy", "caption_to_image.npy"):
+                if not (root / f"{split}_{suffix}").is_file():
+                    raise ValueError(f"data.{split_field}: missing file {root / f'{split}_{suffix}'}")
+    m = cfg.model
+    _one_of(m.kind, "model.kind", ("linear", "mlp", "meanp", "transformer"))
+    if m.text_kind:
+        _one_of(m.text_kind, "model.text_kind", ("linear", "mlp", "meanp", "transformer"))
+    for name in ("dim", "width", "depth", "layers", "heads", "hidden"):
+        if getattr(m, name) <= 0:
+            raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
+    if not 0 <= m.dropout < 1:
+        raise ValueError(f"model.dropout: must lie in [0, 1), got {m.dropout}")
+    if m.kind == "transformer" and m.hidden % m.heads:
+        raise ValueError(f"model.heads: must divide model.hidden ({m.hidden}), got {m.heads}")
+    lo = cfg.loss
+    _one_of(lo.name, "loss.name", known_losses())
+    if lo.temperature is not None:
+        _positive(lo.temperature, "loss.temperature")
+    if lo.margin is not None:
+        _nonneg(lo.margin, "loss.margin")
+    o = cfg.optim
+    _one_of(o.name, "optim.name", ("adam", "adamw", "radam"))
+    _positive(o.lr, "optim.lr")
+    _nonneg(o.weight_decay, "optim.weight_decay")
+    _nonneg(o.grad_clip, "optim.grad_clip")
+    _nonneg(o.warmup_epochs, "optim.warmup_epochs")
+    if len(o.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas):
+        raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {list(o.betas)}")
+    if not 0 <= o.min_lr_ratio <= 1:
+        raise ValueError(f"optim.min_lr_ratio: must lie in [0, 1], got {o.min_lr_ratio}")
+    s = cfg.schedule
+    _one_of(s.kind, "schedule.kind", ("constant", "cosine", "linear"))
+    _nonneg(s.alpha, "schedule.alpha")
+    _positive(s.period_epochs, "schedule.period_epochs")
+    _one_of(s.classes, "schedule.classes", ("labels", "kmeans"))
+    if s.k < 1:
+        raise ValueError(f"schedule.k: must be >= 1, got {s.k}")
+    _positive(s.t_min, "schedule.t_min")
+    _positive(s.t_max, "schedule.t_max")
+    if s.t_min > s.t_max:
+        raise ValueError(f"schedule.t_min: must not exceed schedule.t_max ({s.t_min} > {s.t_max})")
+    t = cfg.test_time
+    if not t.normalizers:
+        raise ValueError("test_time.normalizers: must name at least one normaliser (e.g. none)")
+    for n in t.normalizers:
+        _one_of(n, "test_time.normalizers", NORMALIZER_NAMES)
+    if t.bank_size < 1:
+        raise ValueError(f"test_time.bank_size: must be >= 1, got {t.bank_size}")
+    _nonneg(t.dn_lam, "test_time.dn_lam")
+    _positive(t.qb_beta, "test_time.qb_beta")
+    tr = cfg.train
+    for name in ("epochs", "batch_size", "eval_batch_size"):
+        if getattr(tr, name) < 1:
+            raise ValueError(f"train.{name}: must be >= 1, got {getattr(tr, name)}")
+    if tr.batch_size < 2:
+        raise ValueError("train.batch_size: contrastive losses need at least 2 pairs per batch")
+    _one_of(tr.sampling, "train.sampling", ("captions", "videos"))
+    _one_of(tr.metric, "train.metric", ("rsum", "r1"))
+    _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
+    if tr.patience < 0:
+        raise ValueError(f"train.patience: must be >= 0, got {tr.patience}")
+
+
+def parse_overrides(overrides: Iterable[str]) -> list[tuple[list[str], Any]]:
+    """``["loss.name=ncl", ...]`` -> ``[(["loss", "name"], "ncl"), ...]`` (values parsed as YAML)."""
+    out = []
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: expected section.key=value")
+        key, raw = item.split("=", 1)
+        path = [p for p in key.strip().lstrip("-").split(".") if p]
+        if len(path) < 2:
+            raise ValueError(f"override {item!r}: expected section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((path, value))
+    return out
+
+
+def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
+    """A copy of the nested dict ``d`` with ``section.key=value`` overrides applied."""
+    d = yaml.safe_load(yaml.safe_dump(d)) or {}
+    for path, value in parse_overrides(overrides):
+        node = d
+        for p in path[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+            if not isinstance(node, dict):
+                raise ValueError(f"{'.'.join(path)}: {p!r} is not a section")
+        node[path[-1]] = value
+    return d
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Read a YAML config (``None``: the defaults), apply overrides, validate."""
+    d: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"config: {path} not found")
+        try:
+            d = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    return from_dict(apply_overrides(d, overrides))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def replace(cfg: Config, **sections: dict) -> Config:
+    """``replace(cfg, loss={"name": "ncl"})``: a validated copy with some fields changed."""
+    d = to_dict(cfg)
+    for name, values in sections.items():
+        if name not in d:
+            raise ValueError(f"config: unknown section {name!r}")
+        d[name].update(values)
+    return from_dict(d)
