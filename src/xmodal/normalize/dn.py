@@ -1,0 +1,162 @@
+"""Distribution Normalization (Zhou et al., "Test-Time Distribution Normalization
+for Contrastively Learned Vision-language Models", NeurIPS 2023, eq. 7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from xmodal._validate import positive_number
+from xmodal.normalize._base import Normalizer, like_input, to_work
+
+
+class DistributionNormalization(Normalizer):
+    """DN: ``S(x, y) = (x - lam * mu_x) . (y - lam * mu_y)`` (eq. 7).
+
+    ``mu_x`` / ``mu_y`` are the means of a seeded random sample of
+    ``num_samples`` unlabeled queries and gallery items (all of them when fewer,
+    or when ``num_samples`` is None).
+
+    DN acts on embeddings, not on a similarity matrix. Expanding the product,
+    ``x.y - lam x.mu_y - lam mu_x.y + lam^2 mu_x.mu_y``: for ranking the gallery
+    for a fixed query only the per-gallery bias ``-lam mu_x . y_j`` matters
+    (:meth:`gallery_bias`), which also lets DN be folded into the streaming
+    evaluator (``bias=``) or a FAISS index (:class:`xmodal.index.BiasedIndex`).
+    :meth:`fit` caches that bias for the gallery it was given, so ``__call__(sim)``
+    with ``sim`` ``[Q, N]`` over the same gallery returns ``sim + bias`` (rank-
+    equivalent to DN) or, with ``queries=``, the exact DN scores. Use
+    :meth:`transform` / :meth:`score` for embeddings.
+
+    Args:
+        lam: the DN weight ``lambda`` (paper default 0.25; 0 disables).
+        num_samples: sample size for each mean (paper: 100); None uses all rows.
+        seed: seed of the sampling.
+    """
+
+    name = "dn"
+    uses_test_queries = False
+
+    def __init__(self, lam: float = 0.25, num_samples: int | None = 100, seed: int = 0) -> None:
+        lam = float(lam)
+        if not np.isfinite(lam):
+            raise ValueError(f"lam: must be finite, got {lam!r}")
+        if num_samples is not None:
+            num_samples = int(positive_number(num_samples, "num_samples"))
+        self.lam, self.num_samples, self.seed = lam, num_samples, int(seed)
+        self._mu_q: torch.Tensor | None = None
+        self._mu_g: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+
+    def hparams(self) -> dict[str, Any]:
+        return {"lam": self.lam, "num_samples": self.num_samples, "seed": self.seed}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for key in ("mu_q", "mu_g", "bias"):
+            if getattr(self, "_" + key) is not None:
+                out[key] = getattr(self, "_" + key)
+        return out
+
+    def _sample_mean(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        n = x.shape[0]
+        if self.num_samples is None or self.num_samples >= n:
+            return x.mean(0)
+        rng = np.random.default_rng(self.seed + offset)
+        rows = torch.from_numpy(np.sort(rng.choice(n, size=self.num_samples, replace=False)))
+        return x[rows.to(x.device)].mean(0)
+
+    def fit(self, query_samples: Any, gallery_samples: Any) -> "DistributionNormalization":
+        """Estimate ``mu_x`` and ``mu_y``; cache :meth:`gallery_bias` of ``gallery_samples``.
+
+        Shape:
+            query_samples ``[K, D]``, gallery_samples ``[N, D]`` (pass the whole
+            gallery to use ``__call__`` on ``[Q, N]`` blocks).
+        """
+        q = to_work(query_samples, "query_samples")
+        g = to_work(gallery_samples, "gallery_samples")
+        if q.shape[1] != g.shape[1]:
+            raise ValueError(f"query_samples and gallery_samples: embedding sizes differ "
+                             f"({q.shape[1]} vs {g.shape[1]})")
+        self._mu_q = self._sample_mean(q, 0)
+        self._mu_g = self._sample_mean(g.to(q.device), 1)
+        self._bias = self._gallery_bias(g.to(q.device))
+        return self
+
+    def _check_fitted(self) -> None:
+        if self._mu_q is None:
+            raise ValueError("DistributionNormalization: call fit(query_samples, gallery_samples) first")
+
+    def _gallery_bias(self, g: torch.Tensor) -> torch.Tensor:
+        return -self.lam * (g @ self._mu_q.to(g.device, g.dtype))
+
+    @property
+    def mu_queries(self) -> torch.Tensor:
+        self._check_fitted()
+        return self._mu_q
+
+    @property
+    def mu_gallery(self) -> torch.Tensor:
+        self._check_fitted()
+        return self._mu_g
+
+    @property
+    def bias(self) -> torch.Tensor:
+        """The cached per-gallery bias ``[N]`` of the gallery given to :meth:`fit`."""
+        self._check_fitted()
+        return self._bias
+
+    def gallery_bias(self, gallery: Any) -> Any:
+        """Per-gallery bias ``-lam * mu_x . y_j`` ``[N]`` (the rank-relevant part of DN)."""
+        self._check_fitted()
+        g = to_work(gallery, "gallery")
+        return like_input(self._gallery_bias(g), gallery)
+
+    def query_term(self, queries: Any) -> Any:
+        """Per-query term ``-lam x_i . mu_y + lam^2 mu_x . mu_y`` ``[Q]`` (rank-irrelevant)."""
+        self._check_fitted()
+        q = to_work(queries, "queries")
+        mu_g, mu_q = self._mu_g.to(q.device, q.dtype), self._mu_q.to(q.device, q.dtype)
+        return like_input(-self.lam * (q @ mu_g) + self.lam ** 2 * (mu_q @ mu_g), queries)
+
+    def transform(self, queries: Any, gallery: Any) -> tuple[Any, Any]:
+        """``(queries - lam * mu_x, gallery - lam * mu_y)`` (new arrays).
+
+        Shape:
+            queries ``[Q, D]``, gallery ``[N, D]`` -> same shapes.
+        """
+        self._check_fitted()
+        q = to_work(queries, "queries")
+        g = to_work(gallery, "gallery")
+        q2 = q - self.lam * self._mu_q.to(q.device, q.dtype)
+        g2 = g - self.lam * self._mu_g.to(g.device, g.dtype)
+        return like_input(q2, queries), like_input(g2, gallery)
+
+    def score(self, queries: Any, gallery: Any) -> Any:
+        """DN similarity matrix ``[Q, N]`` of eq. 7."""
+        q, g = self.transform(to_work(queries, "queries"), to_work(gallery, "gallery"))
+        return like_input(q @ g.to(q.device).T, queries)
+
+    def __call__(self, sim: Any, queries: Any | None = None) -> Any:
+        """``sim + bias`` (rank-equivalent DN); with ``queries`` ``[Q, D]`` the exact
+        eq. 7 scores ``sim + bias[None] + query_term(queries)[:, None]``.
+
+        Shape:
+            sim ``[Q, N]`` with ``N`` the size of the gallery given to :meth:`fit`.
+        """
+        self._check_fitted()
+        s = to_work(sim, "sim")
+        if s.shape[1] != self._bias.shape[0]:
+            raise ValueError(f"sim: has {s.shape[1]} columns but DN was fitted on a gallery "
+                             f"of {self._bias.shape[0]} items")
+        out = s + self._bias.to(s.device, s.dtype)[None, :]
+        if queries is not None:
+            q = to_work(queries, "queries")
+            if q.shape[0] != s.shape[0]:
+                raise ValueError(f"queries: {q.shape[0]} rows but sim has {s.shape[0]}")
+            out = out + self.query_term(q).to(s.device, s.dtype)[:, None]
+        return like_input(out, sim)
+
+    def streaming_kwargs(self) -> dict[str, Any]:
+        return {"bias": self.bias}

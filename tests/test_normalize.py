@@ -1,0 +1,236 @@
+"""DN, QB-Norm, inverted softmax and dual softmax against naive loop implementations
+written from the papers; no input mutated; registry and serialisation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from xmodal.normalize import (NORMALIZERS, DistributionNormalization, DualSoftmax, Identity,
+                              InvertedSoftmax, QBNorm, SinkhornBias, build_normalizer,
+                              normalizer_from_state_dict)
+
+
+def _data(k=40, q=12, n=15, d=6, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    bank = rng.standard_normal((k, d)) * scale / math.sqrt(d)
+    queries = rng.standard_normal((q, d)) * scale / math.sqrt(d)
+    gallery = rng.standard_normal((n, d)) * scale / math.sqrt(d)
+    return bank, queries, gallery
+
+
+def _dot(a, b):
+    return sum(x * y for x, y in zip(a, b))
+
+
+# --- naive references (explicit loops, float64 Python math) ---------------------
+
+def naive_inverted_softmax(test_sim, bank_sim, beta):
+    """Smith et al. 2017: exp(beta s_qj) / sum_b exp(beta s_bj)."""
+    out = np.zeros_like(test_sim)
+    for j in range(test_sim.shape[1]):
+        z = sum(math.exp(beta * bank_sim[b, j]) for b in range(bank_sim.shape[0]))
+        for i in range(test_sim.shape[0]):
+            out[i, j] = math.exp(beta * test_sim[i, j]) / z
+    return out
+
+
+def naive_qbnorm(test_sim, bank_sim, k, beta):
+    """Bogolin et al. 2022, eq. 4: inverted softmax for queries whose top-1 item is in
+    the activation set (items in some bank query's top-k), raw scores otherwise."""
+    active = set()
+    for b in range(bank_sim.shape[0]):
+        order = sorted(range(bank_sim.shape[1]), key=lambda j: -bank_sim[b, j])
+        active.update(order[:k])
+    is_scores = naive_inverted_softmax(test_sim, bank_sim, beta)
+    out = test_sim.copy()
+    for i in range(test_sim.shape[0]):
+        top1 = max(range(test_sim.shape[1]), key=lambda j: test_sim[i, j])
+        if top1 in active:
+            out[i] = is_scores[i]
+    return out, active
+
+
+def naive_dsl(sim, temperature, bank_sim=None):
+    """CAMoE: sim * softmax over queries (dim 0) of sim / T (normaliser from bank_sim if given)."""
+    ref = sim if bank_sim is None else bank_sim
+    out = np.zeros_like(sim)
+    for j in range(sim.shape[1]):
+        z = sum(math.exp(ref[i, j] / temperature) for i in range(ref.shape[0]))
+        for i in range(sim.shape[0]):
+            out[i, j] = sim[i, j] * math.exp(sim[i, j] / temperature) / z
+    return out
+
+
+# --- DN --------------------------------------------------------------------------
+
+def test_dn_equals_eq7_formula():
+    bank, queries, gallery = _data()
+    lam = 0.3
+    dn = DistributionNormalization(lam=lam, num_samples=None).fit(bank, gallery)
+    mu_x = [sum(bank[i, c] for i in range(len(bank))) / len(bank) for c in range(bank.shape[1])]
+    mu_y = [sum(gallery[i, c] for i in range(len(gallery))) / len(gallery) for c in range(bank.shape[1])]
+    naive = np.array([[_dot([a - lam * m for a, m in zip(x, mu_x)], [b - lam * m for b, m in zip(y, mu_y)])
+                       for y in gallery] for x in queries])
+    np.testing.assert_allclose(dn.score(queries, gallery), naive, atol=1e-12)
+    sim = queries @ gallery.T
+    np.testing.assert_allclose(dn(sim, queries=queries), naive, atol=1e-12)
+    # without the query term: per-row constant offset, same ranking
+    diff = naive - dn(sim)
+    np.testing.assert_allclose(diff, diff[:, :1].repeat(diff.shape[1], 1), atol=1e-12)
+    bias = np.array([-lam * _dot(mu_x, y) for y in gallery])
+    np.testing.assert_allclose(dn.gallery_bias(gallery), bias, atol=1e-12)
+    q2, g2 = dn.transform(queries, gallery)
+    np.testing.assert_allclose(q2, queries - lam * np.array(mu_x), atol=1e-12)
+    np.testing.assert_allclose(g2, gallery - lam * np.array(mu_y), atol=1e-12)
+
+
+def test_dn_sample_is_a_seeded_subset_of_num_samples_rows():
+    rows = np.eye(30)  # the mean of a subset of one-hot rows reveals the subset
+    dn = DistributionNormalization(num_samples=7, seed=3).fit(rows, rows)
+    mu = dn.mu_queries.numpy()
+    assert np.count_nonzero(mu) == 7 and np.allclose(mu[mu > 0], 1 / 7)
+    again = DistributionNormalization(num_samples=7, seed=3).fit(rows, rows).mu_queries.numpy()
+    other = DistributionNormalization(num_samples=7, seed=4).fit(rows, rows).mu_queries.numpy()
+    assert np.array_equal(mu, again) and not np.array_equal(mu, other)
+
+
+# --- QB-Norm / IS / DSL ---------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_qbnorm_matches_naive(k):
+    bank, queries, gallery = _data(seed=k)
+    bank_sim, test_sim = bank @ gallery.T, queries @ gallery.T
+    naive, active = naive_qbnorm(test_sim, bank_sim, k, beta=20)
+    qb = QBNorm(k=k, beta=20, log_domain=False).fit(bank, gallery)
+    assert set(np.flatnonzero(qb.activation_set.numpy())) == active
+    np.testing.assert_allclose(qb(test_sim), naive, rtol=1e-10)
+    # log domain: log of the normalised rows, raw rows unchanged
+    out = QBNorm(k=k, beta=20).fit(bank, gallery)(test_sim)
+    raw = np.isclose(naive, test_sim).all(1)
+    assert raw.any() or k == 3
+    np.testing.assert_allclose(out[raw], test_sim[raw])
+    np.testing.assert_allclose(np.exp(out[~raw]), naive[~raw], rtol=1e-10)
+    # the same fit from precomputed bank similarities, read in blocks of 7 rows
+    np.testing.assert_allclose(QBNorm(k=k, block_size=7).fit_scores(bank_sim)(test_sim), out, rtol=1e-12)
+
+
+def test_inverted_softmax_matches_naive_and_is_blockwise():
+    bank, queries, gallery = _data(seed=5)
+    naive = naive_inverted_softmax(queries @ gallery.T, bank @ gallery.T, beta=7.0)
+    got = InvertedSoftmax(beta=7.0, log_domain=False).fit(bank, gallery)(queries @ gallery.T)
+    np.testing.assert_allclose(got, naive, rtol=1e-10)
+    one = InvertedSoftmax(beta=7.0).fit(bank, gallery)(queries @ gallery.T)
+    blocks = InvertedSoftmax(beta=7.0, block_size=3).fit(bank, gallery)(queries @ gallery.T)
+    np.testing.assert_allclose(blocks, one, rtol=1e-12)
+
+
+def test_log_domain_is_stable_where_exp_overflows():
+    bank, queries, gallery = _data(seed=2, scale=6.0)  # beta * sim ~ +-700 and beyond: exp overflows
+    bank_sim, test_sim = bank @ gallery.T, queries @ gallery.T
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(np.exp(20 * bank_sim)).all()
+    for norm in (QBNorm(k=2, beta=20), InvertedSoftmax(beta=20)):
+        out = norm.fit(bank, gallery)(test_sim)
+        assert np.isfinite(out).all()
+    # IS ratios are invariant to shifting column j of both matrices by its bank maximum m_j
+    out = InvertedSoftmax(beta=20).fit(bank, gallery)(test_sim)
+    checked = 0
+    for j in range(test_sim.shape[1]):
+        m = max(bank_sim[:, j])
+        z = sum(math.exp(20 * (bank_sim[b, j] - m)) for b in range(bank_sim.shape[0]))
+        for i in range(test_sim.shape[0]):
+            if -700 < 20 * (test_sim[i, j] - m) < 700:
+                assert out[i, j] == pytest.approx(math.log(math.exp(20 * (test_sim[i, j] - m)) / z),
+                                                  rel=1e-9, abs=1e-9)
+                checked += 1
+    assert checked > test_sim.size // 4
+
+
+def test_dsl_matches_naive_full_fitted_and_bank():
+    _, queries, gallery = _data(seed=7)
+    sim = queries @ gallery.T
+    naive = naive_dsl(sim, 0.05)
+    np.testing.assert_allclose(DualSoftmax(0.05)(sim), naive, rtol=1e-10, atol=1e-14)
+    # fitted on the test queries: streams block by block to the same result
+    dsl = DualSoftmax(0.05).fit(queries, gallery)
+    assert dsl.uses_test_queries and dsl.row_independent
+    np.testing.assert_allclose(np.vstack([dsl(sim[:5]), dsl(sim[5:])]), naive, rtol=1e-10, atol=1e-14)
+    bank, _, _ = _data(seed=8)
+    banked = DualSoftmax(0.05, oracle=False).fit(bank, gallery)
+    assert not banked.uses_test_queries
+    np.testing.assert_allclose(banked(sim), naive_dsl(sim, 0.05, bank @ gallery.T), rtol=1e-10, atol=1e-14)
+    with pytest.raises(ValueError, match="fit"):
+        DualSoftmax(0.05, oracle=False)(sim)
+    big = DualSoftmax(0.001)(sim * 50)  # exp(sim / T) overflows, the log-domain softmax does not
+    assert np.isfinite(big).all()
+
+
+# --- interface ---------------------------------------------------------------------
+
+def _all_fitted(bank, gallery):
+    return [Identity(), DistributionNormalization(num_samples=10).fit(bank, gallery),
+            SinkhornBias(0.1, iters=3).fit(bank, gallery), QBNorm(k=2).fit(bank, gallery),
+            InvertedSoftmax().fit(bank, gallery), DualSoftmax(0.1).fit(bank, gallery),
+            DualSoftmax(0.1)]
+
+
+@pytest.mark.parametrize("kind", ["numpy32", "numpy64", "torch32", "torch64"])
+def test_no_input_is_modified_and_output_type_follows_input(kind):
+    bank, queries, gallery = _data(seed=11)
+    dtype = np.float32 if kind.endswith("32") else np.float64
+    conv = (lambda a: torch.from_numpy(a.astype(dtype))) if kind.startswith("torch") else \
+        (lambda a: a.astype(dtype))
+    bank, queries, gallery = conv(bank), conv(queries), conv(gallery)
+    sim = queries @ gallery.T
+    copies = [x.clone() if torch.is_tensor(x) else x.copy() for x in (bank, gallery, sim)]
+    for norm in _all_fitted(bank, gallery):
+        out = norm(sim)
+        assert type(out) is type(sim) and out.dtype == sim.dtype and out.shape == sim.shape
+        assert out is not sim
+        if torch.is_tensor(out):
+            assert out.data_ptr() != sim.data_ptr()
+        else:
+            assert not np.shares_memory(out, sim)
+    for orig, copy in zip((bank, gallery, sim), copies):
+        assert (orig == copy).all()
+
+
+def test_state_dict_round_trip_and_registry():
+    bank, queries, gallery = _data(seed=12)
+    sim = queries @ gallery.T
+    for norm in _all_fitted(bank, gallery):
+        state = norm.state_dict()
+        again = normalizer_from_state_dict(state)
+        assert type(again) is type(norm) and again.hparams() == norm.hparams()
+        np.testing.assert_allclose(again(sim), norm(sim), rtol=1e-6)
+        assert again.uses_test_queries == norm.uses_test_queries
+    assert set(NORMALIZERS) == {"none", "dn", "sinkhorn", "qbnorm", "is", "dsl"}
+    assert isinstance(build_normalizer("qbnorm", k=2), QBNorm)
+    with pytest.raises(ValueError, match="name"):
+        build_normalizer("nope")
+    with pytest.raises(ValueError, match="written by"):
+        QBNorm.from_state_dict(InvertedSoftmax().state_dict())
+
+
+def test_bad_input_raises_named_errors():
+    bank, queries, gallery = _data()
+    with pytest.raises(ValueError, match="query_bank and gallery"):
+        QBNorm().fit(bank, gallery[:, :3])
+    with pytest.raises(ValueError, match="sim"):
+        QBNorm().fit(bank, gallery)(queries @ gallery[:4].T)
+    with pytest.raises(ValueError, match="fit"):
+        InvertedSoftmax()(queries @ gallery.T)
+    with pytest.raises(ValueError, match="sim"):
+        Identity()(np.array([[np.nan]]))
+    with pytest.raises(ValueError, match="beta"):
+        QBNorm(beta=0)
+    with pytest.raises(ValueError, match="k"):
+        QBNorm(k=0)
+    with pytest.raises(ValueError, match="temperature"):
+        DualSoftmax(temperature=-1)
+    with pytest.raises(TypeError, match="query_bank"):
+        QBNorm().fit("x", gallery)
+    with pytest.raises(ValueError, match="DistributionNormalization"):
+        DistributionNormalization()(queries @ gallery.T)
