@@ -136,3 +136,23 @@ def positive_logit_mask(idx: torch.Tensor, n: int) -> torch.Tensor:
     m = torch.zeros(idx.numel(), n, dtype=torch.bool, device=idx.device)
     m[torch.arange(idx.numel(), device=idx.device), idx] = True
     return m
+
+
+def prepare_pair(video: torch.Tensor, text: torch.Tensor,
+                 normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate, cast to the compute dtype and (optionally) L2-normalise both modalities."""
+    check_embeddings(video, text)
+    dtype = compute_dtype(video, text)
+    return prepare(video, dtype, normalize), prepare(text, dtype, normalize)
+
+
+def directional(value: Temperature, t2v: Temperature | None, v2t: Temperature | None, n: int,
+                name: str, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample ``[n]`` values for the text->video and video->text directions.
+
+    ``t2v``/``v2t`` override ``value`` for one direction (TS++ sec. 5.6.4).
+    """
+    base = per_sample(value, n, name, like=like)
+    a = base if t2v is None else per_sample(t2v, n, f"t2v_{name}", like=like)
+    b = base if v2t is None else per_sample(v2t, n, f"v2t_{name}", like=like)
+    return a, b

@@ -8,10 +8,20 @@ from __future__ import annotations
 
 from torch import nn
 
+from xmodal.losses.dcl import DebiasedContrastive
 from xmodal.losses.infonce import InfoNCE
+from xmodal.losses.maxmargin import MaxMargin
+from xmodal.losses.milnce import MILNCE
+from xmodal.losses.mimaxmargin import MIMaxMargin
+from xmodal.losses.ntxent import NTXent
 
 LOSSES: dict[str, type[nn.Module]] = {
     "infonce": InfoNCE,
+    "ntxent": NTXent,
+    "maxmargin": MaxMargin,
+    "mimaxmargin": MIMaxMargin,
+    "milnce": MILNCE,
+    "dcl": DebiasedContrastive,
 }
 
 
@@ -27,4 +37,5 @@ def build_loss(name: str, **kwargs) -> nn.Module:
     return LOSSES[key](**kwargs)
 
 
-__all__ = ["LOSSES", "build_loss", "InfoNCE"]
+__all__ = ["LOSSES", "build_loss", "InfoNCE", "NTXent", "MaxMargin", "MIMaxMargin", "MILNCE",
+           "DebiasedContrastive"]

@@ -77,3 +77,33 @@ def gather_ids(ids, batch: Batch) -> torch.Tensor | None:
     if batch.video.shape[0] == batch.local:
         return ids
     return dist.all_gather_no_grad(ids.to(batch.video.device))
+
+
+def run_in_batch(fn, video, text, *, gather: bool, local_loss: bool, ids=None,
+                 use_ids: bool = True, per_sample: dict | None = None, **kwargs) -> torch.Tensor:
+    """Validate, gather (when distributed) and call the functional loss ``fn``.
+
+    ``per_sample``: keyword -> float / ``[b]`` tensor values gathered like the embeddings.
+    """
+    v, t = embeddings(video, text)
+    batch = gather_pair(v, t, gather=gather, local_loss=local_loss)
+    for key, value in (per_sample or {}).items():
+        kwargs[key] = gather_per_sample(value, batch, key, v)
+    if use_ids:
+        kwargs["ids"] = gather_ids(ids, batch)
+    return fn(batch.video, batch.text, rows=batch.rows, **kwargs)
+
+
+def gather_relevancy(relevancy, batch_size: int, device: torch.device) -> torch.Tensor:
+    """Relevancy rows of this rank's videos against the global texts, gathered to ``[N, N]``.
+
+    Not distributed: ``[b, b]``. Distributed: each rank passes ``[b, world*b]`` (its videos'
+    rows of the global matrix) and receives the whole ``[world*b, world*b]``.
+    """
+    rel = relevancy if isinstance(relevancy, torch.Tensor) else torch.as_tensor(relevancy)
+    rel = rel.to(device)
+    w = dist.world_size()
+    if rel.ndim != 2 or rel.shape != (batch_size, batch_size * w):
+        raise ValueError(f"relevancy: expected shape [{batch_size}, {batch_size * w}], "
+                         f"got {tuple(rel.shape)}")
+    return rel if w == 1 else dist.all_gather_no_grad(rel)

@@ -1,0 +1,51 @@
+"""``MILNCE`` module: several positives (same ids) in the numerator."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from xmodal._validate import positive_number
+from xmodal.functional._common import Temperature
+from xmodal.functional.milnce import mil_nce
+from xmodal.losses._common import optional_positive
+from xmodal.losses._gather import run_in_batch
+
+
+class MILNCE(nn.Module):
+    """MIL-NCE (Miech et al. 2020): every same-id pair is a positive in the numerator.
+
+    See :func:`xmodal.functional.milnce.mil_nce`.
+
+    Args:
+        temperature: > 0; ``t2v_temperature``/``v2t_temperature``: per-direction values
+            for text/video anchors.
+        normalize: L2-normalise first.
+        gather, local_loss: distributed behaviour, as :class:`~xmodal.losses.InfoNCE`.
+
+    Shape:
+        video, text: ``[B, D]``; ``ids`` ``[B]``; ``temperature`` float or ``[B]``; scalar out.
+    """
+
+    accepts = ("ids", "temperature")
+
+    def __init__(self, temperature: float = 0.05, *, t2v_temperature: float | None = None,
+                 v2t_temperature: float | None = None, normalize: bool = True,
+                 gather: bool = True, local_loss: bool = False) -> None:
+        super().__init__()
+        self.temperature = positive_number(temperature, "temperature")
+        self.t2v_temperature = optional_positive(t2v_temperature, "t2v_temperature")
+        self.v2t_temperature = optional_positive(v2t_temperature, "v2t_temperature")
+        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+
+    def forward(self, video, text, *, ids=None, temperature: Temperature | None = None,
+                t2v_temperature: Temperature | None = None,
+                v2t_temperature: Temperature | None = None) -> torch.Tensor:
+        """Loss of a batch; keyword values override the constructed ones."""
+        per_sample = {
+            "temperature": self.temperature if temperature is None else temperature,
+            "t2v_temperature": self.t2v_temperature if t2v_temperature is None else t2v_temperature,
+            "v2t_temperature": self.v2t_temperature if v2t_temperature is None else v2t_temperature,
+        }
+        return run_in_batch(mil_nce, video, text, gather=self.gather, local_loss=self.local_loss,
+                            ids=ids, per_sample=per_sample, normalize=self.normalize)
