@@ -1,0 +1,8 @@
+"""Functional (stateless, pure tensor) forms of the losses; modules in :mod:`xmodal.losses`."""
+
+from xmodal.functional.dcl import debiased_contrastive
+from xmodal.functional.infonce import info_nce
+from xmodal.functional.maxmargin import max_margin
+from xmodal.functional.milnce import mil_nce
+from xmodal.functional.mimaxmargin import mi_max_margin
+from xmodal.functional.ntxent import nt_xent
