@@ -2,6 +2,7 @@
 loaders for the paired-split layout (Flickr8k) and EPIC-KITCHENS-100 MIR relevancy,
 and class distributions for TS++."""
 
+from xmodal.data.synthetic import synthetic, zipf_probabilities
 from xmodal.data.types import PairedSplit
 
-__all__ = ["PairedSplit"]
+__all__ = ["PairedSplit", "synthetic", "zipf_probabilities"]
