@@ -17,14 +17,15 @@ def fifo_enqueue(queue: torch.Tensor, new: torch.Tensor, size: int) -> torch.Ten
     """A new queue ``cat([new, queue])[:size]``: newest rows first, oldest rows drop out.
 
     ``queue`` is not modified (a new tensor is returned). If ``new`` alone has more than
-    ``size`` rows, only its first ``size`` rows are kept.
+    ``size`` rows, only its first ``size`` rows are kept. An empty queue takes ``new``'s
+    dtype; later rows are cast to the queue's dtype.
 
     Shape:
         queue ``[Q, D]`` (``Q <= size``), new ``[b, D]`` -> ``[min(Q + b, size), D]``.
     """
-    new = new.detach().to(queue.dtype)
     if queue.numel() == 0:
-        return new[:size].clone()
+        return new.detach()[:size].clone()
+    new = new.detach().to(queue.dtype)
     if queue.shape[1] != new.shape[1]:
         raise ValueError(f"queue: feature dimension changed from {queue.shape[1]} to {new.shape[1]}")
     return torch.cat([new, queue], dim=0)[:size]
