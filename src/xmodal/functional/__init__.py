@@ -6,3 +6,6 @@ from xmodal.functional.maxmargin import max_margin
 from xmodal.functional.milnce import mil_nce
 from xmodal.functional.mimaxmargin import mi_max_margin
 from xmodal.functional.ntxent import nt_xent
+from xmodal.functional.crossclr import crossclr_loss
+from xmodal.functional.ncl import ncl_biases, ncl_loss
+from xmodal.functional.sinkhorn import log_sinkhorn

@@ -39,3 +39,10 @@ def build_loss(name: str, **kwargs) -> nn.Module:
 
 __all__ = ["LOSSES", "build_loss", "InfoNCE", "NTXent", "MaxMargin", "MIMaxMargin", "MILNCE",
            "DebiasedContrastive"]
+
+# LOSSES-PAPER losses (appended; keep at the end so the base block stays untouched).
+from xmodal.losses.crossclr import CrossCLR  # noqa: E402
+from xmodal.losses.ncl import NCL  # noqa: E402
+
+LOSSES.update({"crossclr": CrossCLR, "ncl": NCL})
+__all__ += ["CrossCLR", "NCL"]
