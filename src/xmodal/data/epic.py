@@ -1,0 +1,207 @@
+"""EPIC-KITCHENS-100 multi-instance retrieval (MIR): relevancy from the annotation CSVs.
+
+Relevancy between clip ``i`` and sentence ``j`` (Damen et al., "Rescaling Egocentric
+Vision", IJCV 2022, Sec. 4.2 / the MIR baselines' relevancy script)::
+
+    R_ij = ( IoU(verbs_i, verbs_j) + IoU(nouns_i, nouns_j) ) / 2
+
+with ``IoU(A, B) = |A & B| / |A | B|`` over class-id sets. Every clip and sentence has
+one verb class, so the verb term is 1 when the verb classes agree and 0 otherwise; the
+noun term uses all noun classes (``all_noun_classes`` of a clip).
+
+The released test-sentence CSV holds only ``narration_id`` and ``narration``; a
+sentence's classes are those of the clip its ``narration_id`` names. In the released
+file the last rows' ``narration`` column is offset by one row against
+``narration_id`` (7 of 3,842 rows: the text of row ``r`` is the narration of the clip
+named on row ``r - 1``). We keep the sentence text (what a model encodes) and take its
+classes from the clip whose narration it is: (2) in the offset tail (the longest final
+run of rows whose text is the narration of the clip named on the row above, provided
+it holds a row whose own clip disagrees), the clip of the previous row's
+``narration_id``; elsewhere (1) the clip of its own ``narration_id`` if the narrations
+agree, else (3) the single class set of all clips carrying this narration; if no rule
+applies a ``ValueError`` is raised. (As released, the sentence list has no sentence
+with the exact classes of 1 of the 9,668 test clips: a "stir" clip.)
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+
+_CLIPS = "EPIC_100_retrieval_{split}.csv"
+_SENTENCES = "EPIC_100_retrieval_{split}_sentence.csv"
+
+
+def _read_csv(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found")
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}")
+        return list(reader)
+
+
+def _class_list(text: str, path: Path, row: int) -> tuple[int, ...]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ValueError(f"{path}: row {row}: cannot parse class list {text!r}") from None
+    if isinstance(value, int):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+        raise ValueError(f"{path}: row {row}: expected a list of integer classes, got {text!r}")
+    return tuple(value)
+
+
+def relevancy_from_classes(clip_verbs, clip_nouns, sentence_verbs, sentence_nouns) -> np.ndarray:
+    """Vectorised MIR relevancy ``(verb IoU + noun IoU) / 2`` for every clip/sentence pair.
+
+    Args:
+        clip_verbs: int ``[C]`` verb class per clip.
+        clip_nouns: ``C`` sequences of noun classes.
+        sentence_verbs: int ``[S]``.
+        sentence_nouns: ``S`` sequences of noun classes.
+
+    Returns:
+        float32 ``[C, S]`` in ``[0, 1]``. An empty noun set on both sides gives noun
+        IoU 0 (no evidence of relevance rather than NaN).
+
+    Shape:
+        ``[C, S]``.
+    """
+    cv = np.asarray(clip_verbs, dtype=np.int64)
+    sv = np.asarray(sentence_verbs, dtype=np.int64)
+    if cv.ndim != 1 or len(clip_nouns) != cv.shape[0]:
+        raise ValueError("clip_nouns: expected one noun list per clip verb")
+    if sv.ndim != 1 or len(sentence_nouns) != sv.shape[0]:
+        raise ValueError("sentence_nouns: expected one noun list per sentence verb")
+    # Few distinct noun sets (hundreds), so IoU is computed between unique sets only.
+    c_sets = [frozenset(int(x) for x in n) for n in clip_nouns]
+    s_sets = [frozenset(int(x) for x in n) for n in sentence_nouns]
+    uniq = sorted(set(c_sets) | set(s_sets), key=lambda s: sorted(s))
+    index = {s: i for i, s in enumerate(uniq)}
+    vocab = sorted(set().union(*uniq)) if uniq else []
+    col = {c: i for i, c in enumerate(vocab)}
+    hot = np.zeros((len(uniq), max(len(vocab), 1)), dtype=np.float32)
+    for i, s in enumerate(uniq):
+        hot[i, [col[c] for c in s]] = 1.0
+    inter = hot @ hot.T
+    size = hot.sum(1)
+    union = size[:, None] + size[None, :] - inter
+    noun_iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    ci = np.fromiter((index[s] for s in c_sets), dtype=np.int64, count=len(c_sets))
+    si = np.fromiter((index[s] for s in s_sets), dtype=np.int64, count=len(s_sets))
+    rel = noun_iou[ci[:, None], si[None, :]]
+    rel += cv[:, None] == sv[None, :]
+    rel *= 0.5
+    return rel.astype(np.float32, copy=False)
+
+
+def epic_annotations(root: str | os.PathLike, split: str = "test") -> dict:
+    """Clips and sentences of an EPIC-KITCHENS-100 MIR split with their classes.
+
+    Returns:
+        dict with ``clip_narrations``, ``clip_verbs`` (int ``[C]``), ``clip_nouns``
+        (list of tuples), ``sentences``, ``sentence_verbs``, ``sentence_nouns``,
+        ``repaired`` (indices of sentences whose classes came from rule 2 or 3 of the
+        module docstring).
+    """
+    root = Path(root)
+    cpath, spath = root / _CLIPS.format(split=split), root / _SENTENCES.format(split=split)
+    clips = _read_csv(cpath, ("narration_id", "narration", "verb_class", "all_noun_classes"))
+    sents = _read_csv(spath, ("narration_id", "narration"))
+    c_verbs, c_nouns, by_id, by_text = [], [], {}, {}
+    for r, row in enumerate(clips, start=2):
+        verb = _class_list(row["verb_class"], cpath, r)
+        if len(verb) != 1:
+            raise ValueError(f"{cpath}: row {r}: expected one verb class, got {row['verb_class']!r}")
+        nouns = _class_list(row["all_noun_classes"], cpath, r)
+        c_verbs.append(verb[0])
+        c_nouns.append(nouns)
+        by_id[row["narration_id"]] = (row["narration"], verb[0], nouns)
+        by_text.setdefault(row["narration"], set()).add((verb[0], nouns))
+    has_classes = "verb_class" in sents[0] and "noun_classes" in sents[0] if sents else False
+    s_verbs, s_nouns, repaired = [], [], []
+    if has_classes:
+        for j, row in enumerate(sents):
+            s_verbs.append(_class_list(row["verb_class"], spath, j + 2)[0])
+            s_nouns.append(_class_list(row["noun_classes"], spath, j + 2))
+    else:
+        texts = [row["narration"] for row in sents]
+        named = [by_id.get(row["narration_id"]) for row in sents]
+        own_ok = [c is not None and c[0] == t for c, t in zip(named, texts)]
+        # The offset tail: the longest final run of rows whose text is the narration of
+        # the clip named on the row above, if it contains a row that fails rule (1).
+        start = len(sents)
+        while start > 1 and named[start - 2] is not None and named[start - 2][0] == texts[start - 1]:
+            start -= 1
+        if all(own_ok[start:]):
+            start = len(sents)
+        for j, text in enumerate(texts):
+            if j >= start:
+                classes = named[j - 1][1:]
+                repaired.append(j)
+            elif own_ok[j]:
+                classes = named[j][1:]
+            elif len(by_text.get(text, ())) == 1:
+                classes = next(iter(by_text[text]))
+                repaired.append(j)
+            else:
+                raise ValueError(f"{spath}: row {j + 2}: cannot determine the classes of sentence {text!r} "
+                                 f"(narration_id {sents[j]['narration_id']!r})")
+            s_verbs.append(classes[0])
+            s_nouns.append(classes[1])
+    return {"clip_narrations": [row["narration"] for row in clips], "clip_verbs": np.array(c_verbs, np.int64),
+            "clip_nouns": c_nouns, "sentences": [row["narration"] for row in sents],
+            "sentence_verbs": np.array(s_verbs, np.int64), "sentence_nouns": s_nouns, "repaired": repaired}
+
+
+def epic_relevancy(root: str | os.PathLike, split: str = "test") -> tuple[np.ndarray, list[str], list[str]]:
+    """The clip x sentence MIR relevancy matrix of an EPIC-KITCHENS-100 split.
+
+    Args:
+        root: directory holding ``EPIC_100_retrieval_{split}.csv`` and
+            ``EPIC_100_retrieval_{split}_sentence.csv`` (``../shared/data/epic100``).
+        split: ``"test"`` (the only split whose clips are released here).
+
+    Returns:
+        ``(relevancy, clip_narrations, sentences)``: float32 ``[num_clips,
+        num_sentences]`` = (verb IoU + noun IoU) / 2 (module docstring), the clip
+        narrations (row order of the clip CSV) and the sentences (row order of the
+        sentence CSV). Text -> video MIR queries are the sentences: use ``relevancy.T``.
+
+    Raises:
+        ValueError: a missing CSV or column, or an unparsable class list, naming the file.
+    """
+    ann = epic_annotations(root, split)
+    rel = relevancy_from_classes(ann["clip_verbs"], ann["clip_nouns"], ann["sentence_verbs"],
+                                 ann["sentence_nouns"])
+    return rel, ann["clip_narrations"], ann["sentences"]
+
+
+def epic_train_classes(root: str | os.PathLike) -> dict:
+    """Verb / noun classes of the EPIC-KITCHENS-100 MIR train sentences (a real long tail).
+
+    Returns:
+        dict with ``sentences`` (list of 15,989 str), ``verb`` (int ``[S]``), ``noun``
+        (int ``[S]``, the first = main noun class; -1 if none), ``nouns`` (list of
+        tuples, all noun classes).
+    """
+    path = Path(root) / _SENTENCES.format(split="train")
+    rows = _read_csv(path, ("narration", "verb_class", "noun_classes"))
+    verb = np.empty(len(rows), np.int64)
+    nouns = []
+    for j, row in enumerate(rows):
+        v = _class_list(row["verb_class"], path, j + 2)
+        if len(v) != 1:
+            raise ValueError(f"{path}: row {j + 2}: expected one verb class, got {row['verb_class']!r}")
+        verb[j] = v[0]
+        nouns.append(_class_list(row["noun_classes"], path, j + 2))
+    noun = np.array([n[0] if n else -1 for n in nouns], np.int64)
+    return {"sentences": [row["narration"] for row in rows], "verb": verb, "noun": noun, "nouns": nouns}
