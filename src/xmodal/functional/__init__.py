@@ -6,6 +6,7 @@ from xmodal.functional.maxmargin import max_margin
 from xmodal.functional.milnce import mil_nce
 from xmodal.functional.mimaxmargin import mi_max_margin
 from xmodal.functional.ntxent import nt_xent
+from xmodal.functional.calince import calibrated_nce, correspondence_loss, predictive_coding_loss
 from xmodal.functional.crossclr import crossclr_loss
 from xmodal.functional.ncl import ncl_biases, ncl_loss
 from xmodal.functional.sinkhorn import log_sinkhorn

@@ -41,8 +41,9 @@ __all__ = ["LOSSES", "build_loss", "InfoNCE", "NTXent", "MaxMargin", "MIMaxMargi
            "DebiasedContrastive"]
 
 # LOSSES-PAPER losses (appended; keep at the end so the base block stays untouched).
+from xmodal.losses.calince import CaliNCE  # noqa: E402
 from xmodal.losses.crossclr import CrossCLR  # noqa: E402
 from xmodal.losses.ncl import NCL  # noqa: E402
 
-LOSSES.update({"crossclr": CrossCLR, "ncl": NCL})
-__all__ += ["CrossCLR", "NCL"]
+LOSSES.update({"crossclr": CrossCLR, "ncl": NCL, "calince": CaliNCE})
+__all__ += ["CrossCLR", "NCL", "CaliNCE"]

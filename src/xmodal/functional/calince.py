@@ -1,0 +1,112 @@
+"""Cali-NCE pieces (Zhao et al., "Cali-NCE: Boosting cross-modal video representation
+learning with calibrated alignment", CVPR-W 2023, eqs. 1-6), as pure tensor functions.
+
+* eq. 1 ``correspondence_loss``: cross-entropy of a 2-way correspondence head on
+  matched pairs (class 1) and shuffled mismatched pairs (class 0).
+* eq. 2/6 ``calibrated_nce``: ``mean_i c_ii (NCE(v_i, t_i) + NCE(t_i, v_i))`` with
+  ``c_ii`` the head's matching probability of pair ``i``.
+* eqs. 3-5 ``predictive_coding_loss``: ``||n(G_v(v)) - sg(n(t))||^2 + ||n(G_t(t)) - sg(n(v))||^2``
+  (``n``: L2 normalisation, ``sg``: stop-gradient), averaged over the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from xmodal.functional._common import (Temperature, check_embeddings, check_ids, compute_dtype,
+                                       full_precision, l2_normalize, per_sample, prepare)
+from xmodal.functional.infonce import contrastive_terms
+
+__all__ = ["derangement", "correspondence_loss", "calibrated_nce", "predictive_coding_loss"]
+
+
+def derangement(n: int, *, generator: torch.Generator | None = None,
+                device: torch.device | str | None = None) -> torch.Tensor:
+    """A random permutation ``sigma`` of ``range(n)`` without fixed points (``n >= 2``).
+
+    A uniformly random order ``p`` is turned into one cycle ``p[k] -> p[k + 1]``, so no
+    text is paired with its own video. Drawn from ``generator`` (CPU) when given,
+    otherwise from torch's global RNG (seed it with ``torch.manual_seed``).
+    """
+    if n < 2:
+        raise ValueError(f"n: a derangement needs at least 2 items, got {n}")
+    p = torch.randperm(n, generator=generator)
+    sigma = torch.empty_like(p)
+    sigma[p] = p.roll(-1)
+    return sigma.to(device) if device is not None else sigma
+
+
+def correspondence_loss(match_logits: torch.Tensor, mismatch_logits: torch.Tensor,
+                        mismatch_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 1: ``-mean[log p(1 | v_i, t_i)] - mean[log p(0 | v_i, t_sigma(i))]`` over both sets.
+
+    Args:
+        match_logits: head logits ``[B, 2]`` of the matched pairs (target class 1).
+        mismatch_logits: head logits ``[B, 2]`` of the shuffled pairs (target class 0).
+        mismatch_valid: optional bool ``[B]``; False drops a shuffled pair that is in
+            fact a positive (same instance id).
+
+    Returns:
+        the mean cross-entropy over all used pairs (a scalar).
+    """
+    pos = -F.log_softmax(match_logits, dim=1)[:, 1]
+    neg = -F.log_softmax(mismatch_logits, dim=1)[:, 0]
+    if mismatch_valid is not None:
+        neg = neg[mismatch_valid]
+    return torch.cat([pos, neg]).mean()
+
+
+def calibrated_nce(video: torch.Tensor, text: torch.Tensor, weights: torch.Tensor, *,
+                   temperature: Temperature = 0.05, ids: torch.Tensor | None = None,
+                   normalize: bool = True) -> torch.Tensor:
+    """Eq. 6 contrastive part: ``1/B sum_i c_ii (NCE(v_i, t_i) + NCE(t_i, v_i))``.
+
+    ``NCE(v_i, t_i) = -log exp(s_ii / tau_i) / sum_k exp(s_ik / tau_i)`` (eq. 2), with
+    same-id entries other than the pair removed from the denominator (``ids``).
+    Note the sum of both directions (not their mean, unlike InfoNCE): with
+    ``weights = 1`` this is twice :func:`~xmodal.functional.infonce.info_nce`.
+
+    Args:
+        video, text: ``[B, D]`` embeddings.
+        weights: ``c_ii`` ``[B]`` (detach them to keep the head out of this term).
+        temperature: float or ``[B]``.
+        ids: optional integer ``[B]``.
+        normalize: L2-normalise the embeddings first.
+
+    Shape:
+        returns a scalar.
+    """
+    check_embeddings(video, text)
+    n = video.shape[0]
+    if weights.shape != (n,):
+        raise ValueError(f"weights: expected shape [{n}], got {tuple(weights.shape)}")
+    dtype = compute_dtype(video, text)
+    v, t = prepare(video, dtype, normalize), prepare(text, dtype, normalize)
+    tau = per_sample(temperature, n, "temperature", like=v)
+    if ids is not None:
+        ids = check_ids(ids, n).to(v.device)
+    idx = torch.arange(n, device=v.device)
+    with full_precision(v.device):
+        nce = contrastive_terms(v, t, tau, idx, ids) + contrastive_terms(t, v, tau, idx, ids)
+        return (weights.to(dtype) * nce).mean()
+
+
+def predictive_coding_loss(pred_v: torch.Tensor, pred_t: torch.Tensor, video: torch.Tensor,
+                           text: torch.Tensor) -> torch.Tensor:
+    """Eqs. 3-5: mean squared distance of normalised predictions to stop-gradient targets.
+
+    ``pred_v = G_v(v)`` predicts the text, ``pred_t = G_t(t)`` the video; per pair
+    ``||n(pred_v) - sg(n(t))||^2 + ||n(pred_t) - sg(n(v))||^2`` (``= 4 - 2 cos - 2 cos``),
+    averaged over the batch.
+
+    Shape:
+        all ``[B, D]`` -> scalar.
+    """
+    with full_precision(video.device):
+        dtype = compute_dtype(pred_v, pred_t, video, text)
+        tv = l2_normalize(text.detach().to(dtype))
+        vv = l2_normalize(video.detach().to(dtype))
+        d_v = (l2_normalize(pred_v.to(dtype)) - tv).pow(2).sum(1)
+        d_t = (l2_normalize(pred_t.to(dtype)) - vv).pow(2).sum(1)
+        return (d_v + d_t).mean()
