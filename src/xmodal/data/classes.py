@@ -1,0 +1,76 @@
+"""Class distributions for TS++ class-frequency temperatures (TS++ Sec. 4.1.2).
+
+``K_c``, the number of training samples of class ``c``, comes either from labels (e.g.
+EPIC-KITCHENS-100 verb/noun classes, :func:`xmodal.data.epic_train_classes`) or, without
+labels, from k-means clusters of the training captions' sentence embeddings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xmodal._validate import as_tensor
+
+
+def class_counts(labels, num_classes: int | None = None) -> np.ndarray:
+    """Number of samples per class id.
+
+    Args:
+        labels: int ``[N]`` class ids >= 0 (numpy or torch).
+        num_classes: length of the result (default ``max(labels) + 1``).
+
+    Returns:
+        int64 ``[num_classes]``: ``counts[c] = #{i : labels[i] == c}`` (0 for unseen ids).
+    """
+    lab = as_tensor(labels, "labels").detach().cpu().numpy()
+    if lab.ndim != 1:
+        raise ValueError(f"labels: expected a 1-d array, got shape {lab.shape}")
+    if lab.size and not np.issubdtype(lab.dtype, np.integer):
+        if not np.issubdtype(lab.dtype, np.floating) or not np.all(np.mod(lab, 1) == 0):
+            raise TypeError(f"labels: expected integer class ids, got dtype {lab.dtype}")
+    lab = lab.astype(np.int64)
+    if lab.size and lab.min() < 0:
+        raise ValueError(f"labels: class ids must be >= 0, got {lab.min()}")
+    n = int(lab.max()) + 1 if lab.size else 0
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < n:
+            raise ValueError(f"num_classes: must be an integer >= max(labels) + 1 = {n}, got {num_classes!r}")
+        n = int(num_classes)
+    return np.bincount(lab, minlength=n).astype(np.int64)
+
+
+def kmeans_classes(embeddings, k: int = 200, seed: int = 0, *, normalize: bool = True,
+                   minibatch: bool | None = None) -> np.ndarray:
+    """Unsupervised classes: seeded k-means over (sentence) embeddings.
+
+    Args:
+        embeddings: float ``[N, D]`` (numpy or torch), e.g. MiniLM caption embeddings.
+        k: number of clusters (TS++ default 200); must not exceed ``N``.
+        seed: seed of the k-means++ initialisation (results are deterministic per seed).
+        normalize: L2-normalise rows first (cosine geometry of sentence embeddings).
+        minibatch: use ``MiniBatchKMeans`` (default: when ``N > 20,000``).
+
+    Returns:
+        int64 ``[N]`` cluster ids in ``[0, k)``; ``class_counts`` of them gives ``K_c``.
+    """
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+
+    x = as_tensor(embeddings, "embeddings").detach().cpu().numpy()
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"embeddings: expected a non-empty [N, D] array, got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"embeddings: expected floating values, got dtype {x.dtype}")
+    x = x.astype(np.float32)  # a copy: the caller's array is never touched
+    if not np.isfinite(x).all():
+        raise ValueError("embeddings: contains NaN/inf values")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= x.shape[0]:
+        raise ValueError(f"k: must be an integer in [1, {x.shape[0]}] (number of embeddings), got {k!r}")
+    if normalize:
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    if minibatch is None:
+        minibatch = x.shape[0] > 20000
+    if minibatch:
+        km = MiniBatchKMeans(n_clusters=int(k), random_state=int(seed), n_init=3, batch_size=4096)
+    else:
+        km = KMeans(n_clusters=int(k), random_state=int(seed), n_init=1)
+    return km.fit_predict(x).astype(np.int64)
