@@ -42,6 +42,26 @@ def _check_same_shapes(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name}: every rank must pass the same shape to a gather, got {got}")
 
 
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sums every rank's gradient of a slice and returns it to
+    the slice's owner (an all-reduce then a slice: works on gloo, which has no
+    reduce-scatter; ``torch.distributed.nn.functional.all_gather`` is deprecated)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        ctx.rows = t.shape[0]
+        out = [torch.empty_like(t) for _ in range(world_size())]
+        _dist.all_gather(out, t.contiguous())
+        return torch.cat(out, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        _dist.all_reduce(grad)
+        start = rank() * ctx.rows
+        return grad[start:start + ctx.rows]
+
+
 def all_gather_with_grad(t: torch.Tensor, *, check_shapes: bool = True) -> torch.Tensor:
     """Concatenate ``t`` along dim 0 across ranks; gradients flow back to each rank's slice.
 
@@ -60,9 +80,7 @@ def all_gather_with_grad(t: torch.Tensor, *, check_shapes: bool = True) -> torch
         return t
     if check_shapes:
         _check_same_shapes(t, "all_gather_with_grad")
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(t.contiguous()), dim=0)
+    return _GatherWithGrad.apply(t)
 
 
 def all_gather_no_grad(t: torch.Tensor, *, check_shapes: bool = True) -> torch.Tensor:
