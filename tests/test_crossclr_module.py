@@ -94,3 +94,13 @@ def test_bad_input():
     nan[1, 1] = float("nan")
     with pytest.raises(ValueError, match="video"):
         CrossCLR()(nan, t, video_input=vi, text_input=ti)
+
+
+def test_batch_of_one_and_numpy_inputs():
+    v, t, vi, ti = _batch(4, n=1)
+    assert CrossCLR()(v, t, video_input=vi, text_input=ti).item() == 0.0
+    v, t, vi, ti = _batch(5)
+    a = CrossCLR(**KW)(v.numpy(), t.numpy(), video_input=vi.numpy(), text_input=ti.numpy(),
+                       ids=[0, 1, 2, 2, 3, 4])
+    b = crossclr_loss(v, t, vi, ti, ids=torch.tensor([0, 1, 2, 2, 3, 4]), **KW)
+    assert a.item() == pytest.approx(b.item(), abs=1e-12)

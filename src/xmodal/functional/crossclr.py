@@ -30,6 +30,7 @@ direction is the weighted mean ``sum_i w_i l_i / sum_i w_i`` (computed as
 ``B * softmax(C / kappa)``, which never overflows for small ``kappa``); uniform
 weights give the plain mean. ``weight_norm="none"`` uses the raw ``exp(C / kappa)``.
 With ``lambda = 0``, no pruning and uniform weights the loss is exactly InfoNCE.
+``B = 1``: the positive is the only term, the loss is 0.
 """
 
 from __future__ import annotations

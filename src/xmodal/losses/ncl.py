@@ -7,8 +7,9 @@ from torch import nn
 
 from xmodal import dist
 from xmodal._validate import positive_number
-from xmodal.functional._common import check_embeddings, check_ids, l2_normalize
+from xmodal.functional._common import check_ids, l2_normalize
 from xmodal.functional.ncl import ncl_loss, scalar_temperature
+from xmodal.losses._gather import embeddings
 
 __all__ = ["NCL", "fifo_enqueue"]
 
@@ -84,10 +85,10 @@ class NCL(nn.Module):
 
     def forward(self, video: torch.Tensor, text: torch.Tensor, *, ids: torch.Tensor | None = None,
                 temperature: float | torch.Tensor | None = None) -> torch.Tensor:
-        check_embeddings(video, text)
+        video, text = embeddings(video, text)
         tau = self.temperature if temperature is None else scalar_temperature(temperature)
         if ids is not None:
-            ids = check_ids(ids, video.shape[0]).to(video.device)
+            ids = check_ids(torch.as_tensor(ids), video.shape[0]).to(video.device)
             ids = dist.all_gather_no_grad(ids)
         video_all = dist.all_gather_with_grad(video)
         text_all = dist.all_gather_with_grad(text)
