@@ -56,6 +56,7 @@ def test_marginals_converge(shape):
         # errors are measured independently of the returned scalings
         assert errs[-1] == pytest.approx(max((p.sum(1) - rr).abs().max().item(),
                                              (p.sum(0) - cc).abs().max().item()), abs=1e-12)
+        assert log_sinkhorn(s, gamma=0.5, iters=3, track_errors=False)[2] == []
 
 
 def test_no_overflow_where_plain_overflows():

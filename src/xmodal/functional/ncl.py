@@ -63,7 +63,7 @@ def ncl_biases(sim: torch.Tensor, *, gamma: float, iters: int = 4,
         ``(a [T], b [V])`` in ``sim``'s dtype (float32 for half inputs).
     """
     if ids is None:
-        log_alpha, log_beta, _ = log_sinkhorn(sim, gamma=gamma, iters=iters)
+        log_alpha, log_beta, _ = log_sinkhorn(sim, gamma=gamma, iters=iters, track_errors=False)
         b = gamma * (log_beta - torch.logsumexp(log_beta, 0))
     else:
         uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
@@ -72,7 +72,7 @@ def ncl_biases(sim: torch.Tensor, *, gamma: float, iters: int = 4,
                                      reduce="amin")
         counts = counts.to(sim.dtype if sim.dtype == torch.float64 else torch.float32)
         log_alpha, log_beta_u, _ = log_sinkhorn(sim[:, first], gamma=gamma, iters=iters,
-                                                col_marginal=counts)
+                                                col_marginal=counts, track_errors=False)
         b_u = gamma * (log_beta_u - torch.logsumexp(log_beta_u, 0))
         b = (b_u - gamma * torch.log(counts))[inverse]
     a = gamma * (log_alpha - torch.logsumexp(log_alpha, 0))
