@@ -227,3 +227,5 @@ def test_bad_input():
     bad[0, 0] = math.nan
     with pytest.raises(ValueError, match="video_input"):
         crossclr_loss(zx, zy, bad, yi)
+    with pytest.raises(ValueError, match="video_bank"):
+        crossclr_loss(zx, zy, xi, yi, video_bank=torch.rand(10, xi.shape[1] + 1, dtype=torch.float64))

@@ -168,8 +168,12 @@ def crossclr_loss(video: torch.Tensor, text: torch.Tensor, video_input: torch.Te
                 raise ValueError(f"{name}: required for CrossCLR connectivity (pruning/weights)")
             if x.shape[0] != n:
                 raise ValueError(f"{name}: expected {n} rows, got {x.shape[0]}")
-        conn_v = connectivity(xin, video_bank)
-        conn_t = connectivity(yin, text_bank)
+        banks = [None if b is None else float_matrix(b, name, dtype=dtype, device=v.device).detach()
+                 for b, name in ((video_bank, "video_bank"), (text_bank, "text_bank"))]
+        for b, x, name in ((banks[0], xin, "video_bank"), (banks[1], yin, "text_bank")):
+            if b is not None and b.shape[1] != x.shape[1]:
+                raise ValueError(f"{name}: expected {x.shape[1]} columns, got {b.shape[1]}")
+        conn_v, conn_t = connectivity(xin, banks[0]), connectivity(yin, banks[1])
     no_prune = torch.zeros(n, dtype=torch.bool, device=v.device)
     prune_v = no_prune if gamma is None else conn_v > gamma
     prune_t = no_prune if gamma is None else conn_t > gamma
