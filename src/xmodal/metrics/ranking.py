@@ -1,0 +1,142 @@
+"""Exact rank metrics (R@K, MdR, MnR) with explicit tie rules, computed block by block.
+
+A query's rank is ``1 + (items scoring above its best correct item) + (tied items placed
+before it)``: counting against the correct score needs one pass over each row and no
+sort, so it is exact and O(Q * G) (style rule 4). The tie rule says where items with
+exactly the correct score go:
+
+* ``"pessimistic"`` (default): every tied incorrect item ranks ahead (never flatters a
+  model that outputs constant scores; CLIP4Clip's ``np.where(sorted == gt)`` does not
+  guarantee this).
+* ``"optimistic"``: the correct item ranks first among its ties.
+* ``"average"``: ranks are expectations under uniformly random tie-breaking. With
+  several correct items, ``n`` incorrect and ``p`` correct items tied at the best correct
+  score, the expected rank is ``lo + n / (p + 1)`` (expected position of the first
+  correct item in a random order of the group). R@K is then the *expected* recall,
+  ``P(rank <= K)``, MnR the exact expected mean rank, and MdR the median of the
+  per-query expected ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from xmodal._validate import as_tensor, choice
+from xmodal.metrics._common import (block_counts, check_block_size, check_ks, check_ties,
+                                    default_block, positives_of, similarity, summarize)
+
+V2T = ("all-captions", "max-over-captions")
+
+
+def _ranks(sim: torch.Tensor, positives: torch.Tensor, ties: str, block_size: int | None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, g = sim.shape
+    b = default_block(g) if block_size is None else block_size
+    parts = []
+    for start in range(0, q, b):
+        blk = sim[start:start + b]
+        pb = positives[start:start + b]
+        if pb.dtype == torch.bool:
+            parts.append(block_counts(blk, mask=pb, ties=ties))
+        else:
+            parts.append(block_counts(blk, index=pb, ties=ties))
+    return tuple(torch.cat(x) for x in zip(*parts))  # type: ignore[return-value]
+
+
+def retrieval(sim: Any, positives: Any, ks: Sequence[int] = (1, 5, 10, 50),
+              ties: str = "pessimistic", *, block_size: int | None = None) -> dict:
+    """Recall@K, median rank and mean rank of retrieving the correct gallery items.
+
+    Args:
+        sim: similarity matrix, higher is more similar (numpy or torch, float16/32/64).
+        positives: int [Q] (the correct gallery index of each query) or bool [Q, G]
+            (several correct items; the query's rank is that of its best-ranked one).
+        ks: cut-offs for R@K.
+        ties: "pessimistic", "optimistic" or "average" (see the module docstring).
+        block_size: rows per block (default: about 2M scores per block). Results do not
+            depend on it.
+
+    Returns:
+        ``{"R@k": percent for k in ks, "MdR": float, "MnR": float}`` (ranks 1-based).
+
+    Shape:
+        sim: [Q, G]; positives: [Q] or [Q, G].
+    """
+    s = similarity(sim, "sim")
+    ks = check_ks(ks)
+    ties = check_ties(ties)
+    if block_size is not None:
+        block_size = check_block_size(block_size)
+    pos = positives_of(positives, s.shape[0], s.shape[1], s.device)
+    return summarize(*_ranks(s, pos, ties, block_size), ks)
+
+
+def caption_groups(text_to_video: Any, num_texts: int, num_videos: int,
+                   name: str = "text_to_video") -> torch.Tensor:
+    """Validated caption -> video index map (int64 [T]); every video needs a caption."""
+    t2v = positives_of(text_to_video, num_texts, num_videos, torch.device("cpu"), name)
+    if t2v.dtype == torch.bool:
+        raise TypeError(f"{name}: expected integer video indices [num_texts], got a boolean mask")
+    counts = torch.bincount(t2v, minlength=num_videos)
+    if bool((counts == 0).any()):
+        missing = torch.nonzero(counts == 0).flatten()
+        raise ValueError(f"{name}: {missing.numel()} video(s) have no caption "
+                         f"(first: {missing[:5].tolist()}); v2t is undefined for them")
+    return t2v
+
+
+def group_max(sim_vt: torch.Tensor, t2v: torch.Tensor, num_videos: int) -> torch.Tensor:
+    """Scores of each query against each caption group: max over the group's captions.
+
+    Shape:
+        sim_vt: [b, T] (rows: queries, columns: captions); t2v: [T] -> [b, num_videos].
+    """
+    out = torch.full((sim_vt.shape[0], num_videos), float("-inf"), dtype=sim_vt.dtype,
+                     device=sim_vt.device)
+    idx = t2v.to(sim_vt.device)[None, :].expand_as(sim_vt)
+    return out.scatter_reduce(1, idx, sim_vt, reduce="amax", include_self=True)
+
+
+def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 50),
+               ties: str = "pessimistic", v2t: str = "all-captions", *,
+               block_size: int | None = None) -> dict:
+    """Text-to-video and video-to-text retrieval for datasets with several captions per video.
+
+    t2v: each text queries the videos; its single correct video is ``text_to_video[t]``.
+    v2t, ``"all-captions"``: each video queries all texts; correct = any of its own captions
+    (the rank of its best-ranked caption). ``"max-over-captions"``: the gallery is the
+    videos' caption groups, each scored by its best caption; correct = its own group.
+
+    Returns:
+        ``{"t2v": retrieval dict, "v2t": retrieval dict}``.
+
+    Shape:
+        sim_tv: [num_texts, num_videos]; text_to_video: int [num_texts].
+    """
+    s = similarity(sim_tv, "sim_tv")
+    v2t = choice(v2t, "v2t", V2T)
+    ks = check_ks(ks)
+    ties = check_ties(ties)
+    if block_size is not None:
+        block_size = check_block_size(block_size)
+    num_t, num_v = s.shape
+    t2v = caption_groups(text_to_video, num_t, num_v)
+    out = {"t2v": summarize(*_ranks(s, t2v.to(s.device), ties, block_size), ks)}
+    st = s.t()
+    b = default_block(num_t) if block_size is None else block_size
+    parts = []
+    for start in range(0, num_v, b):
+        blk = st[start:start + b].contiguous()
+        vids = torch.arange(start, start + blk.shape[0], device=s.device)
+        if v2t == "all-captions":
+            mask = t2v.to(s.device)[None, :] == vids[:, None]
+            parts.append(block_counts(blk, mask=mask, ties=ties))
+        else:
+            parts.append(block_counts(group_max(blk, t2v, num_v), index=vids, ties=ties))
+    out["v2t"] = summarize(*(torch.cat(x) for x in zip(*parts)), ks)
+    return out
+
+
+__all__ = ["retrieval", "text_video", "caption_groups", "group_max"]
