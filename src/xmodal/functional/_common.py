@@ -8,6 +8,7 @@ input is float64) with autocast disabled, so float16/bfloat16 inputs or an enclo
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator
 
 import torch
@@ -28,6 +29,15 @@ def full_precision(device: torch.device) -> Iterator[None]:
         yield
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Exact NaN/inf test: one sum (fast); only a non-finite sum (a NaN/inf entry, or an
+    overflow of finite values) falls back to the element-wise check."""
+    with torch.no_grad():
+        if bool(torch.isfinite(t.sum(dtype=torch.float32 if t.dtype != torch.float64 else None))):
+            return True
+        return bool(torch.isfinite(t).all())
+
+
 def check_embeddings(video: torch.Tensor, text: torch.Tensor,
                      names: tuple[str, str] = ("video", "text")) -> None:
     """Validate a pair of ``[B, D]`` embedding batches (floating, finite, same shape)."""
@@ -40,7 +50,7 @@ def check_embeddings(video: torch.Tensor, text: torch.Tensor,
             raise ValueError(f"{name}: expected shape [B, D], got {tuple(t.shape)}")
         if t.shape[0] == 0 or t.shape[1] == 0:
             raise ValueError(f"{name}: empty batch, shape {tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
+        if not all_finite(t):
             raise ValueError(f"{name}: contains NaN/inf values")
     if video.shape != text.shape:
         raise ValueError(f"{names[0]} and {names[1]}: batch shapes differ, "
@@ -98,6 +108,30 @@ def per_sample(value: Temperature, n: int, name: str, *, like: torch.Tensor,
     return t
 
 
+def scalar_or_per_sample(value: Temperature, n: int, name: str, *, like: torch.Tensor,
+                         allow_zero: bool = False) -> float | torch.Tensor:
+    """Like :func:`per_sample`, but a Python number stays a validated ``float`` (cheaper:
+    no tensor is built); use with :func:`take` and :func:`col`."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        f = float(value)
+        if not math.isfinite(f):
+            raise ValueError(f"{name}: contains NaN/inf")
+        if f < 0 or (f == 0 and not allow_zero):
+            raise ValueError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, got {f}")
+        return f
+    return per_sample(value, n, name, like=like, allow_zero=allow_zero)
+
+
+def take(value: float | torch.Tensor, idx: torch.Tensor | None) -> float | torch.Tensor:
+    """``value[idx]`` for a per-sample tensor; a float (or ``idx=None``) unchanged."""
+    return value if isinstance(value, float) or idx is None else value[idx]
+
+
+def col(value: float | torch.Tensor) -> float | torch.Tensor:
+    """Broadcast a per-row value against ``[R, B]`` logits (``[R, 1]``; a float unchanged)."""
+    return value if isinstance(value, float) else value[:, None]
+
+
 def check_ids(ids: torch.Tensor, n: int, name: str = "ids") -> torch.Tensor:
     """Validate integer instance ids of shape ``[n]``."""
     if not isinstance(ids, torch.Tensor):
@@ -147,12 +181,12 @@ def prepare_pair(video: torch.Tensor, text: torch.Tensor,
 
 
 def directional(value: Temperature, t2v: Temperature | None, v2t: Temperature | None, n: int,
-                name: str, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample ``[n]`` values for the text->video and video->text directions.
+                name: str, like: torch.Tensor) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    """Values (float or ``[n]`` tensor) for the text->video and video->text directions.
 
     ``t2v``/``v2t`` override ``value`` for one direction (TS++ sec. 5.6.4).
     """
-    base = per_sample(value, n, name, like=like)
-    a = base if t2v is None else per_sample(t2v, n, f"t2v_{name}", like=like)
-    b = base if v2t is None else per_sample(v2t, n, f"v2t_{name}", like=like)
+    base = scalar_or_per_sample(value, n, name, like=like)
+    a = base if t2v is None else scalar_or_per_sample(t2v, n, f"t2v_{name}", like=like)
+    b = base if v2t is None else scalar_or_per_sample(v2t, n, f"v2t_{name}", like=like)
     return a, b

@@ -6,12 +6,12 @@ import math
 
 import torch
 
-from xmodal.functional._common import (Temperature, check_ids, directional, full_precision,
+from xmodal.functional._common import (Temperature, check_ids, col, directional, full_precision,
                                        positive_logit_mask, prepare_pair, resolve_rows,
-                                       same_id_mask, similarity)
+                                       same_id_mask, similarity, take)
 
 
-def debiased_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: torch.Tensor,
+def debiased_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: float | torch.Tensor,
                    idx: torch.Tensor, negatives: torch.Tensor, tau_plus: float) -> torch.Tensor:
     """Per-query debiased loss ``-log e^{s+} / (e^{s+} + N g)`` (eqs. 6-7), log domain.
 
@@ -23,7 +23,7 @@ def debiased_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: torch.Tens
         ``[R, B]``; returns ``[R]``.
     """
     with full_precision(queries.device):
-        logits = similarity(queries, gallery) / tau[:, None]
+        logits = similarity(queries, gallery) / col(tau)
         pos = logits.gather(1, idx[:, None]).squeeze(1)
         shift = logits.detach().max(dim=1).values
         pos_e = torch.exp(pos - shift)
@@ -77,6 +77,6 @@ def debiased_contrastive(video: torch.Tensor, text: torch.Tensor, *,
     if not bool(negatives.any(dim=1).all()):
         raise ValueError("video/text: DebiasedContrastive needs at least one negative per "
                          "anchor (B >= 2 and not all ids equal)")
-    l_v2t = debiased_terms(v[idx], t, tau_v2t[idx], idx, negatives, tau_plus)
-    l_t2v = debiased_terms(t[idx], v, tau_t2v[idx], idx, negatives, tau_plus)
+    l_v2t = debiased_terms(v[idx], t, take(tau_v2t, idx), idx, negatives, tau_plus)
+    l_t2v = debiased_terms(t[idx], v, take(tau_t2v, idx), idx, negatives, tau_plus)
     return (l_t2v.mean() + l_v2t.mean()) / 2

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from xmodal.functional._common import (Temperature, check_embeddings, check_ids, compute_dtype,
-                                       full_precision, per_sample, positive_logit_mask, prepare,
-                                       resolve_rows, same_id_mask, similarity)
+from xmodal.functional._common import (Temperature, check_ids, directional, full_precision,
+                                       positive_logit_mask, prepare_pair, resolve_rows,
+                                       same_id_mask, similarity, take)
 
 
-def contrastive_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: torch.Tensor,
+def contrastive_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: float | torch.Tensor,
                       idx: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     """Per-query cross-entropy ``-log softmax_k(s_ik / tau_i)`` at the positive ``k = idx[i]``.
 
     Args:
         queries: ``[R, D]`` (the query rows ``idx`` of the batch).
         gallery: ``[B, D]`` the whole batch of the other modality.
-        tau: ``[R]`` temperature of each query.
+        tau: ``[R]`` temperature of each query, or one float.
         idx: ``[R]`` batch index of each query (its positive column).
         ids: optional ``[B]`` instance ids; gallery items sharing the query's id, other
             than its own pair, are removed from the denominator (``-inf``).
@@ -24,11 +24,19 @@ def contrastive_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: torch.T
     Shape:
         returns ``[R]`` (float32, or float64 for float64 inputs).
     """
-    with full_precision(queries.device):
-        logits = similarity(queries, gallery) / tau[:, None]
+    return terms_from_similarity(similarity(queries, gallery), tau, idx, ids)
+
+
+def terms_from_similarity(sim: torch.Tensor, tau: float | torch.Tensor, idx: torch.Tensor,
+                          ids: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`contrastive_terms` from a precomputed ``[R, B]`` similarity block."""
+    if not isinstance(tau, float):
+        tau = tau[:, None]
+    with full_precision(sim.device):
+        logits = sim / tau
         pos = logits.gather(1, idx[:, None]).squeeze(1)
         if ids is not None:
-            other = same_id_mask(ids[idx], ids) & ~positive_logit_mask(idx, gallery.shape[0])
+            other = same_id_mask(ids[idx], ids) & ~positive_logit_mask(idx, sim.shape[1])
             logits = logits.masked_fill(other, float("-inf"))
         return torch.logsumexp(logits, dim=1) - pos
 
@@ -62,21 +70,18 @@ def info_nce(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperatur
     Shape:
         video, text: ``[B, D]``; temperatures ``[B]`` or scalar; returns a scalar.
     """
-    check_embeddings(video, text)
-    n = video.shape[0]
-    dtype = compute_dtype(video, text)
-    v = prepare(video, dtype, normalize)
-    t = prepare(text, dtype, normalize)
-    tau = per_sample(temperature, n, "temperature", like=v)
-    tau_t2v = tau if t2v_temperature is None else per_sample(t2v_temperature, n, "t2v_temperature", like=v)
-    tau_v2t = tau if v2t_temperature is None else per_sample(v2t_temperature, n, "v2t_temperature", like=v)
+    v, t = prepare_pair(video, text, normalize)
+    n = v.shape[0]
+    tau_t2v, tau_v2t = directional(temperature, t2v_temperature, v2t_temperature, n,
+                                   "temperature", v)
     if ids is not None:
         ids = check_ids(ids, n).to(v.device)
     idx = resolve_rows(rows, n, v.device)
-    if rows is None:  # skip the row copies in the common case
-        l_t2v = contrastive_terms(t, v, tau_t2v, idx, ids)
-        l_v2t = contrastive_terms(v, t, tau_v2t, idx, ids)
+    if rows is None:  # one matmul serves both directions (s_t2v = s_v2t^T)
+        sim = similarity(v, t)
+        l_v2t = terms_from_similarity(sim, tau_v2t, idx, ids)
+        l_t2v = terms_from_similarity(sim.t(), tau_t2v, idx, ids)
     else:
-        l_t2v = contrastive_terms(t[idx], v, tau_t2v[idx], idx, ids)
-        l_v2t = contrastive_terms(v[idx], t, tau_v2t[idx], idx, ids)
+        l_t2v = contrastive_terms(t[idx], v, take(tau_t2v, idx), idx, ids)
+        l_v2t = contrastive_terms(v[idx], t, take(tau_v2t, idx), idx, ids)
     return (l_t2v.mean() + l_v2t.mean()) / 2

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from xmodal.functional._common import (Temperature, check_ids, full_precision, per_sample,
+from xmodal.functional._common import (Temperature, check_ids, col, full_precision,
                                        positive_logit_mask, prepare_pair, resolve_rows,
-                                       same_id_mask, similarity)
+                                       same_id_mask, scalar_or_per_sample, similarity, take)
 
 
-def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: torch.Tensor,
+def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | torch.Tensor,
                 idx: torch.Tensor, negatives: torch.Tensor, hardest: bool) -> torch.Tensor:
     """Per-query hinge ``max(0, s_ij - s_ii + m_i)`` over the negatives ``j``.
 
@@ -24,7 +24,7 @@ def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: torch.Tens
     with full_precision(queries.device):
         sim = similarity(queries, gallery)
         pos = sim.gather(1, idx[:, None])
-        hinge = (sim - pos + margin[:, None]).clamp_min(0.0)
+        hinge = (sim - pos + col(margin)).clamp_min(0.0)
         # hinge >= 0, so filling non-negatives with 0 leaves the max/sum over negatives exact
         hinge = hinge.masked_fill(~negatives, 0.0)
         if hardest:
@@ -68,12 +68,12 @@ def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature =
     """
     v, t = prepare_pair(video, text, normalize)
     n = v.shape[0]
-    m = per_sample(margin, n, "margin", like=v, allow_zero=True)
+    m = scalar_or_per_sample(margin, n, "margin", like=v, allow_zero=True)
     idx = resolve_rows(rows, n, v.device)
     negatives = ~positive_logit_mask(idx, n)
     if ids is not None:
         ids = check_ids(ids, n).to(v.device)
         negatives = negatives & ~same_id_mask(ids[idx], ids)
-    l_v2t = hinge_terms(v[idx], t, m[idx], idx, negatives, hardest)
-    l_t2v = hinge_terms(t[idx], v, m[idx], idx, negatives, hardest)
+    l_v2t = hinge_terms(v[idx], t, take(m, idx), idx, negatives, hardest)
+    l_t2v = hinge_terms(t[idx], v, take(m, idx), idx, negatives, hardest)
     return (l_t2v.mean() + l_v2t.mean()) / 2

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from xmodal.functional._common import (Temperature, check_ids, directional, full_precision,
+from xmodal.functional._common import (Temperature, check_ids, col, directional, full_precision,
                                        positive_logit_mask, prepare_pair, resolve_rows,
-                                       same_id_mask, similarity)
+                                       same_id_mask, similarity, take)
 
 
-def mil_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: torch.Tensor,
+def mil_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: float | torch.Tensor,
               positives: torch.Tensor) -> torch.Tensor:
     """``-log sum_{p in P_i} exp(s_ip/tau_i) / sum_k exp(s_ik/tau_i)`` per query. Shape: ``[R]``."""
     with full_precision(queries.device):
-        logits = similarity(queries, gallery) / tau[:, None]
+        logits = similarity(queries, gallery) / col(tau)
         num = torch.logsumexp(logits.masked_fill(~positives, float("-inf")), dim=1)
         return torch.logsumexp(logits, dim=1) - num
 
@@ -54,6 +54,6 @@ def mil_nce(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperature
     else:
         ids = check_ids(ids, n).to(v.device)
         positives = same_id_mask(ids[idx], ids)
-    l_v2t = mil_terms(v[idx], t, tau_v2t[idx], positives)
-    l_t2v = mil_terms(t[idx], v, tau_t2v[idx], positives)
+    l_v2t = mil_terms(v[idx], t, take(tau_v2t, idx), positives)
+    l_t2v = mil_terms(t[idx], v, take(tau_t2v, idx), positives)
     return (l_t2v.mean() + l_v2t.mean()) / 2

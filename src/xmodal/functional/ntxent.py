@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from xmodal.functional._common import (Temperature, check_ids, directional, full_precision,
-                                       positive_logit_mask, prepare_pair, resolve_rows,
+                                       per_sample, positive_logit_mask, prepare_pair, resolve_rows,
                                        same_id_mask, similarity)
 
 
@@ -44,7 +44,8 @@ def nt_xent(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperature
     z = torch.cat([v, t], dim=0)
     anchors = torch.cat([idx, idx + n])
     partner = torch.cat([idx + n, idx])
-    tau = torch.cat([tau_v2t[idx], tau_t2v[idx]])
+    tau = torch.cat([per_sample(tau_v2t, n, "v2t_temperature", like=v)[idx],
+                     per_sample(tau_t2v, n, "t2v_temperature", like=v)[idx]])
     with full_precision(v.device):
         logits = similarity(z[anchors], z) / tau[:, None]
         pos = logits.gather(1, partner[:, None]).squeeze(1)
