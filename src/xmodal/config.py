@@ -86,15 +86,18 @@ class OptimConfig:
 class ScheduleConfig:
     """TS++ temperature (or margin, for margin losses) schedules.
 
-    ``kind``: ``constant`` | ``cosine`` | ``linear`` over training steps, from the
-    loss's base value with amplitude ``alpha`` (``period_epochs`` for cosine).
-    ``class_temperature``: per-sample values from class frequencies (TS++ eq. 4.3),
-    with classes from dataset ``labels`` or ``kmeans`` over training caption
-    features (``k`` clusters); ``t_min``/``t_max`` bound the per-class values.
+    ``kind``: ``constant`` | ``cosine`` (eq. 4.1, period ``period_epochs``) |
+    ``linear`` (eq. 4.2, over the whole run) around the loss's base value, moving
+    within ``base +- alpha/2`` (``alpha`` is absolute, in temperature/margin units).
+    ``class_temperature``: per-sample values from class frequencies (TS++ eqs.
+    4.3-4.5: ``v(c) + corr(step)``, linear in the class count between ``t_min`` and
+    ``t_max``, frequent classes high; for margin losses these bound the margin),
+    with classes from dataset ``labels`` or ``kmeans`` over the training caption
+    features (``k`` clusters, TS++ sec. 4.1.2).
     """
 
     kind: str = "constant"
-    alpha: float = 0.5
+    alpha: float = 0.04
     period_epochs: float = 10.0
     class_temperature: bool = False
     classes: str = "kmeans"       # labels | kmeans
@@ -142,7 +145,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-_SECTIONS = {f.name: f.type for f in fields(Config)}
+_OPTIONAL_NUMBERS = ("loss.temperature", "loss.margin")
 _SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, "optim": OptimConfig,
                   "schedule": ScheduleConfig, "test_time": TestTimeConfig, "train": TrainConfig}
 
@@ -206,8 +209,13 @@ def _coerce(v: Any, f: dataclasses.Field, where: str) -> Any:
             raise ValueError(f"{where}: expected an integer, got {v!r}")
         return v
     if isinstance(default, float) or (default is None and where.split(".")[-1] in ("temperature", "margin")):
-        if v is None and default is None:
+        if v is None and where in _OPTIONAL_NUMBERS:
             return None
+        if isinstance(v, str):  # PyYAML reads "3e-4" (no dot) as a string
+            try:
+                v = float(v)
+            except ValueError:
+                pass
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"{where}: expected a number, got {v!r}")
         return float(v)
@@ -295,6 +303,10 @@ def validate(cfg: Config) -> None:
     _one_of(s.classes, "schedule.classes", ("labels", "kmeans"))
     if s.k < 1:
         raise ValueError(f"schedule.k: must be >= 1, got {s.k}")
+    if lo.name not in MARGIN_LOSSES and lo.temperature is not None and s.kind != "constant" \
+            and s.alpha / 2 >= lo.temperature:
+        raise ValueError(f"schedule.alpha: {s.alpha} would drive the temperature {lo.temperature} to <= 0 "
+                         f"(it moves within temperature +- alpha/2)")
     _positive(s.t_min, "schedule.t_min")
     _positive(s.t_max, "schedule.t_max")
     if s.t_min > s.t_max:

@@ -145,7 +145,7 @@ def loss_temperature(cfg: Config, loss: nn.Module) -> float:
     t = getattr(loss, "temperature", None)
     try:
         if t is not None and (not isinstance(t, torch.Tensor) or t.numel() == 1):
-            return float(t)
+            return float(t.detach()) if isinstance(t, torch.Tensor) else float(t)
     except (TypeError, ValueError):
         pass
     return float(cfg.loss.temperature if cfg.loss.temperature is not None else 0.05)
@@ -167,52 +167,70 @@ def text_classes(cfg: Config, train) -> np.ndarray:
 
 
 class TemperaturePlan:
-    """Per-step (and optionally per-sample) temperature or margin for the loss.
+    """Per-step (and optionally per-sample) temperature or margin for the loss (TS++).
 
-    value(step, text_idx) = schedule(step) [* class_value[class[text]] / base]:
-    the TS++ schedule modulates the class-frequency value around its base
-    (eqs. 4.1-4.3). ``None`` when nothing is scheduled (the loss keeps its own).
+    Without class values: ``s(step)`` of a ``Constant``/``Cosine`` (eq. 4.1)/``Linear``
+    (eq. 4.2) schedule around the loss's base value. With class values (eqs. 4.3/4.4):
+    ``value_i = v(c_i) + corr(step)`` (eq. 4.5) for the class ``c_i`` of each text.
+    Inactive (the loss keeps its own value) when nothing is scheduled.
     """
 
     def __init__(self, cfg: Config, loss: nn.Module, train, steps_per_epoch: int) -> None:
         s = cfg.schedule
         self.keyword = "margin" if cfg.loss.name in MARGIN_LOSSES else "temperature"
-        self.active = (s.kind != "constant" or s.class_temperature) and self.keyword in getattr(loss, "accepts", ())
-        if (s.kind != "constant" or s.class_temperature) and self.keyword not in getattr(loss, "accepts", ()):
+        wanted = s.kind != "constant" or s.class_temperature
+        accepts = getattr(loss, "accepts", ())
+        if wanted and self.keyword not in accepts:
             raise ValueError(f"schedule.kind: loss {cfg.loss.name!r} does not accept a per-step {self.keyword}")
-        if self.active and cfg.loss.learnable:
+        if wanted and cfg.loss.learnable:
             raise ValueError("schedule.kind: a temperature schedule is not combinable with loss.learnable")
+        self.active = wanted
         self.base = base_value(cfg, loss)
-        self.schedule: Callable[[int], float] | None = None
-        self.per_text: torch.Tensor | None = None
+        self.schedule = None
+        self.classes: torch.Tensor | None = None
         self.class_values: np.ndarray | None = None
+        self.class_counts: np.ndarray | None = None
+        self.per_class = None
         if not self.active:
             return
         import xmodal.schedules as sch
 
-        if s.kind == "cosine":
-            self.schedule = sch.Cosine(self.base, s.alpha, max(1, int(round(s.period_epochs * steps_per_epoch))))
-        elif s.kind == "linear":
-            self.schedule = sch.Linear(self.base, s.alpha, max(1, cfg.train.epochs * steps_per_epoch))
-        else:
-            self.schedule = sch.Constant(self.base)
+        margin = self.keyword == "margin"
+        try:
+            if s.kind == "cosine":
+                period = max(1, int(round(s.period_epochs * steps_per_epoch)))
+                self.schedule = sch.Cosine(self.base, s.alpha, period, allow_zero=margin)
+            elif s.kind == "linear":
+                self.schedule = sch.Linear(self.base, s.alpha, max(1, cfg.train.epochs * steps_per_epoch),
+                                           allow_zero=margin)
+            else:
+                self.schedule = sch.Constant(self.base, allow_zero=margin)
+        except ValueError as exc:
+            raise ValueError(f"schedule.alpha: {exc}") from None
         if s.class_temperature:
             import xmodal.data as xdata
 
-            classes = text_classes(cfg, train)
-            _, inverse = np.unique(classes, return_inverse=True)
+            _, inverse = np.unique(text_classes(cfg, train), return_inverse=True)
             counts = np.asarray(xdata.class_counts(inverse), dtype=np.float64)
-            values = sch.ClassTemperature(counts, s.t_min, s.t_max)
-            self.class_values = np.asarray(values(), dtype=np.float64) if callable(values) else np.asarray(values)
-            self.per_text = torch.as_tensor(self.class_values[inverse], dtype=torch.float32)
+            cls = sch.ClassMargin if margin else sch.ClassTemperature
+            self.per_class = cls(counts, s.t_min, s.t_max, schedule=self.schedule)
+            self.class_counts = counts
+            self.class_values = self.per_class.values.numpy()
+            self.classes = torch.as_tensor(inverse, dtype=torch.long)
+            self.per_class.per_sample(torch.arange(len(counts)), 0)  # fail early on a non-positive value
 
     def __call__(self, step: int, text_idx: np.ndarray) -> float | torch.Tensor | None:
         if not self.active:
             return None
-        v = float(self.schedule(step))
-        if self.per_text is None:
-            return v
-        return self.per_text[torch.as_tensor(text_idx)] * (v / self.base)
+        if self.per_class is None:
+            return float(self.schedule(step))
+        return self.per_class.per_sample(self.classes[torch.as_tensor(text_idx)], step)
+
+    def mean_value(self, step: int) -> float:
+        """The scheduled value at ``step`` (averaged over training texts with class values)."""
+        if self.per_class is None:
+            return float(self.schedule(step))
+        return float(self.per_class.values[self.classes].mean() + self.schedule.correction(step))
 
 
 def make_optimizer(cfg: Config, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -292,16 +310,17 @@ def embed_split(model: TwoTower, split, batch_size: int = 8192) -> tuple[torch.T
     return model.encode_text(split.text, batch_size), model.encode_video(split.video, batch_size)
 
 
-def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor, text_to_video: np.ndarray) -> dict:
-    """``{"t2v": {...}, "v2t": {...}}`` (``xmodal.metrics.text_video`` keys) where each
-    direction may come from its own (normalised) similarity matrix ``[M, N]`` / ``[N, M]``."""
-    from xmodal.metrics import text_video
+def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray) -> dict:
+    """``{"t2v": {...}, "v2t": {...}}`` as ``xmodal.metrics.text_video`` (v2t: all-captions
+    protocol), where each direction may come from its own (normalised) similarity matrix
+    ``[M, N]`` / ``[N, M]`` (``sim_v2t=None``: the transpose of ``sim_t2v``)."""
+    from xmodal.metrics import retrieval, text_video
 
-    t2v = text_video(sim_t2v, text_to_video)["t2v"]
-    v2t = t2v if sim_v2t is None else None
-    if sim_v2t is not None:
-        v2t = text_video(sim_v2t.T.contiguous(), text_to_video)["v2t"]
-    return {"t2v": t2v, "v2t": v2t}
+    if sim_v2t is None:
+        return text_video(sim_t2v, text_to_video)
+    t2v = torch.as_tensor(text_to_video)
+    own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
+    return {"t2v": retrieval(sim_t2v, t2v), "v2t": retrieval(sim_v2t, own)}
 
 
 def score(metrics: dict, metric: str) -> float:
@@ -313,8 +332,8 @@ def score(metrics: dict, metric: str) -> float:
 
 
 def normalized_similarities(name: str, test_time: dict, text: torch.Tensor, video: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Similarities ``(t2v [M, N], v2t [N, M])`` after the test-time normaliser ``name``,
+                            ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """Similarities ``(t2v [M, N], v2t [N, M] or None = the transpose)`` after the test-time normaliser ``name``,
     fitted on the query banks in ``test_time`` against this gallery.
 
     ``none``: raw; ``dn``: distribution normalisation of the embeddings (means of the
@@ -327,7 +346,7 @@ def normalized_similarities(name: str, test_time: dict, text: torch.Tensor, vide
 
     sim = text @ video.T
     if name == "none":
-        return sim, sim.T, {}
+        return sim, None, {}
     kw = dict(test_time.get("kwargs", {}).get(name, {}))
     bank_t, bank_v = (test_time["ncl_text_bank"], test_time["ncl_video_bank"]) if name == "ncl" else (
         test_time["text_bank"], test_time["video_bank"])
@@ -335,8 +354,7 @@ def normalized_similarities(name: str, test_time: dict, text: torch.Tensor, vide
     if name == "dn":
         norm = build_normalizer("dn", **kw).fit(bank_t, bank_v)
         q, g = norm.transform(text, video)
-        s = q @ g.T
-        return s, s.T, {"t2v": norm.state_dict()}
+        return q @ g.T, None, {"t2v": norm.state_dict()}
     key = "sinkhorn" if name == "ncl" else name
     n_t2v = build_normalizer(key, **kw).fit(bank_t, video)
     n_v2t = build_normalizer(key, **kw).fit(bank_v, text)
@@ -521,7 +539,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         train_loss = float(dist.all_reduce_mean(torch.tensor(float(np.mean(losses))))) if losses else float("nan")
         state["train_time"] += time.perf_counter() - t0
 
-        val = retrieval_metrics(*_raw_sims(model, val_split, tc.eval_batch_size), val_split.text_to_video)
+        val = retrieval_metrics(_raw_sim(model, val_split, tc.eval_batch_size), None, val_split.text_to_video)
         current = score(val, tc.metric)
         improved = current > state["best_score"]
         if improved:
@@ -534,7 +552,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
                   "temperature": loss_temperature(cfg, loss_fn), "val": val, f"val_{tc.metric}": current,
                   "best_epoch": state["best_epoch"] + 1, "epoch_time": time.perf_counter() - t0}
         if plan.active:
-            record["scheduled"] = float(plan.schedule(max(0, state["step"] - 1)))
+            record["scheduled"] = plan.mean_value(max(0, state["step"] - 1))
         state["history"].append(record)
         state["epoch"] += 1
         if tc.patience and state["bad_epochs"] >= tc.patience:
@@ -567,10 +585,9 @@ def load_module_state(module: nn.Module, state: dict) -> None:
     module.load_state_dict(state)
 
 
-def _raw_sims(model: TwoTower, split, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _raw_sim(model: TwoTower, split, batch_size: int) -> torch.Tensor:
     text, video = embed_split(model, split, batch_size)
-    sim = text @ video.T
-    return sim, sim.T
+    return text @ video.T
 
 
 def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: dict, state: dict,

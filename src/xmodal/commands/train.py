@@ -18,23 +18,60 @@ An interrupted run resumes from DIR/checkpoint.pt (same final weights as an
 uninterrupted run). Multi-process: torchrun --nproc_per_node N -m xmodal train ..."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="YAML config file (see configs/)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    parser.add_argument("--out", required=True, help="run directory")
+def _options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument("--out", required=required, default=None, help="run directory (required)")
     parser.add_argument("--set", dest="set_", action="append", default=[], metavar="section.key=value",
                         help="config override (repeatable)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if DIR has a checkpoint")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is often fastest for small heads)")
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                         help="write PNG plots into the run directory (default: on)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML config file (see configs/)")
+    # argparse cannot interleave a variable-length positional with options, so
+    # everything after CONFIG is collected here and parsed (intermixed) in run().
+    parser.add_argument("rest", nargs=argparse.REMAINDER, metavar="section.key=value ...",
+                        help="config overrides (values parsed as YAML), in any order with the options")
+    _options(parser, required=False)
+
+
+def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="xmodal train", add_help=False)
+    _options(p, required=False)
+    p.add_argument("overrides", nargs="*")
+    rest = p.parse_intermixed_args(args.rest)
+    merged = argparse.Namespace(**vars(args))
+    merged.overrides = [o for o in rest.overrides]
+    merged.out = rest.out or args.out
+    merged.set_ = list(args.set_) + list(rest.set_)
+    merged.no_resume = args.no_resume or rest.no_resume
+    merged.quiet = args.quiet or rest.quiet
+    merged.threads = rest.threads or args.threads
+    if merged.threads is not None and merged.threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {merged.threads}")
+    merged.plots = args.plots and rest.plots
+    if not merged.out:
+        raise ValueError("--out: the run directory is required")
+    bad = [o for o in merged.overrides if "=" not in o]
+    if bad:
+        raise ValueError(f"overrides: expected section.key=value, got {bad[0]!r}")
+    return merged
 
 
 def run(args: argparse.Namespace) -> int:
     from xmodal.config import load_config
     from xmodal.train import init_distributed_from_env, train
 
+    args = _parse_rest(args)
     cfg = load_config(args.config, list(args.overrides) + list(args.set_))
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     init_distributed_from_env(cfg.train.device)
     summary = train(cfg, args.out, resume=not args.no_resume, progress=False if args.quiet else None)
     from xmodal import dist
