@@ -229,3 +229,7 @@ def test_bad_input():
         crossclr_loss(zx, zy, bad, yi)
     with pytest.raises(ValueError, match="video_bank"):
         crossclr_loss(zx, zy, xi, yi, video_bank=torch.rand(10, xi.shape[1] + 1, dtype=torch.float64))
+    nan_bank = torch.rand(10, xi.shape[1], dtype=torch.float64)
+    nan_bank[3, 1] = math.nan
+    with pytest.raises(ValueError, match="video_bank"):
+        crossclr_loss(zx, zy, xi, yi, video_bank=nan_bank)

@@ -60,10 +60,11 @@ def connectivity(inputs: torch.Tensor, bank: torch.Tensor | None = None) -> torc
     """
     x = l2_normalize(inputs)
     with full_precision(x.device):
+        # mean_j <x_i, q_j> = <x_i, mean_j q_j>: O((B + M) D) instead of O(B M D)
         if bank is None:
-            c = (x @ x.T).mean(1)
+            c = x @ x.mean(0)
             return c / c.abs().max().clamp_min(torch.finfo(c.dtype).tiny)
-        return (x @ l2_normalize(bank.to(x.dtype)).T).mean(1)
+        return x @ l2_normalize(bank.to(device=x.device, dtype=x.dtype)).mean(0)
 
 
 def connectivity_weights(conn: torch.Tensor, kappa: float | None, norm: str = "mean") -> torch.Tensor:
@@ -168,12 +169,16 @@ def crossclr_loss(video: torch.Tensor, text: torch.Tensor, video_input: torch.Te
                 raise ValueError(f"{name}: required for CrossCLR connectivity (pruning/weights)")
             if x.shape[0] != n:
                 raise ValueError(f"{name}: expected {n} rows, got {x.shape[0]}")
-        banks = [None if b is None else float_matrix(b, name, dtype=dtype, device=v.device).detach()
-                 for b, name in ((video_bank, "video_bank"), (text_bank, "text_bank"))]
-        for b, x, name in ((banks[0], xin, "video_bank"), (banks[1], yin, "text_bank")):
-            if b is not None and b.shape[1] != x.shape[1]:
-                raise ValueError(f"{name}: expected {x.shape[1]} columns, got {b.shape[1]}")
-        conn_v, conn_t = connectivity(xin, banks[0]), connectivity(yin, banks[1])
+        conns = []
+        for b, x, name in ((video_bank, xin, "video_bank"), (text_bank, yin, "text_bank")):
+            if b is not None and (not isinstance(b, torch.Tensor) or b.ndim != 2 or b.shape[0] == 0
+                                  or b.shape[1] != x.shape[1]):
+                raise ValueError(f"{name}: expected a non-empty [M, {x.shape[1]}] tensor")
+            c = connectivity(x, None if b is None else b.detach())
+            if not bool(torch.isfinite(c).all()):  # cheaper than scanning a large bank
+                raise ValueError(f"{name}: contains NaN/inf values")
+            conns.append(c)
+        conn_v, conn_t = conns
     no_prune = torch.zeros(n, dtype=torch.bool, device=v.device)
     prune_v = no_prune if gamma is None else conn_v > gamma
     prune_t = no_prune if gamma is None else conn_t > gamma
