@@ -3,9 +3,9 @@ loaders for the paired-split layout (Flickr8k) and EPIC-KITCHENS-100 MIR relevan
 and class distributions for TS++."""
 
 from xmodal.data.classes import class_counts, kmeans_classes
-from xmodal.data.epic import epic_relevancy, epic_train_classes
+from xmodal.data.epic import epic_annotations, epic_relevancy, epic_train_classes, relevancy_from_classes
 from xmodal.data.loaders import load_paired_split, read_captions
 from xmodal.data.synthetic import synthetic, zipf_probabilities
 from xmodal.data.types import PairedSplit
 
-__all__ = ["PairedSplit", "class_counts", "kmeans_classes", "epic_relevancy", "epic_train_classes", "load_paired_split", "read_captions", "synthetic", "zipf_probabilities"]
+__all__ = ["PairedSplit", "class_counts", "kmeans_classes", "epic_annotations", "epic_relevancy", "epic_train_classes", "relevancy_from_classes", "load_paired_split", "read_captions", "synthetic", "zipf_probabilities"]
