@@ -8,4 +8,8 @@ from xmodal.data.loaders import load_paired_split, read_captions
 from xmodal.data.synthetic import synthetic, zipf_probabilities
 from xmodal.data.types import PairedSplit
 
-__all__ = ["PairedSplit", "class_counts", "kmeans_classes", "epic_annotations", "epic_relevancy", "epic_train_classes", "relevancy_from_classes", "load_paired_split", "read_captions", "synthetic", "zipf_probabilities"]
+__all__ = [
+    "PairedSplit", "synthetic", "zipf_probabilities", "load_paired_split", "read_captions",
+    "epic_relevancy", "epic_annotations", "epic_train_classes", "relevancy_from_classes",
+    "class_counts", "kmeans_classes",
+]
