@@ -233,3 +233,22 @@ def test_bad_input():
     nan_bank[3, 1] = math.nan
     with pytest.raises(ValueError, match="video_bank"):
         crossclr_loss(zx, zy, xi, yi, video_bank=nan_bank)
+
+
+def test_symmetry_and_permutation_invariance():
+    zx, zy, xi, yi = _data(seed=9)
+    kw = dict(temperature=0.1, prune_threshold=0.93, weight_scale=0.05, num_positives=1)
+    a = crossclr_loss(zx, zy, xi, yi, **kw)
+    assert crossclr_loss(zy, zx, yi, xi, **kw).item() == pytest.approx(a.item(), abs=1e-12)
+    p = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    assert crossclr_loss(zx[p], zy[p], xi[p], yi[p], **kw).item() == pytest.approx(a.item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.8])
+def test_analytic_all_equal_embeddings(lam):
+    """All deltas equal: L_i = log(B + lambda (B - 1)) for every anchor (no pruning)."""
+    z = torch.ones(6, 4, dtype=torch.float64)
+    _, _, xi, yi = _data(n=6)
+    got = crossclr_loss(z, z, xi, yi, temperature=0.05, intra_weight=lam, prune_threshold=None,
+                        weight_scale=0.1)
+    assert got.item() == pytest.approx(math.log(6 + lam * 5), abs=1e-12)

@@ -178,3 +178,17 @@ def test_bad_input():
         NCL()(v, t, ids=torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="sinkhorn_iters"):
         NCL(sinkhorn_iters=0)
+
+
+def test_symmetric_at_the_sinkhorn_fixed_point():
+    """Swapping the modalities transposes S; the row-first iteration makes finite-iteration
+    biases order-dependent, but at the fixed point NCL is symmetric."""
+    v, t = _batch(7, 4, seed=6)
+    a = ncl_loss(v, t, temperature=0.1, sinkhorn_iters=1000)
+    b = ncl_loss(t, v, temperature=0.1, sinkhorn_iters=1000)
+    assert a.item() == pytest.approx(b.item(), abs=1e-9)
+
+
+def test_analytic_all_equal_embeddings():
+    z = torch.ones(5, 3, dtype=torch.float64)
+    assert ncl_loss(z, z, temperature=0.05).item() == pytest.approx(math.log(5), abs=1e-12)
