@@ -77,6 +77,9 @@ def test_cli_encode_text_with_registered_encoder(tmp_path, dummy_encoder, capsys
     assert main(["encode", "text", "--out", str(out)]) == 2
     assert "--captions: required" in capsys.readouterr().err
     assert main(["encode", "images", "--dir", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert main(["encode", "text", "--captions", str(caps), "--out", str(out), "--model", "test-dummy",
+                 "--batch-size", "0"]) == 2
+    assert "batch_size" in capsys.readouterr().err
 
 
 def _report(name, got, ref):

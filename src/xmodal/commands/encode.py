@@ -46,13 +46,15 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--captions: required for 'xmodal encode text'")
             captions = read_captions(args.captions)
             feats = encoders.encode_text(captions, model=args.model or "minilm",
-                                         batch_size=args.batch_size or 256, progress=not args.quiet)
+                                         batch_size=256 if args.batch_size is None else args.batch_size,
+                                         progress=not args.quiet)
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
             paths = encoders.list_images(args.dir, args.list)
             feats = encoders.encode_images(paths, model=args.model or "efficientnet-lite0",
-                                           batch_size=args.batch_size or 32, progress=not args.quiet)
+                                           batch_size=32 if args.batch_size is None else args.batch_size,
+                                           progress=not args.quiet)
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     out = Path(args.out)
