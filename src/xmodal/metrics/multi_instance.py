@@ -36,6 +36,8 @@ round) take an exact ``lexsort`` path.
 
 from __future__ import annotations
 
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -125,22 +127,28 @@ def _hit_precision_sums(rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _block_packed(s: np.ndarray, r: np.ndarray, optimistic: bool):
     """Fast path for one block of float32 scores and float32 relevancy in [0, 2).
 
-    ``r`` must hold no -0.0 (canonicalised by the caller).
+    ``r`` must be the caller's own scratch copy without -0.0: its rows are sorted in place.
     """
     b, g = s.shape
     # order-preserving unsigned int of -s (best score first); 0 - s maps -0.0 to +0.0
     bits = np.subtract(np.float32(0), s).view(np.int32)
-    u = bits ^ ((bits >> 31) | np.int32(-(1 << 31)))
-    packed = u.view(np.uint32).astype(np.uint64)
-    packed <<= np.uint64(30)
+    u = (bits ^ ((bits >> 31) | np.int32(-(1 << 31)))).view(np.uint32)
     relbits = r.view(np.uint32)  # < 2**30 for 0 <= r < 2
     if optimistic:
         relbits = np.uint32(_REL_BITS) - relbits
-    packed |= relbits
+    # key = u * 2**30 + relbits, written as two 32-bit halves (little-endian words)
+    packed = np.empty((b, g), dtype=np.uint64)
+    words = packed.view(np.uint32).reshape(b, g, 2)
+    if sys.byteorder == "little":
+        hi, lo = words[:, :, 1], words[:, :, 0]
+    else:  # pragma: no cover
+        hi, lo = words[:, :, 0], words[:, :, 1]
+    np.right_shift(u, np.uint32(2), out=hi)
+    np.bitwise_or((u & np.uint32(3)) << np.uint32(30), relbits, out=lo)
     # bit 63 is clear and the float64 exponent is never all ones, so sorting the float64
     # view orders the keys as unsigned integers (float64 sorts are the fast ones here)
-    packed = np.sort(packed.view(np.float64), axis=1).view(np.uint64)
-    rb = (packed & _REL_BITS).astype(np.uint32)
+    packed.view(np.float64).sort(axis=1)
+    rb = lo & np.uint32(_REL_BITS)
     if optimistic:
         rb = np.uint32(_REL_BITS) - rb
     rel = rb.view(np.float32)
@@ -150,8 +158,8 @@ def _block_packed(s: np.ndarray, r: np.ndarray, optimistic: bool):
     w = _inv_log(g)
     head = np.where(np.arange(width)[None, :] < n_pos[:, None], rel[:, :width], np.float64(0))
     dcg = head @ w[1:width + 1]
-    ideal = np.sort(r, axis=1)[:, g - width:]   # ascending: the top k_q values at the end
-    idcg = ideal @ w[width:0:-1].astype(np.float64) if width else np.zeros(b)
+    r.sort(axis=1)                                # ascending: the top k_q values at the end
+    idcg = r[:, g - width:] @ w[width:0:-1] if width else np.zeros(b)
     ap = np.divide(ap_sum, n1, out=np.zeros(b), where=n1 > 0)
     return ap, dcg, idcg, n1
 
@@ -188,10 +196,18 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
         sn = sn.astype(np.float32, copy=False)
         r = r.astype(np.float32) + np.float32(0)  # a copy without -0.0
     b = block_size or max(1, (1 << 17) // max(1, g))
-    parts = []
-    for start in range(0, q, b):
-        sb, rb = sn[start:start + b], r[start:start + b]
-        parts.append(_block_packed(sb, rb, optimistic) if fast else _block_exact(sb, rb, optimistic))
+    block_fn = _block_packed if fast else _block_exact
+
+    def one(start: int):
+        return block_fn(sn[start:start + b], r[start:start + b], optimistic)
+
+    starts = range(0, q, b)
+    workers = min(len(starts), torch.get_num_threads())
+    if workers > 1:  # numpy's sorts and ufuncs release the GIL: blocks run in parallel
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(one, starts))
+    else:
+        parts = [one(start) for start in starts]
     ap, dcg, idcg, n1 = (np.concatenate(x) for x in zip(*parts))
     ndcg = np.divide(dcg, idcg, out=np.zeros_like(dcg), where=idcg > 0)
     return _mean(ap, n1 > 0, empty, "mAP (relevancy == 1)"), _mean(ndcg, idcg > 0, empty, "nDCG (relevancy > 0)")
