@@ -103,27 +103,37 @@ def test_qbnorm_matches_naive(k):
     bank, queries, gallery = _data(seed=k)
     bank_sim, test_sim = bank @ gallery.T, queries @ gallery.T
     naive, active = naive_qbnorm(test_sim, bank_sim, k, beta=20)
-    qb = QBNorm(k=k, beta=20, log_domain=False).fit(bank, gallery)
+    qb = QBNorm(k=k, beta=20, output="ratio").fit(bank, gallery)
     assert set(np.flatnonzero(qb.activation_set.numpy())) == active
     np.testing.assert_allclose(qb(test_sim), naive, rtol=1e-10)
     # log domain: log of the normalised rows, raw rows unchanged
-    out = QBNorm(k=k, beta=20).fit(bank, gallery)(test_sim)
+    out = QBNorm(k=k, beta=20, output="log").fit(bank, gallery)(test_sim)
     raw = np.isclose(naive, test_sim).all(1)
     assert raw.any() or k == 3
     np.testing.assert_allclose(out[raw], test_sim[raw])
     np.testing.assert_allclose(np.exp(out[~raw]), naive[~raw], rtol=1e-10)
     # the same fit from precomputed bank similarities, read in blocks of 7 rows
-    np.testing.assert_allclose(QBNorm(k=k, block_size=7).fit_scores(bank_sim)(test_sim), out, rtol=1e-12)
+    np.testing.assert_allclose(QBNorm(k=k, output="log", block_size=7).fit_scores(bank_sim)(test_sim),
+                               out, rtol=1e-12)
+    # similarity units (default): normalised rows are log(score) / beta, raw rows unchanged
+    sim_units = QBNorm(k=k, beta=20).fit(bank, gallery)(test_sim)
+    np.testing.assert_allclose(sim_units[raw], test_sim[raw])
+    np.testing.assert_allclose(sim_units[~raw], np.log(naive[~raw]) / 20, rtol=1e-10)
 
 
 def test_inverted_softmax_matches_naive_and_is_blockwise():
     bank, queries, gallery = _data(seed=5)
     naive = naive_inverted_softmax(queries @ gallery.T, bank @ gallery.T, beta=7.0)
-    got = InvertedSoftmax(beta=7.0, log_domain=False).fit(bank, gallery)(queries @ gallery.T)
+    got = InvertedSoftmax(beta=7.0, output="ratio").fit(bank, gallery)(queries @ gallery.T)
     np.testing.assert_allclose(got, naive, rtol=1e-10)
-    one = InvertedSoftmax(beta=7.0).fit(bank, gallery)(queries @ gallery.T)
-    blocks = InvertedSoftmax(beta=7.0, block_size=3).fit(bank, gallery)(queries @ gallery.T)
+    one = InvertedSoftmax(beta=7.0, output="log").fit(bank, gallery)(queries @ gallery.T)
+    np.testing.assert_allclose(one, np.log(naive), rtol=1e-10)
+    blocks = InvertedSoftmax(beta=7.0, output="log", block_size=3).fit(bank, gallery)(queries @ gallery.T)
     np.testing.assert_allclose(blocks, one, rtol=1e-12)
+    # similarity units == sim + per-gallery bias == log(naive) / beta
+    isn = InvertedSoftmax(beta=7.0).fit(bank, gallery)
+    np.testing.assert_allclose(isn(queries @ gallery.T), np.log(naive) / 7.0, rtol=1e-10)
+    np.testing.assert_allclose(isn(queries @ gallery.T), queries @ gallery.T + isn.bias.numpy()[None], rtol=1e-12)
 
 
 def test_log_domain_is_stable_where_exp_overflows():
@@ -135,7 +145,7 @@ def test_log_domain_is_stable_where_exp_overflows():
         out = norm.fit(bank, gallery)(test_sim)
         assert np.isfinite(out).all()
     # IS ratios are invariant to shifting column j of both matrices by its bank maximum m_j
-    out = InvertedSoftmax(beta=20).fit(bank, gallery)(test_sim)
+    out = InvertedSoftmax(beta=20, output="log").fit(bank, gallery)(test_sim)
     checked = 0
     for j in range(test_sim.shape[1]):
         m = max(bank_sim[:, j])
@@ -234,3 +244,17 @@ def test_bad_input_raises_named_errors():
         QBNorm().fit("x", gallery)
     with pytest.raises(ValueError, match="DistributionNormalization"):
         DistributionNormalization()(queries @ gallery.T)
+
+
+def test_streaming_evaluator_matches_dense_for_every_normaliser():
+    metrics = pytest.importorskip("xmodal.metrics")
+    if not hasattr(metrics, "streaming_retrieval"):
+        pytest.skip("xmodal.metrics.streaming_retrieval not available yet")
+    rng = np.random.default_rng(13)
+    bank, queries, gallery = (rng.standard_normal((n, 8)) / 3 for n in (70, 45, 30))
+    positives = rng.integers(0, 30, 45)
+    for norm in _all_fitted(bank, gallery)[:-1] + [DualSoftmax(0.1).fit(queries, gallery)]:
+        dense = metrics.retrieval(norm(queries @ gallery.T), positives)
+        streamed = metrics.streaming_retrieval(queries, gallery, positives, block_size=8,
+                                               **norm.streaming_kwargs())
+        assert streamed == pytest.approx(dense), type(norm).__name__

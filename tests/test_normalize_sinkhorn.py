@@ -49,6 +49,27 @@ def test_finite_at_gamma_0005_where_plain_sinkhorn_overflows():
         assert sb.history[-1] < sb.history[0]
 
 
+def test_underflowing_columns_are_recomputed_exactly(monkeypatch):
+    """At gamma = 0.005 the fused exp-buffer column sums underflow for items far from
+    every row's best match; those columns must take the exact logsumexp path and the
+    result must equal the dense log-domain reference."""
+    log_sinkhorn = pytest.importorskip("xmodal.functional.sinkhorn").log_sinkhorn
+    import xmodal.normalize.sinkhorn as mod
+    calls = []
+    real = mod._exact_column_lse
+    monkeypatch.setattr(mod, "_exact_column_lse", lambda *a: calls.append(1) or real(*a))
+    s = torch.from_numpy(_scores(40, 25, seed=3, scale=4.0))
+    s[:, 1] = -4.0  # ~8 / 0.005 below every row's best: exp(-1600) underflows float64
+    c = torch.arange(25, dtype=torch.float64) % 4  # includes zero-mass items
+    sb = SinkhornBias(0.005, iters=8, block_size=6).fit_scores(s, gallery_marginal=c)
+    la, lb, errors = log_sinkhorn(s, gamma=0.005, iters=8, col_marginal=c)
+    assert calls, "the exact column path was not exercised"
+    torch.testing.assert_close(sb._log_beta, lb, atol=1e-9, rtol=1e-12)
+    torch.testing.assert_close(sb._log_alpha, la, atol=1e-9, rtol=1e-12)
+    np.testing.assert_allclose(sb.history, errors, atol=1e-12)
+    assert torch.isinf(sb.bias[c == 0]).all() and torch.isfinite(sb.bias[c > 0]).all()
+
+
 @pytest.mark.parametrize("marginal", ["uniform", "counts"])
 def test_marginals_within_1e5_after_convergence(marginal):
     k, n = 60, 24

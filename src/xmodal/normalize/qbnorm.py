@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
-from xmodal._validate import positive_number
+from xmodal._validate import choice, positive_number
 from xmodal.normalize._base import (Normalizer, check_pair, check_scores, default_block_rows,
                                     like_input, matrix_blocks, score_blocks, to_work)
 
@@ -31,27 +31,35 @@ def bank_column_logsumexp(blocks: Iterable[tuple[int, int, torch.Tensor]], beta:
 class InvertedSoftmax(Normalizer):
     """IS: ``exp(beta * s_qj) / sum_{b in bank} exp(beta * s_bj)`` (Smith et al. eq. 4).
 
-    Returns the LOG of that score, ``beta * s_qj - logsumexp_b(beta * s_bj)``: the
-    same ranking, and no ``exp(beta * s)`` overflow. ``log_domain=False`` returns
-    the ratio itself (computed as ``exp`` of the log, finite whenever the ratio is).
+    Computed in the log domain (no ``exp(beta * s)`` overflow), with three outputs
+    of the same ranking (``output=``):
+
+    - ``"similarity"`` (default): ``log(score) / beta = s_qj + bias_j`` with
+      ``bias_j = -logsumexp_b(beta * s_bj) / beta``, in similarity units, so
+      temperatures and :func:`xmodal.metrics.normalization_error` keep their
+      meaning. IS is thus a per-gallery bias (:attr:`bias`), which streams and
+      folds into :class:`xmodal.index.BiasedIndex`.
+    - ``"log"``: ``log(score) = beta * s_qj - logsumexp_b(beta * s_bj)``.
+    - ``"ratio"``: the paper's score itself (``exp`` of the log; finite whenever it is).
 
     Args:
         beta: inverse temperature (QB-Norm default 20).
-        log_domain: return log-scores (default) or the paper's ratio.
+        output: ``"similarity"``, ``"log"`` or ``"ratio"``.
         block_size: bank rows per block in :meth:`fit` (auto when None).
     """
 
     name = "is"
 
-    def __init__(self, beta: float = 20.0, log_domain: bool = True, block_size: int | None = None) -> None:
+    def __init__(self, beta: float = 20.0, output: str = "similarity",
+                 block_size: int | None = None) -> None:
         self.beta = positive_number(beta, "beta")
-        self.log_domain = bool(log_domain)
+        self.output = choice(output, "output", ("similarity", "log", "ratio"))
         self.block_size = block_size
         self._lse: torch.Tensor | None = None
         self._active: torch.Tensor | None = None
 
     def hparams(self) -> dict[str, Any]:
-        return {"beta": self.beta, "log_domain": self.log_domain, "block_size": self.block_size}
+        return {"beta": self.beta, "output": self.output, "block_size": self.block_size}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {} if self._lse is None else {"lse": self._lse}
@@ -85,12 +93,24 @@ class InvertedSoftmax(Normalizer):
         return self.beta * s - self._lse.to(s.device, s.dtype)[None, :]
 
     def _finish(self, log_scores: torch.Tensor) -> torch.Tensor:
-        return log_scores if self.log_domain else torch.exp(log_scores)
+        if self.output == "similarity":
+            return log_scores / self.beta
+        return log_scores if self.output == "log" else torch.exp(log_scores)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        """``[N]`` gallery bias ``-logsumexp_b(beta * s_bj) / beta`` (similarity units)."""
+        if self._lse is None:
+            raise ValueError(f"{type(self).__name__}: call fit(query_bank, gallery) first")
+        return -self._lse / self.beta
 
     def __call__(self, sim: Any) -> Any:
         """Shape: ``sim`` ``[Q, N]`` -> ``[Q, N]`` (a new array)."""
         s = to_work(sim, "sim")
         return like_input(self._finish(self._log_scores(s)), sim)
+
+    def streaming_kwargs(self) -> dict[str, Any]:
+        return {"bias": self.bias} if self.output == "similarity" else {"transform": self}
 
 
 class QBNorm(InvertedSoftmax):
@@ -101,19 +121,21 @@ class QBNorm(InvertedSoftmax):
     inverted-softmax row (as :class:`InvertedSoftmax`, log domain by default);
     any other query keeps its raw similarities (eq. 4). This is per QUERY, as in
     the authors' ``dynamic_inverted_softmax.py``; each row depends only on itself,
-    so it streams. Ties for the top-1 take the lowest index.
+    so it streams. Ties for the top-1 take the lowest index. With the default
+    ``output="similarity"`` normalised rows are ``s + bias`` in similarity units,
+    the same units as the raw rows kept by the other queries.
 
     Args:
         k: top-k of each bank query defining the activation set (default 1).
         beta: inverse temperature (default 20).
-        log_domain, block_size: as :class:`InvertedSoftmax`.
+        output, block_size: as :class:`InvertedSoftmax`.
     """
 
     name = "qbnorm"
 
-    def __init__(self, k: int = 1, beta: float = 20.0, log_domain: bool = True,
+    def __init__(self, k: int = 1, beta: float = 20.0, output: str = "similarity",
                  block_size: int | None = None) -> None:
-        super().__init__(beta=beta, log_domain=log_domain, block_size=block_size)
+        super().__init__(beta=beta, output=output, block_size=block_size)
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"k: must be a positive integer, got {k!r}")
         self.k = int(k)
@@ -140,3 +162,10 @@ class QBNorm(InvertedSoftmax):
         normalised = self._finish(self._log_scores(s))
         rows = self._active.to(s.device)[s.argmax(dim=1)]
         return like_input(torch.where(rows[:, None], normalised, s), sim)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        raise AttributeError("QBNorm is not a per-gallery bias (its activation is per query)")
+
+    def streaming_kwargs(self) -> dict[str, Any]:
+        return {"transform": self}

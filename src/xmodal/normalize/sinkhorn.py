@@ -35,10 +35,14 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
     """Log-domain Sinkhorn on ``M = exp(S / gamma)`` reading ``S`` in row blocks.
 
     Same iteration as :func:`xmodal.functional.sinkhorn.log_sinkhorn` (rows, then
-    columns; ``log beta`` starts at 0) but fused into ONE pass over ``S`` per
-    iteration: each block's ``log alpha`` only needs the previous ``log beta``, and
-    its contribution to the column ``logsumexp`` is accumulated with
-    ``logaddexp``, so memory is ``O(block * N + K + N)``.
+    columns; ``log beta`` starts at 0), fused into ONE pass and ONE ``exp`` over
+    ``S`` per iteration. For a block, ``E_ij = exp(S_ij / gamma + log beta_j - m_i)``
+    with ``m_i`` the row maximum gives the row ``logsumexp`` (``m_i + log sum_j E_ij``,
+    hence the new ``log alpha_i``), and the plan's column sums follow from the same
+    buffer by a matrix-vector product: ``sum_i P_ij = sum_i E_ij r_i / sum_j' E_ij'``.
+    Columns whose sum falls where float underflow could bias it (below
+    ``tiny * K / eps``, e.g. at tiny ``gamma`` in the first iteration) are recomputed
+    exactly with a blockwise ``logsumexp``. Memory is ``O(block * N + K + N)``.
 
     Args:
         blocks: a callable returning a fresh iterator of ``(start, stop, S[start:stop])``.
@@ -54,6 +58,9 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
         ``iters - 1`` without ``track_error``).
     """
     dtype, device = log_c.dtype, log_c.device
+    inv_gamma = 1.0 / gamma
+    finfo = torch.finfo(dtype)
+    risky_below = finfo.tiny * num_rows / finfo.eps
     log_alpha = torch.zeros(num_rows, dtype=dtype, device=device)
     log_beta = torch.zeros(num_cols, dtype=dtype, device=device)
     r, c = log_r.exp(), log_c.exp()
@@ -61,25 +68,42 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
     col_err = None
     for it in range(iters + (1 if track_error else 0)):
         last = it == iters  # the extra pass only measures the final row marginals
-        col_lse = torch.full((num_cols,), float("-inf"), dtype=dtype, device=device)
+        col_sum = torch.zeros(num_cols, dtype=dtype, device=device)
         row_err = torch.zeros((), dtype=dtype, device=device)
         for start, stop, s in blocks():
-            log_m = s.to(device=device, dtype=dtype) / gamma
-            row_lse = torch.logsumexp(log_m + log_beta[None, :], dim=1)
+            buf = torch.add(log_beta[None, :], s.to(device=device, dtype=dtype), alpha=inv_gamma)
+            m = buf.amax(dim=1, keepdim=True)
+            log_row_sum = buf.sub_(m).exp_().sum(dim=1).log_()
+            row_lse = m.squeeze(1) + log_row_sum
             if it > 0:  # row marginals of the previous iterate, before updating it
                 row_err = torch.maximum(row_err, (torch.exp(log_alpha[start:stop] + row_lse)
                                                   - r[start:stop]).abs().max())
             if last:
                 continue
             log_alpha[start:stop] = log_r[start:stop] - row_lse
-            col_lse = torch.logaddexp(col_lse, torch.logsumexp(log_m + log_alpha[start:stop, None], dim=0))
+            col_sum += torch.exp(log_r[start:stop] - log_row_sum) @ buf
         if it > 0:
             errors.append(float(torch.maximum(row_err, col_err)))
         if last:
             break
-        log_beta = log_c - col_lse
-        col_err = (torch.exp(log_beta + col_lse) - c).abs().max()
+        col_lse = torch.log(col_sum) - log_beta
+        risky = (col_sum < risky_below) & (c > 0)
+        if bool(risky.any()):
+            col_lse[risky] = _exact_column_lse(blocks, risky, log_alpha, inv_gamma)
+        log_beta = torch.where(c > 0, log_c - col_lse, torch.full_like(col_lse, float("-inf")))
+        col_err = (torch.exp(log_beta + col_lse) - c).nan_to_num(0.0).abs().max()
     return log_alpha, log_beta, errors
+
+
+def _exact_column_lse(blocks: Blocks, columns: torch.Tensor, log_alpha: torch.Tensor,
+                      inv_gamma: float) -> torch.Tensor:
+    """``logsumexp_i(S_ij / gamma + log alpha_i)`` for the masked columns, block by block."""
+    idx = columns.nonzero().squeeze(1)
+    acc = torch.full((idx.numel(),), float("-inf"), dtype=log_alpha.dtype, device=log_alpha.device)
+    for start, stop, s in blocks():
+        sub = s.to(log_alpha.device, log_alpha.dtype)[:, idx] * inv_gamma + log_alpha[start:stop, None]
+        acc = torch.logaddexp(acc, torch.logsumexp(sub, dim=0))
+    return acc
 
 
 class SinkhornBias(Normalizer):
