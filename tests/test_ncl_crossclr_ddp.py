@@ -40,8 +40,11 @@ def global_batches():
     return out, ids
 
 
+TAU = torch.linspace(0.05, 0.3, GLOBAL_B, dtype=torch.float64)  # per-sample temperatures
+
+
 def cases():
-    """(name, loss factory, needs inputs, uses ids)."""
+    """(name, loss factory, needs inputs, uses ids and per-sample temperatures)."""
     return [
         ("ncl", lambda: NCL(0.1, queue_size=12), False, True),
         ("crossclr-noqueue", lambda: CrossCLR(0.1, prune_threshold=0.97, weight_scale=0.05), True, True),
@@ -51,13 +54,15 @@ def cases():
     ]
 
 
-def run_steps(model, loss_fn, batches, ids, inputs, use_ids):
+def run_steps(model, loss_fn, batches, ids, inputs, use_ids, tau=None):
     """Two training steps (no optimizer: gradients of the last step are compared)."""
     losses = []
     for xv, xt in batches:
         model.zero_grad()
         loss_fn.zero_grad()
         extra = {"ids": ids} if use_ids else {}
+        if use_ids and not isinstance(loss_fn, NCL):  # NCL takes one temperature per batch
+            extra["temperature"] = tau
         if inputs:
             extra.update(video_input=xv, text_input=xt)
         loss = loss_fn(*model(xv, xt), **extra)
@@ -70,7 +75,7 @@ def reference(factory, inputs, use_ids):
     torch.manual_seed(0)
     model, loss_fn = Towers().double(), factory().double()
     batches, ids = global_batches()
-    losses = run_steps(model, loss_fn, batches, ids, inputs, use_ids)
+    losses = run_steps(model, loss_fn, batches, ids, inputs, use_ids, TAU)
     grads = [p.grad.clone() for p in model.parameters()]
     grads += [p.grad.clone() for p in loss_fn.parameters() if p.grad is not None]
     return losses, grads, {k: b.clone() for k, b in loss_fn.named_buffers()}
@@ -88,7 +93,7 @@ def worker(rank: int, init_file: str) -> None:
             torch.manual_seed(0)
             model = nn.parallel.DistributedDataParallel(Towers().double())
             loss_fn = factory().double()
-            losses = run_steps(model, loss_fn, local, ids[sl], inputs, use_ids)
+            losses = run_steps(model, loss_fn, local, ids[sl], inputs, use_ids, TAU[sl])
             for got, want in zip(losses, ref_losses):
                 assert abs(got - want) < 1e-10, (name, got, want)
             grads = [p.grad for p in model.module.parameters()]
