@@ -53,13 +53,15 @@ def naive_qbnorm(test_sim, bank_sim, k, beta):
 
 
 def naive_dsl(sim, temperature, bank_sim=None):
-    """CAMoE: sim * softmax over queries (dim 0) of sim / T (normaliser from bank_sim if given)."""
-    ref = sim if bank_sim is None else bank_sim
+    """CAMoE: sim * softmax over queries (dim 0) of sim / T; with bank_sim the softmax
+    runs over the bank plus the query itself."""
     out = np.zeros_like(sim)
     for j in range(sim.shape[1]):
-        z = sum(math.exp(ref[i, j] / temperature) for i in range(ref.shape[0]))
+        ref = sim[:, j] if bank_sim is None else bank_sim[:, j]
+        z = sum(math.exp(v / temperature) for v in ref)
         for i in range(sim.shape[0]):
-            out[i, j] = sim[i, j] * math.exp(sim[i, j] / temperature) / z
+            zi = z if bank_sim is None else z + math.exp(sim[i, j] / temperature)
+            out[i, j] = sim[i, j] * math.exp(sim[i, j] / temperature) / zi
     return out
 
 
@@ -175,6 +177,8 @@ def test_dsl_matches_naive_full_fitted_and_bank():
         DualSoftmax(0.05, oracle=False)(sim)
     big = DualSoftmax(0.001)(sim * 50)  # exp(sim / T) overflows, the log-domain softmax does not
     assert np.isfinite(big).all()
+    far = DualSoftmax(0.001, oracle=False).fit(bank, gallery)(sim * 50)  # queries far above the bank
+    assert np.isfinite(far).all() and (np.abs(far) <= np.abs(sim * 50) + 1e-9).all()
 
 
 # --- interface ---------------------------------------------------------------------

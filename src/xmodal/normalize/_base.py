@@ -93,8 +93,13 @@ class Normalizer:
     """
 
     name: str = ""
-    uses_test_queries: bool = False
+    oracle: bool = False
     row_independent: bool = True
+
+    @property
+    def uses_test_queries(self) -> bool:
+        """True when the fitted statistics come from the test queries (``oracle``)."""
+        return self.oracle
 
     def fit(self, query_bank: Any, gallery: Any) -> "Normalizer":
         return self

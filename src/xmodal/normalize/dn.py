@@ -33,12 +33,15 @@ class DistributionNormalization(Normalizer):
         lam: the DN weight ``lambda`` (paper default 0.25; 0 disables).
         num_samples: sample size for each mean (paper: 100); None uses all rows.
         seed: seed of the sampling.
+        oracle: True when the samples are the test queries (DN's own protocol
+            samples unlabeled test data); only reported by ``uses_test_queries``.
     """
 
     name = "dn"
-    uses_test_queries = False
 
-    def __init__(self, lam: float = 0.25, num_samples: int | None = 100, seed: int = 0) -> None:
+    def __init__(self, lam: float = 0.25, num_samples: int | None = 100, seed: int = 0,
+                 oracle: bool = False) -> None:
+        self.oracle = bool(oracle)
         lam = float(lam)
         if not np.isfinite(lam):
             raise ValueError(f"lam: must be finite, got {lam!r}")
@@ -50,7 +53,8 @@ class DistributionNormalization(Normalizer):
         self._bias: torch.Tensor | None = None
 
     def hparams(self) -> dict[str, Any]:
-        return {"lam": self.lam, "num_samples": self.num_samples, "seed": self.seed}
+        return {"lam": self.lam, "num_samples": self.num_samples, "seed": self.seed,
+                "oracle": self.oracle}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {}

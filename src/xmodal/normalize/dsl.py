@@ -22,8 +22,10 @@ class DualSoftmax(Normalizer):
     full similarity matrix, or first :meth:`fit` the test queries (``oracle=True``)
     so blocks can be streamed with the fitted column normalisers. With
     ``oracle=False`` a :meth:`fit` bank of other queries (e.g. train captions)
-    replaces the test queries in the normaliser (``sim * exp(sim / T) / sum_b
-    exp(s_b / T)``), a deployable variant. The softmax is computed as
+    plus the query itself replaces the test queries in the softmax
+    (``sim_qj * exp(s_qj / T) / (exp(s_qj / T) + sum_b exp(s_bj / T))``; as in the
+    oracle, where each query is part of its own column), a deployable variant
+    whose prior stays in ``[0, 1]``. The softmax is computed as
     ``exp(sim / T - logsumexp)``, never overflowing.
 
     Args:
@@ -40,10 +42,6 @@ class DualSoftmax(Normalizer):
         self.oracle = bool(oracle)
         self.block_size = block_size
         self._lse: torch.Tensor | None = None
-
-    @property
-    def uses_test_queries(self) -> bool:  # type: ignore[override]
-        return self.oracle
 
     @property
     def row_independent(self) -> bool:  # type: ignore[override]
@@ -79,13 +77,15 @@ class DualSoftmax(Normalizer):
         if self._lse is None:
             if not self.oracle:
                 raise ValueError("DualSoftmax(oracle=False): call fit(query_bank, gallery) first")
-            lse = torch.logsumexp(logits, dim=0)
+            lse = torch.logsumexp(logits, dim=0, keepdim=True)
         else:
             if s.shape[1] != self._lse.shape[0]:
                 raise ValueError(f"sim: has {s.shape[1]} columns but the bank was fitted on "
                                  f"{self._lse.shape[0]} gallery items")
-            lse = self._lse.to(s.device, s.dtype)
-        return like_input(s * torch.exp(logits - lse[None, :]), sim)
+            lse = self._lse.to(s.device, s.dtype)[None, :]
+            if not self.oracle:  # the query itself joins the bank in its column's softmax
+                lse = torch.logaddexp(lse, logits)
+        return like_input(s * torch.exp(logits - lse), sim)
 
     def streaming_kwargs(self) -> dict[str, Any]:
         if self._lse is None:

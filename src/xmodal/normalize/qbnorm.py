@@ -46,12 +46,14 @@ class InvertedSoftmax(Normalizer):
         beta: inverse temperature (QB-Norm default 20).
         output: ``"similarity"``, ``"log"`` or ``"ratio"``.
         block_size: bank rows per block in :meth:`fit` (auto when None).
+        oracle: True when the bank is the test queries (``uses_test_queries``).
     """
 
     name = "is"
 
     def __init__(self, beta: float = 20.0, output: str = "similarity",
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, oracle: bool = False) -> None:
+        self.oracle = bool(oracle)
         self.beta = positive_number(beta, "beta")
         self.output = choice(output, "output", ("similarity", "log", "ratio"))
         self.block_size = block_size
@@ -59,7 +61,8 @@ class InvertedSoftmax(Normalizer):
         self._active: torch.Tensor | None = None
 
     def hparams(self) -> dict[str, Any]:
-        return {"beta": self.beta, "output": self.output, "block_size": self.block_size}
+        return {"beta": self.beta, "output": self.output, "block_size": self.block_size,
+                "oracle": self.oracle}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {} if self._lse is None else {"lse": self._lse}
@@ -128,14 +131,14 @@ class QBNorm(InvertedSoftmax):
     Args:
         k: top-k of each bank query defining the activation set (default 1).
         beta: inverse temperature (default 20).
-        output, block_size: as :class:`InvertedSoftmax`.
+        output, block_size, oracle: as :class:`InvertedSoftmax`.
     """
 
     name = "qbnorm"
 
     def __init__(self, k: int = 1, beta: float = 20.0, output: str = "similarity",
-                 block_size: int | None = None) -> None:
-        super().__init__(beta=beta, output=output, block_size=block_size)
+                 block_size: int | None = None, oracle: bool = False) -> None:
+        super().__init__(beta=beta, output=output, block_size=block_size, oracle=oracle)
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"k: must be a positive integer, got {k!r}")
         self.k = int(k)

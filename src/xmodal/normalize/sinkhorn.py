@@ -146,10 +146,6 @@ class SinkhornBias(Normalizer):
         self._log_alpha: torch.Tensor | None = None
         self._log_beta: torch.Tensor | None = None
 
-    @property
-    def uses_test_queries(self) -> bool:  # type: ignore[override]
-        return self.oracle
-
     def hparams(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "iters": self.iters, "oracle": self.oracle,
                 "block_size": self.block_size, "track_error": self.track_error}

@@ -1,0 +1,163 @@
+"""``xmodal normalize``: apply a test-time normaliser to embeddings and compare metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+NAME = "normalize"
+HELP = "apply a test-time normaliser (dn, sinkhorn, qbnorm, is, dsl) and print before/after metrics"
+DESCRIPTION = """Evaluate retrieval of QUERIES against GALLERY (embeddings, .npy) before and after a
+test-time normaliser fitted on a query bank, with R@K, MdR, MnR (streamed block by block)
+and the normalisation error (mean_j |Q/N - sum_i softmax_j(sim_i / T)|).
+
+  dn        Distribution Normalization; means from --bank (else the test queries)
+  sinkhorn  NCL Sinkhorn gallery biases; bank = --bank, or the test queries with --oracle
+  qbnorm    QB-Norm dynamic inverted softmax with --bank
+  is        inverted softmax with --bank
+  dsl       dual softmax over the test queries (or over --bank without --oracle)
+
+Example: xmodal normalize --method sinkhorn --queries q.npy --gallery g.npy \\
+             --positives p.npy --bank train_q.npy --temperature 0.03"""
+
+METHODS = ("dn", "sinkhorn", "qbnorm", "is", "dsl")
+#: largest Q x N for which the dense normalisation error is computed
+MAX_DENSE = 50_000_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", required=True, choices=METHODS, help="normaliser")
+    parser.add_argument("--queries", required=True, help="[Q, D] query embeddings (.npy)")
+    parser.add_argument("--gallery", required=True, help="[N, D] gallery embeddings (.npy)")
+    parser.add_argument("--positives", required=True,
+                        help="[Q] int (correct gallery row per query) or [Q, N] bool (.npy)")
+    parser.add_argument("--bank", default=None, help="[K, D] query bank embeddings (.npy)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="use the test queries themselves as the bank (not deployable)")
+    parser.add_argument("--temperature", type=float, default=0.05,
+                        help="Sinkhorn gamma / DSL temperature / normalisation-error temperature")
+    parser.add_argument("--iters", type=int, default=4, help="Sinkhorn iterations (default 4)")
+    parser.add_argument("--gallery-marginal", default=None,
+                        help="[N] Sinkhorn gallery mass, e.g. captions per item (.npy)")
+    parser.add_argument("--k", type=int, default=1, help="QB-Norm top-k activation (default 1)")
+    parser.add_argument("--beta", type=float, default=20.0, help="QB-Norm / IS inverse temperature")
+    parser.add_argument("--lam", type=float, default=0.25, help="DN lambda (default 0.25)")
+    parser.add_argument("--num-samples", type=int, default=100, help="DN sample size (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="DN sampling seed")
+    parser.add_argument("--l2", action="store_true", help="L2-normalise all embeddings first")
+    parser.add_argument("--ks", default="1,5,10", help="recall cut-offs (default 1,5,10)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def _load(path: str, name: str) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--{name}: {path}: no such file") from None
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--{name}: {path}: not a readable .npy array ({exc})") from None
+    return arr
+
+
+def _embeddings(path: str, name: str, l2: bool) -> np.ndarray:
+    x = _load(path, name)
+    if x.ndim != 2 or not np.issubdtype(x.dtype, np.number):
+        raise ValueError(f"--{name}: expected a numeric [rows, dim] array, got shape {x.shape}")
+    x = x.astype(np.float32 if x.dtype != np.float64 else np.float64)
+    if l2:
+        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return x
+
+
+def build_and_fit(method: str, queries: np.ndarray, gallery: np.ndarray, bank: np.ndarray | None,
+                  *, oracle: bool, temperature: float, iters: int = 4, k: int = 1, beta: float = 20.0,
+                  lam: float = 0.25, num_samples: int | None = 100, seed: int = 0,
+                  gallery_marginal: Any = None):
+    """The fitted normaliser for ``method`` (shared by the CLI and the benchmarks)."""
+    from xmodal.normalize import (DistributionNormalization, DualSoftmax, InvertedSoftmax, QBNorm,
+                                  SinkhornBias)
+
+    if oracle or (bank is None and method in ("dn", "dsl")):
+        bank_used, oracle = queries, True
+    elif bank is None:
+        raise ValueError(f"--bank: method {method!r} needs a query bank (or --oracle)")
+    else:
+        bank_used = bank
+    if method == "dn":
+        norm = DistributionNormalization(lam=lam, num_samples=num_samples, seed=seed, oracle=oracle)
+        norm.fit(bank_used, gallery)
+    elif method == "sinkhorn":
+        norm = SinkhornBias(temperature, iters=iters, oracle=oracle)
+        norm.fit(bank_used, gallery, gallery_marginal=gallery_marginal)
+    elif method == "qbnorm":
+        norm = QBNorm(k=k, beta=beta, oracle=oracle).fit(bank_used, gallery)
+    elif method == "is":
+        norm = InvertedSoftmax(beta=beta, oracle=oracle).fit(bank_used, gallery)
+    else:
+        norm = DualSoftmax(temperature, oracle=oracle).fit(bank_used, gallery)
+    return norm
+
+
+def evaluate(norm, queries, gallery, positives, *, ks, temperature: float) -> dict:
+    """Before/after metrics and normalisation errors of a fitted normaliser."""
+    import torch
+
+    from xmodal.metrics import normalization_error, streaming_retrieval
+
+    before = streaming_retrieval(queries, gallery, positives, ks=ks)
+    after = streaming_retrieval(queries, gallery, positives, ks=ks, **norm.streaming_kwargs())
+    out = {"before": before, "after": after, "normalization_error": None}
+    if queries.shape[0] * gallery.shape[0] <= MAX_DENSE:
+        sim = torch.from_numpy(queries) @ torch.from_numpy(gallery).T
+        out["normalization_error"] = {"before": normalization_error(sim, temperature),
+                                      "after": normalization_error(norm(sim), temperature)}
+    return out
+
+
+def _table(result: dict, method: str, ks: tuple[int, ...]) -> str:
+    cols = [f"R@{k}" for k in ks] + ["MdR", "MnR"]
+    lines = ["| normaliser | " + " | ".join(cols) + " | norm. error |",
+             "|---" * (len(cols) + 2) + "|"]
+    for row, label in (("before", "none"), ("after", method)):
+        err = result["normalization_error"]
+        err_s = "n/a" if err is None else f"{err[row]:.4f}"
+        vals = " | ".join(f"{result[row][c]:.2f}" if c.startswith("R@") else f"{result[row][c]:.1f}"
+                          for c in cols)
+        lines.append(f"| {label} | {vals} | {err_s} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        ks = tuple(int(k) for k in str(args.ks).split(",") if k.strip())
+    except ValueError:
+        raise ValueError(f"--ks: expected comma-separated integers, got {args.ks!r}") from None
+    queries = _embeddings(args.queries, "queries", args.l2)
+    gallery = _embeddings(args.gallery, "gallery", args.l2)
+    positives = _load(args.positives, "positives")
+    bank = _embeddings(args.bank, "bank", args.l2) if args.bank else None
+    marginal = _load(args.gallery_marginal, "gallery-marginal") if args.gallery_marginal else None
+    norm = build_and_fit(args.method, queries, gallery, bank, oracle=args.oracle,
+                         temperature=args.temperature, iters=args.iters, k=args.k, beta=args.beta,
+                         lam=args.lam, num_samples=args.num_samples, seed=args.seed,
+                         gallery_marginal=marginal)
+    result = evaluate(norm, queries, gallery, positives, ks=ks, temperature=args.temperature)
+    result.update(method=args.method, normalizer=repr(norm),
+                  uses_test_queries=bool(norm.uses_test_queries), temperature=args.temperature)
+    if args.method == "sinkhorn":
+        result["sinkhorn_marginal_error"] = norm.history
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{norm!r}  (uses test queries: {'yes' if norm.uses_test_queries else 'no'}; "
+          f"{queries.shape[0]} queries, {gallery.shape[0]} gallery items"
+          f"{'' if bank is None or args.oracle else f', bank of {bank.shape[0]}'})")
+    print(_table(result, args.method, ks))
+    if result["normalization_error"] is None:
+        print(f"(normalisation error skipped: Q x N > {MAX_DENSE})")
+    if args.method == "sinkhorn":
+        print("Sinkhorn marginal error per iteration: " + ", ".join(f"{e:.2e}" for e in norm.history))
+    return 0
