@@ -116,6 +116,10 @@ RESUME_CASES = {
     "mlp-dropout-adamw": dict(model={"kind": "mlp", "dim": 16, "width": 32, "dropout": 0.2},
                               optim={"name": "adamw", "weight_decay": 0.01}),
     "learnable-temperature": dict(loss={"name": "infonce", "temperature": 0.1, "learnable": True}),
+    "calince-head": dict(loss={"name": "calince", "temperature": 0.1}),
+    "crossclr-queue": dict(loss={"name": "crossclr", "temperature": 0.1, "kwargs": {"queue_size": 64}}),
+    "ts-cosine-class": dict(schedule={"kind": "cosine", "alpha": 0.04, "period_epochs": 1,
+                                      "class_temperature": True, "classes": "kmeans", "k": 5}),
     "ncl-queue": dict(loss={"name": "ncl", "temperature": 0.1, "kwargs": {"queue_size": 64}},
                       test_time={"normalizers": ["none", "ncl"]}),
 }

@@ -121,7 +121,9 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     steps_per_epoch = max(1, log[0]["step"])
     from xmodal.train import build_loss_from_config
 
-    plan = TemperaturePlan(cfg, build_loss_from_config(cfg), splits["train"], steps_per_epoch)
+    plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=splits["train"].video.shape[-1],
+                                                      text_dim=splits["train"].text.shape[-1]),
+                           splits["train"], steps_per_epoch)
     if plan.active:
         steps = np.arange(0, log[-1]["step"])
         values = np.array([plan.mean_value(int(s)) for s in steps])

@@ -111,9 +111,13 @@ def epoch_batches(epoch: int, *, seed: int, text_to_video: np.ndarray, batch_siz
 # --------------------------------------------------------------------------- pieces
 
 
-def build_loss_from_config(cfg: Config) -> nn.Module:
+def build_loss_from_config(cfg: Config, *, video_dim: int | None = None, text_dim: int | None = None
+                           ) -> nn.Module:
     """The loss of ``cfg.loss``: ``temperature``/``margin``/``learnable`` are passed
-    when the loss's constructor takes them, ``kwargs`` always."""
+    when the loss's constructor takes them, ``kwargs`` always. Losses with their own
+    layers (Cali-NCE's correspondence head) get ``embed_dim``/``input_dims`` so their
+    parameters exist before the optimiser is built, and ``seed`` (private shuffling
+    generator) from ``train.seed``, unless ``kwargs`` sets them."""
     from xmodal.losses import LOSSES, build_loss
 
     lc = cfg.loss
@@ -129,8 +133,27 @@ def build_loss_from_config(cfg: Config) -> nn.Module:
         if "learnable" not in params:
             raise ValueError(f"loss.learnable: loss {lc.name!r} has no learnable temperature")
         kwargs["learnable"] = True
+    if "embed_dim" in params:
+        kwargs["embed_dim"] = cfg.model.dim
+    if "input_dims" in params and video_dim and text_dim:
+        kwargs["input_dims"] = (video_dim, text_dim)
+    if "seed" in params:
+        kwargs["seed"] = cfg.train.seed
     kwargs.update(lc.kwargs)
     return build_loss(lc.name, **kwargs)
+
+
+def generator_states(module: nn.Module) -> dict[str, torch.Tensor]:
+    """States of the private ``torch.Generator`` s a loss keeps (not in its state_dict)."""
+    return {f"{name}.{attr}" if name else attr: g.get_state()
+            for name, m in module.named_modules() for attr, g in vars(m).items()
+            if isinstance(g, torch.Generator)}
+
+
+def set_generator_states(module: nn.Module, states: dict[str, torch.Tensor]) -> None:
+    for key, state in states.items():
+        name, _, attr = key.rpartition(".")
+        getattr(module.get_submodule(name) if name else module, attr).set_state(state)
 
 
 def base_value(cfg: Config, loss: nn.Module) -> float:
@@ -466,7 +489,8 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
     if cfg.model.standardize:
         model.fit_standardization(video_all, text_all)
     model.to(device)
-    loss_fn = build_loss_from_config(cfg).to(device)
+    loss_fn = build_loss_from_config(cfg, video_dim=train_split.video.shape[-1],
+                                     text_dim=train_split.text.shape[-1]).to(device)
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
 
@@ -495,6 +519,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         load_module_state(loss_fn, ckpt["loss"])
         optimizer.load_state_dict(ckpt["optimizer"])
         _set_rng_state(ckpt["rng"], device)
+        set_generator_states(loss_fn, ckpt.get("generators", {}))
         state = ckpt["state"]
     elif is_main and (out / "log.jsonl").exists():
         (out / "log.jsonl").unlink()
@@ -565,7 +590,8 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
                            f"v2t R@1 {val['v2t']['R@1']:.2f}  {tc.metric} {current:.2f}"
                            + ("  *" if improved else ""))
             atomic_save({"config": to_dict(cfg), "model": model_payload(model), "loss": loss_fn.state_dict(),
-                         "optimizer": optimizer.state_dict(), "rng": _rng_state(device), "state": state},
+                         "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
+                         "generators": generator_states(loss_fn), "state": state},
                         ckpt_path)
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < tc.epochs \

@@ -16,7 +16,7 @@ bank, QB-Norm) and print test text->video and video->text R@K/MdR/MnR.
 '*' marks the normaliser each run selected on val. Deterministic by --seed;
 about a minute on 2 CPU cores."""
 
-DEFAULT_LOSSES = ("infonce", "ncl", "crossclr", "calince")
+DEFAULT_LOSSES = ("infonce", "ncl", "crossclr")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def demo_config(loss: str, *, seed: int, epochs: int, num_train: int, num_eval: 
 
     loss_cfg = {"name": loss, "temperature": 0.05}
     if loss == "crossclr":
-        loss_cfg = {"name": "crossclr", "temperature": 0.03}
+        loss_cfg = {"name": "crossclr", "temperature": 0.03, "kwargs": {"weight_scale": 1.0}}
     if loss in ("maxmargin", "mimaxmargin"):
         loss_cfg = {"name": loss, "temperature": None, "margin": 0.2}
     if loss == "ncl":

@@ -1,0 +1,270 @@
+"""The ``xmodal bench`` grid: objectives x (TS++ on/off) x test-time normalisers x seeds.
+
+Every cell is one ``xmodal.train.train`` run in its own run directory under
+``OUT/runs/...``; a finished run (``metrics.json``) is reused, an interrupted one
+resumes from its checkpoint, so a killed grid continues where it stopped. Results
+(mean +- std over seeds) go to ``OUT/results.md`` and ``OUT/results.csv``.
+
+Evaluation split: ``test`` when the dataset has one (synthetic; epochs and the
+normaliser selected on ``val``), else ``val`` (Flickr8k ``dev``: the official test
+split is held back, so dev is both the early-stopping and the reported split; this
+is stated in the table header).
+
+TS++ variant: a cosine temperature (margin) schedule (TS++ eq. 4.1) plus per-sample
+class values (eqs. 4.3-4.5) from dataset labels (synthetic) or k-means over the
+training captions (Flickr8k, k=200). Objectives whose forward takes only a scalar
+temperature get the schedule alone; objectives without a temperature/margin
+keyword get no TS++ row.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from xmodal.config import MARGIN_LOSSES, Config, from_dict
+
+OBJECTIVES = ("infonce", "ntxent", "maxmargin", "milnce", "dcl", "crossclr", "ncl", "calince")
+NORMALIZERS = ("none", "dn", "ncl", "sinkhorn", "qbnorm")
+METRIC_KEYS = ("R@1", "R@5", "R@10", "MdR", "MnR")
+
+LOSS_SETTINGS: dict[str, dict] = {
+    "infonce": {"temperature": 0.05},
+    "ntxent": {"temperature": 0.05},
+    "maxmargin": {"temperature": None, "margin": 0.2},
+    "mimaxmargin": {"temperature": None, "margin": 0.2},
+    "milnce": {"temperature": 0.05},
+    "dcl": {"temperature": 0.05, "kwargs": {"tau_plus": 0.1}},
+    # kappa = 0.0035 (the paper's weight_scale) concentrates all weight on one sample
+    # with this implementation's max-normalised connectivity and training collapses to
+    # chance on the synthetic set (measured); kappa = 1 trains.
+    "crossclr": {"temperature": 0.03, "kwargs": {"weight_scale": 1.0}},
+    "ncl": {"temperature": 0.05, "kwargs": {"queue_size": 8192}},
+    "calince": {"temperature": 0.05},
+}
+
+DATASETS: dict[str, dict] = {
+    "synthetic": {
+        "data": {"name": "synthetic"},
+        "model": {"kind": "linear", "dim": 128},
+        "optim": {"name": "adam", "lr": 1e-3, "warmup_epochs": 1},
+        "train": {"epochs": 12, "batch_size": 128, "patience": 4, "progress": False},
+        "test_time": {"bank_size": 2000},
+        "ts": {"kind": "cosine", "alpha": 0.04, "period_epochs": 4, "class_temperature": True,
+               "classes": "labels", "t_min": 0.03, "t_max": 0.08},
+    },
+    "flickr8k": {
+        "data": {"name": "paired", "root": "../shared/data/flickr8k", "train_split": "train",
+                 "val_split": "dev", "test_split": ""},
+        "model": {"kind": "linear", "dim": 256},
+        "optim": {"name": "adam", "lr": 1e-3, "warmup_epochs": 1},
+        "train": {"epochs": 15, "batch_size": 256, "patience": 3, "progress": False},
+        "test_time": {"bank_size": 5000},
+        "ts": {"kind": "cosine", "alpha": 0.04, "period_epochs": 4, "class_temperature": True,
+               "classes": "kmeans", "k": 200, "t_min": 0.03, "t_max": 0.08},
+    },
+}
+MARGIN_TS = {"alpha": 0.1, "t_min": 0.1, "t_max": 0.3}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of the grid."""
+
+    dataset: str
+    objective: str
+    ts: bool
+    seed: int
+    noise: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.objective + ("+TS++" if self.ts else "")
+
+    @property
+    def path(self) -> str:
+        noise = f"-noise{self.noise:g}" if self.noise else ""
+        return f"{self.dataset}/{self.objective}{'-ts' if self.ts else ''}{noise}/seed{self.seed}"
+
+
+def per_sample_support(objective: str, keyword: str) -> bool:
+    """Whether the loss's forward takes a per-sample ``[B]`` tensor for ``keyword``
+    (probed on a random batch; some objectives take only a scalar)."""
+    from xmodal.losses import build_loss
+
+    settings = LOSS_SETTINGS.get(objective, {})
+    kw = dict(settings.get("kwargs", {}))
+    if objective == "calince":
+        kw["embed_dim"] = 8
+    loss = build_loss(objective, **kw)
+    g = torch.Generator().manual_seed(0)
+    v, t = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+    extra: dict[str, Any] = {keyword: torch.full((4,), 0.05 if keyword == "temperature" else 0.2)}
+    accepts = getattr(loss, "accepts", ())
+    if "ids" in accepts:
+        extra["ids"] = torch.arange(4)
+    if "video_input" in accepts:
+        extra["video_input"], extra["text_input"] = v, t
+    if "relevancy" in accepts:
+        extra["relevancy"] = torch.eye(4)
+    try:
+        loss(v, t, **extra)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def cell_config(cell: Cell, *, overrides: dict | None = None, epochs: int | None = None,
+                synthetic: dict | None = None) -> Config | None:
+    """The run config of a grid cell (``None``: TS++ not applicable to this objective)."""
+    from xmodal.losses import LOSSES
+
+    ds = DATASETS[cell.dataset]
+    loss = {"name": cell.objective, **LOSS_SETTINGS.get(cell.objective, {})}
+    d: dict[str, Any] = {
+        "data": {**ds["data"], "noise": cell.noise},
+        "model": dict(ds["model"]),
+        "loss": loss,
+        "optim": dict(ds["optim"]),
+        "train": {**ds["train"], "seed": cell.seed},
+        "test_time": {**ds["test_time"],
+                      "normalizers": [n for n in NORMALIZERS if n != "ncl" or cell.objective == "ncl"]},
+    }
+    if synthetic:
+        d["data"]["synthetic"] = dict(synthetic)
+    if epochs:
+        d["train"]["epochs"] = epochs
+    if cell.ts:
+        keyword = "margin" if cell.objective in MARGIN_LOSSES else "temperature"
+        if keyword not in getattr(LOSSES[cell.objective], "accepts", ()):
+            return None
+        ts = dict(ds["ts"])
+        if keyword == "margin":
+            ts.update(MARGIN_TS)
+        if not per_sample_support(cell.objective, keyword):
+            ts["class_temperature"] = False
+        d["schedule"] = ts
+    for section, values in (overrides or {}).items():
+        d.setdefault(section, {}).update(values)
+    return from_dict(d)
+
+
+def run_cell(cell: Cell, root: Path, **kw: Any) -> dict | None:
+    """Train (or reuse) one cell; returns its ``metrics.json`` summary."""
+    from xmodal.train import train
+
+    cfg = cell_config(cell, **kw)
+    if cfg is None:
+        return None
+    out = root / "runs" / cell.path
+    done = out / "metrics.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        if summary.get("config") == _cfg_fingerprint(cfg):
+            return summary
+    summary = train(cfg, out, resume=True, progress=False)
+    summary["config"] = _cfg_fingerprint(cfg)
+    done.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _cfg_fingerprint(cfg: Config) -> str:
+    from xmodal.config import to_dict
+
+    return json.dumps(to_dict(cfg), sort_keys=True)
+
+
+def aggregate(summaries: list[dict], normalizer: str) -> dict[str, Any]:
+    """Mean/std over seeds of the eval-split metrics under one normaliser."""
+    split = "test" if "test" in summaries[0] else "val"
+    out: dict[str, Any] = {"split": split, "n": len(summaries)}
+    for d in ("t2v", "v2t"):
+        for k in METRIC_KEYS:
+            vals = np.array([s[split][normalizer][d][k] for s in summaries], dtype=np.float64)
+            out[f"{d} {k}"] = (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0)
+    t = np.array([s["train_time_s"] for s in summaries])
+    out["train s"] = (float(t.mean()), float(t.std(ddof=1)) if len(t) > 1 else 0.0)
+    out["selected"] = ",".join(sorted({s["normalizer"] for s in summaries}))
+    return out
+
+
+def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Iterable[int],
+             ts_variants: Iterable[bool] = (False, True), noise: Iterable[float] = (0.0,),
+             out: str | Path, epochs: int | None = None, synthetic: dict | None = None,
+             progress: bool = True) -> list[dict]:
+    """Run every cell, aggregate, write ``results.md``/``results.csv``; returns the rows."""
+    from tqdm.auto import tqdm
+
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    cells = [Cell(ds, obj, ts, seed, nz) for ds in datasets for nz in noise for obj in objectives
+             for ts in ts_variants for seed in seeds]
+    results: dict[tuple, list[dict]] = {}
+    t0 = time.perf_counter()
+    bar = tqdm(cells, desc="bench", disable=not progress, dynamic_ncols=True)
+    for cell in bar:
+        bar.set_postfix_str(cell.path)
+        summary = run_cell(cell, root, epochs=epochs, synthetic=synthetic if cell.dataset == "synthetic" else None)
+        if summary is not None:
+            results.setdefault((cell.dataset, cell.noise, cell.label), []).append(summary)
+    rows = []
+    for (ds, nz, label), summaries in results.items():
+        split = "test" if "test" in summaries[0] else "val"
+        for norm in summaries[0][split]:
+            rows.append({"dataset": ds, "noise": nz, "objective": label, "normalizer": norm,
+                         **aggregate(summaries, norm)})
+    write_tables(rows, root, elapsed=time.perf_counter() - t0)
+    return rows
+
+
+def _fmt(pair: tuple[float, float], digits: int = 1) -> str:
+    m, s = pair
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """One Markdown table per (dataset, noise)."""
+    parts = []
+    keys = sorted({(r["dataset"], r["noise"]) for r in rows}, key=lambda k: (k[0], k[1]))
+    for ds, nz in keys:
+        sub = [r for r in rows if r["dataset"] == ds and r["noise"] == nz]
+        split = sub[0]["split"]
+        name = {"val": "dev/val (also used for early stopping and normaliser selection)",
+                "test": "test (model and normaliser selected on val)"}[split]
+        noise = f", {nz:.0%} of training pairs shuffled" if nz else ""
+        parts.append(f"### {ds}{noise}: {name}, mean ± std over {sub[0]['n']} seed(s)\n")
+        parts.append("| objective | normaliser | t2v R@1 | t2v R@5 | t2v R@10 | t2v MdR | t2v MnR | "
+                     "v2t R@1 | v2t R@5 | v2t R@10 | v2t MdR | v2t MnR | train s |")
+        parts.append("|---|---|" + "---:|" * 11)
+        for r in sub:
+            cells = [_fmt(r[f"{d} {k}"]) for d in ("t2v", "v2t") for k in METRIC_KEYS]
+            mark = " *" if r["normalizer"] in r["selected"].split(",") else ""
+            parts.append(f"| {r['objective']} | {r['normalizer']}{mark} | " + " | ".join(cells)
+                         + f" | {_fmt(r['train s'], 0)} |")
+        parts.append("")
+    parts.append("`*`: the normaliser selected on val for (some of) the seeds. `ncl`: Sinkhorn biases "
+                 "from the NCL loss's own training query queue; `sinkhorn`: from a random bank of "
+                 "training queries; `dn`: distribution normalisation (lambda 0.25); `qbnorm`: QB-Norm "
+                 "(k=1, beta=20). Train time: seconds of the training loop (one CPU thread).")
+    return "\n".join(parts)
+
+
+def write_tables(rows: list[dict], root: Path, *, elapsed: float | None = None) -> None:
+    text = markdown(rows)
+    if elapsed is not None:
+        text += f"\n\nGrid wall time: {elapsed / 60:.1f} min (finished runs are reused).\n"
+    (root / "results.md").write_text(text)
+    fields = ["dataset", "noise", "objective", "normalizer", "split", "n"]
+    metric_cols = [f"{d} {k}" for d in ("t2v", "v2t") for k in METRIC_KEYS] + ["train s"]
+    with open(root / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields + [f"{c} {x}" for c in metric_cols for x in ("mean", "std")] + ["selected"])
+        for r in rows:
+            w.writerow([r[k] for k in fields] + [f"{v:.4f}" for c in metric_cols for v in r[c]] + [r["selected"]])
