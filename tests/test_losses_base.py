@@ -230,24 +230,32 @@ def extra(name, b):
     return {"relevancy": torch.eye(b)} if name == "mimaxmargin" else {"ids": torch.arange(b) // 2}
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["infonce", "ntxent", "maxmargin", "mimaxmargin", "milnce", "dcl"])
-def test_low_precision_finite(name):
+def test_low_precision_finite(name, dtype):
+    """Autocast at temperature 0.01: exp(1/0.01) = e^100 overflows if exponentiated
+    directly (float16 already at logits > 11); the losses compute float32 logits with
+    logsumexp and agree with a float32 run on the same (rounded) inputs."""
     torch.manual_seed(0)
     b = 32
     v = torch.randn(b, 16, requires_grad=True)
     t = torch.randn(b, 16, requires_grad=True)
     loss_fn = make(name)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = loss_fn(v @ torch.eye(16), t @ torch.eye(16), **extra(name, b))  # bf16 matmul outputs
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(v.grad).all() and torch.isfinite(t.grad).all()
-    vh = v.detach().half().requires_grad_(True)
-    th = (v.detach() + 0.01 * t.detach()).half().requires_grad_(True)  # near-aligned: large logits
-    loss = loss_fn(vh, th, **extra(name, b))
+    with torch.autocast("cpu", dtype=dtype):
+        v16, t16 = v @ torch.eye(16), (v + 0.01 * t) @ torch.eye(16)  # 16-bit, near-aligned
+        assert v16.dtype == dtype
+        loss = loss_fn(v16, t16, **extra(name, b))
     loss.backward()
     assert loss.dtype == torch.float32
+    assert torch.isfinite(loss) and torch.isfinite(v.grad).all() and torch.isfinite(t.grad).all()
+    ref = loss_fn(v16.detach().float(), t16.detach().float(), **extra(name, b))
+    assert abs(float(loss) - float(ref)) <= 1e-5 * max(1.0, abs(float(ref)))
+    vh = v.detach().to(dtype).requires_grad_(True)  # plain 16-bit inputs, no autocast
+    th = (v.detach() + 0.01 * t.detach()).to(dtype).requires_grad_(True)
+    loss = loss_fn(vh, th, **extra(name, b))
+    loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(vh.grad.float()).all()
-    assert vh.grad.dtype == torch.float16
+    assert vh.grad.dtype == dtype
 
 
 def test_float16_matches_float32():
