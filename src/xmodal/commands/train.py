@@ -72,11 +72,18 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    init_distributed_from_env(cfg.train.device)
-    summary = train(cfg, args.out, resume=not args.no_resume, progress=False if args.quiet else None)
+    started = init_distributed_from_env(cfg.train.device)
     from xmodal import dist
 
-    if dist.rank() != 0:
+    rank = dist.rank()
+    try:
+        summary = train(cfg, args.out, resume=not args.no_resume, progress=False if args.quiet else None)
+    finally:
+        if started:
+            import torch.distributed as tdist
+
+            tdist.destroy_process_group()
+    if rank != 0:
         return 0
     if args.plots:
         from xmodal.plots import plot_run
