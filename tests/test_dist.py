@@ -65,6 +65,9 @@ def cases():
         ("mimaxmargin", lambda ll: MIMaxMargin(threshold=0.6, local_loss=ll),
          lambda i, t, m, r: {"relevancy": r, "margin": m}),
         ("milnce", lambda ll: MILNCE(0.1, local_loss=ll), lambda i, t, m, r: {"ids": i, "temperature": t}),
+        ("milnce-joint", lambda ll: MILNCE(0.1, joint=True), lambda i, t, m, r: {"ids": i}),  # no local_loss
+        ("maxmargin-sum", lambda ll: MaxMargin(negative_reduction="sum", local_loss=ll),
+         lambda i, t, m, r: {"ids": i, "margin": m}),
         ("dcl", lambda ll: DebiasedContrastive(0.3, 0.1, local_loss=ll),
          lambda i, t, m, r: {"ids": i, "temperature": t}),
     ]

@@ -74,6 +74,8 @@ CASES = [
     ("maxmargin", lambda v, t: max_margin(v, t, margin=0.3), lambda v, t: naive.maxmargin(v, t, 0.3)),
     ("maxmargin-ids-per-sample", lambda v, t: max_margin(v, t, margin=M_VEC, ids=IDS),
      lambda v, t: naive.maxmargin(v, t, M_VEC, ids=IDS)),
+    ("maxmargin-sum-eq-3.3", lambda v, t: max_margin(v, t, margin=M_VEC, ids=IDS, negative_reduction="sum"),
+     lambda v, t: naive.maxmargin(v, t, M_VEC, ids=IDS, summed=True)),
     ("maxmargin-hardest", lambda v, t: max_margin(v, t, margin=M_VEC, hardest=True),
      lambda v, t: naive.maxmargin(v, t, M_VEC, hardest=True)),
     ("maxmargin-hardest-ids", lambda v, t: max_margin(v, t, margin=0.4, ids=IDS, hardest=True),
@@ -377,3 +379,29 @@ def test_mimaxmargin_sorted_form_equals_triplet_enumeration():
     gb = torch.autograd.grad(brute, (v, t))
     for a, b_ in zip(gf, gb):
         torch.testing.assert_close(a, b_, atol=1e-12, rtol=1e-10)
+
+
+def test_milnce_joint_equals_official_howto100m_form():
+    g = torch.Generator().manual_seed(19)
+    nv, k = 4, 3
+    video = torch.randn(nv, D, generator=g, dtype=torch.float64, requires_grad=True)
+    text = torch.randn(nv * k, D, generator=g, dtype=torch.float64, requires_grad=True)
+    groups = [[text[i * k + j] for j in range(k)] for i in range(nv)]
+    ref = naive.milnce_official(video, groups, 0.5)
+    ids = torch.arange(nv).repeat_interleave(k)
+    ours = mil_nce(video.repeat_interleave(k, dim=0), text, temperature=0.5, ids=ids,
+                   normalize=False, joint=True)
+    assert abs(float(ours) - float(ref)) < 1e-10
+    for a, b in zip(torch.autograd.grad(ours, (video, text)), torch.autograd.grad(ref, (video, text))):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
+    # the official code vectorised (x: [videos, videos, K]; no temperature there)
+    x = (video @ text.T).view(nv, nv, k)
+    num = torch.logsumexp(x[torch.arange(nv), torch.arange(nv)], dim=1)
+    den = torch.logsumexp(torch.cat((x, x.permute(1, 0, 2)), dim=1).view(nv, -1), dim=1)
+    official = (den - num).mean()
+    module = MILNCE(1.0, normalize=False, joint=True)
+    assert abs(float(module(video.repeat_interleave(k, dim=0), text, ids=ids)) - float(official)) < 1e-10
+    with pytest.raises(ValueError, match="joint"):
+        mil_nce(video, video, temperature=torch.ones(nv), joint=True)
+    with pytest.raises(ValueError, match="joint"):
+        MILNCE(joint=True, local_loss=True)

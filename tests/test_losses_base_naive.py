@@ -84,8 +84,9 @@ def ntxent(v, t, tau_t2v, tau_v2t=None, ids=None):
     return total / (2 * n)
 
 
-def maxmargin(v, t, margin, ids=None, hardest=False):
-    """(1/B) sum_i mean_{j in N_i} max(0, s_ij - s_ii + m_i) per direction, averaged."""
+def maxmargin(v, t, margin, ids=None, hardest=False, summed=False):
+    """(1/B) sum_i mean_{j in N_i} max(0, s_ij - s_ii + m_i) per direction, averaged
+    (``summed``: sum over N_i, TS++ eq. 3.3)."""
     v, t = _norm(v), _norm(t)
     n = v.shape[0]
     m = _taus(margin, n)
@@ -99,7 +100,10 @@ def maxmargin(v, t, margin, ids=None, hardest=False):
                     continue
                 hinges.append(torch.clamp(_dot(q[i], g[j]) - _dot(q[i], g[i]) + m[i], min=0.0))
             if hinges:
-                total = total + (max(hinges) if hardest else sum(hinges) / len(hinges))
+                if hardest:
+                    total = total + max(hinges)
+                else:
+                    total = total + sum(hinges) / (1 if summed else len(hinges))
         out.append(total / n)
     return (out[0] + out[1]) / 2
 
@@ -172,3 +176,24 @@ def dcl(v, t, tau, tau_plus, ids=None):
             total = total - torch.log(pos / (pos + ng))
         out.append(total / n)
     return (out[0] + out[1]) / 2
+
+
+def milnce_official(video, text_groups, tau):
+    """The HowTo100M MIL-NCE code's formula, as loops: video i, its K captions
+    text_groups[i]; denominator = video i vs every caption, plus every video vs the
+    captions of i."""
+    n = len(video)
+    total = 0.0
+    for i in range(n):
+        num = 0.0
+        for c in text_groups[i]:
+            num = num + torch.exp(_dot(video[i], c) / tau)
+        den = 0.0
+        for j in range(n):
+            for c in text_groups[j]:
+                den = den + torch.exp(_dot(video[i], c) / tau)
+        for j in range(n):
+            for c in text_groups[i]:
+                den = den + torch.exp(_dot(video[j], c) / tau)
+        total = total - torch.log(num / den)
+    return total / n

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import torch
 
+from xmodal._validate import choice
 from xmodal.functional._common import (Temperature, check_ids, col, full_precision,
                                        positive_logit_mask, prepare_pair, resolve_rows,
                                        same_id_mask, scalar_or_per_sample, similarity, take)
 
 
 def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | torch.Tensor,
-                idx: torch.Tensor, negatives: torch.Tensor, hardest: bool) -> torch.Tensor:
+                idx: torch.Tensor, negatives: torch.Tensor, hardest: bool,
+                negative_reduction: str = "mean") -> torch.Tensor:
     """Per-query hinge ``max(0, s_ij - s_ii + m_i)`` over the negatives ``j``.
 
     Args:
         queries: ``[R, D]``; gallery: ``[B, D]``; margin: ``[R]``; idx: ``[R]`` positive
             column of each query; negatives: bool ``[R, B]``.
         hardest: max over the negatives (VSE++) instead of their mean.
+        negative_reduction: ``"mean"`` or ``"sum"`` over each query's negatives.
 
     Shape:
         returns ``[R]``; a query without negatives gives 0.
@@ -29,12 +32,15 @@ def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | to
         hinge = hinge.masked_fill(~negatives, 0.0)
         if hardest:
             return hinge.max(dim=1).values
+        if negative_reduction == "sum":
+            return hinge.sum(dim=1)
         return hinge.sum(dim=1) / negatives.sum(dim=1).clamp_min(1).to(hinge.dtype)
 
 
 def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature = 0.2,
                ids: torch.Tensor | None = None, hardest: bool = False, normalize: bool = True,
-               rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+               rows: torch.Tensor | slice | None = None,
+               negative_reduction: str = "mean") -> torch.Tensor:
     """Bidirectional max-margin ranking loss (TS++ eqs. 3.3 / 4.8; VSE++, Faghri et al. 2018).
 
     Per direction (``v2t``: anchor ``v_i`` against texts; ``t2v``: anchor ``t_i``)::
@@ -50,8 +56,9 @@ def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature =
     ``1/(B(B-1)) sum_i sum_{j != i}``, i.e. TS++ eq. 3.3's ``1/N sum_i sum_{j != i}``
     divided by ``B - 1``, and equals the official MI-MM/EPIC-100 baseline's
     ``MaxMarginRankingLoss(...).mean()`` per direction (that code *sums* the two
-    directions: 2x this value). An anchor without negatives (``B = 1``, or all ids
-    equal) contributes 0.
+    directions: 2x this value). ``negative_reduction="sum"`` gives TS++ eq. 3.3 literally
+    (sum over the negatives, ``1/N`` over anchors). An anchor without negatives
+    (``B = 1``, or all ids equal) contributes 0.
 
     ``hardest=True`` (VSE++ eq. 5): ``max_{j in N_i}`` replaces the mean over ``N_i``.
 
@@ -62,10 +69,12 @@ def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature =
         hardest: VSE++ hardest negative.
         normalize: L2-normalise first.
         rows: anchors computed (``None``: all; ``local_loss``).
+        negative_reduction: ``"mean"`` (default) or ``"sum"`` over each anchor's negatives.
 
     Shape:
         video, text: ``[B, D]``; returns a scalar.
     """
+    choice(negative_reduction, "negative_reduction", ("mean", "sum"))
     v, t = prepare_pair(video, text, normalize)
     n = v.shape[0]
     m = scalar_or_per_sample(margin, n, "margin", like=v, allow_zero=True)
@@ -74,6 +83,6 @@ def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature =
     if ids is not None:
         ids = check_ids(ids, n).to(v.device)
         negatives = negatives & ~same_id_mask(ids[idx], ids)
-    l_v2t = hinge_terms(v[idx], t, take(m, idx), idx, negatives, hardest)
-    l_t2v = hinge_terms(t[idx], v, take(m, idx), idx, negatives, hardest)
+    l_v2t = hinge_terms(v[idx], t, take(m, idx), idx, negatives, hardest, negative_reduction)
+    l_t2v = hinge_terms(t[idx], v, take(m, idx), idx, negatives, hardest, negative_reduction)
     return (l_t2v.mean() + l_v2t.mean()) / 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xmodal._validate import choice
 from xmodal.functional._common import Temperature
 from xmodal.functional.maxmargin import max_margin
 from xmodal.losses._common import non_negative
@@ -20,6 +21,8 @@ class MaxMargin(nn.Module):
     Args:
         margin: >= 0.
         hardest: VSE++ hardest negative instead of the mean over negatives.
+        negative_reduction: ``"mean"`` (default) or ``"sum"`` (TS++ eq. 3.3 literally)
+            over each anchor's negatives.
         normalize: L2-normalise first.
         gather, local_loss: distributed behaviour, as :class:`~xmodal.losses.InfoNCE`.
 
@@ -30,8 +33,10 @@ class MaxMargin(nn.Module):
     accepts = ("ids", "margin")
 
     def __init__(self, margin: float = 0.2, hardest: bool = False, *, normalize: bool = True,
-                 gather: bool = True, local_loss: bool = False) -> None:
+                 negative_reduction: str = "mean", gather: bool = True,
+                 local_loss: bool = False) -> None:
         super().__init__()
+        self.negative_reduction = choice(negative_reduction, "negative_reduction", ("mean", "sum"))
         self.margin = non_negative(margin, "margin")
         self.hardest = bool(hardest)
         self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
@@ -40,4 +45,5 @@ class MaxMargin(nn.Module):
         """Loss of a batch; ``margin`` (float or ``[B]``) overrides the constructed one."""
         return run_in_batch(max_margin, video, text, gather=self.gather, local_loss=self.local_loss,
                             ids=ids, per_sample={"margin": self.margin if margin is None else margin},
-                            hardest=self.hardest, normalize=self.normalize)
+                            hardest=self.hardest, normalize=self.normalize,
+                            negative_reduction=self.negative_reduction)

@@ -21,6 +21,8 @@ class MILNCE(nn.Module):
         temperature: > 0; ``t2v_temperature``/``v2t_temperature``: per-direction values
             for text/video anchors.
         normalize: L2-normalise first.
+        joint: the official HowTo100M joint-denominator form (one float temperature,
+            no ``local_loss``).
         gather, local_loss: distributed behaviour, as :class:`~xmodal.losses.InfoNCE`.
 
     Shape:
@@ -31,8 +33,11 @@ class MILNCE(nn.Module):
 
     def __init__(self, temperature: float = 0.05, *, t2v_temperature: float | None = None,
                  v2t_temperature: float | None = None, normalize: bool = True,
-                 gather: bool = True, local_loss: bool = False) -> None:
+                 joint: bool = False, gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
+        self.joint = bool(joint)
+        if self.joint and (local_loss or t2v_temperature is not None or v2t_temperature is not None):
+            raise ValueError("joint: not combinable with local_loss or per-direction temperatures")
         self.temperature = positive_number(temperature, "temperature")
         self.t2v_temperature = optional_positive(t2v_temperature, "t2v_temperature")
         self.v2t_temperature = optional_positive(v2t_temperature, "v2t_temperature")
@@ -48,4 +53,5 @@ class MILNCE(nn.Module):
             "v2t_temperature": self.v2t_temperature if v2t_temperature is None else v2t_temperature,
         }
         return run_in_batch(mil_nce, video, text, gather=self.gather, local_loss=self.local_loss,
-                            ids=ids, per_sample=per_sample, normalize=self.normalize)
+                            ids=ids, per_sample=per_sample, normalize=self.normalize,
+                            joint=self.joint)
