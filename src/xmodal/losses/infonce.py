@@ -28,7 +28,9 @@ class InfoNCE(nn.Module):
             5.6.4); not combinable with ``learnable``.
         normalize: L2-normalise the embeddings.
         gather: under ``torch.distributed``, compute the loss on the global batch
-            (gather-with-grad); off: each rank uses only its local batch.
+            (gather-with-grad, :mod:`xmodal.dist`); off: each rank uses only its local
+            batch. Every rank must pass the same local batch size, per-sample values
+            are gathered alongside, and ``ids`` must be globally unique per instance.
         local_loss: with ``gather``, each rank computes only its own rows against the
             global batch (open_clip); the mean over ranks equals the global loss and the
             DDP gradients are the same.
