@@ -57,7 +57,8 @@ def mil_nce(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperature
         L_v2t = -1/B sum_i log sum_{j in P_i} e^{s_ij/tau_i} / sum_k e^{s_ik/tau_i}
 
     ``L = (L_t2v + L_v2t) / 2``. Without ``ids`` it is exactly
-    :func:`~xmodal.functional.infonce.info_nce`.
+    :func:`~xmodal.functional.infonce.info_nce`. ``B = 1`` (or all ids equal): every
+    logit is a positive, the loss is exactly 0.
 
     ``joint=True`` is the official HowTo100M code's form instead (see
     :func:`joint_mil_nce`): one term per video *instance* (same-id rows are one video;
