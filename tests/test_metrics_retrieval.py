@@ -215,3 +215,10 @@ def test_recall_monotone_in_k(data):
     assert all(a <= b + 1e-9 for a, b in zip(vals, vals[1:]))
     assert vals[-1] == pytest.approx(100.0)
     assert 1.0 <= out["MdR"] <= g and 1.0 <= out["MnR"] <= g
+
+
+def test_float64_is_not_rounded():
+    # 1 + 1e-12 and 1 are equal in float32 but not in float64: no tie may be invented
+    sim = np.array([[1.0, 1.0 + 1e-12]])
+    assert retrieval(sim, [1], ks=(1,)) == {"R@1": 100.0, "MdR": 1.0, "MnR": 1.0}
+    assert retrieval(sim.astype(np.float32), [1], ks=(1,))["MdR"] == 2.0

@@ -72,9 +72,9 @@ def _inv_log(n: int) -> np.ndarray:
     return 1.0 / np.log2(k + 1.0)
 
 
-def _score(rel: np.ndarray, pos: np.ndarray, n_pos: np.ndarray, ideal: np.ndarray | None = None
+def _score(rel: np.ndarray, pos: np.ndarray, n_pos: np.ndarray
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per-query AP numerator sum, DCG, IDCG and #hits from relevancy in ranked order.
+    """Per-query AP, DCG, IDCG and #hits from relevancy in ranked order (exact path).
 
     Shape:
         rel: [b, W] float32/64 in ranked order (trailing zeros allowed); pos: [b, W] int64
@@ -91,8 +91,7 @@ def _score(rel: np.ndarray, pos: np.ndarray, n_pos: np.ndarray, ideal: np.ndarra
     # DCG: only positions <= k_q count (official k_counts mask)
     gain = np.where(pos <= n_pos[:, None], np.take(inv_log, pos), 0.0)
     dcg = np.einsum("ij,ij->i", rel.astype(np.float64), gain)
-    if ideal is None:
-        ideal = -np.sort(-rel, axis=1)
+    ideal = -np.sort(-rel, axis=1)
     idcg = ideal.astype(np.float64) @ inv_log[1:w + 1] if w else np.zeros(b)
     ap = np.divide(ap_sum, n1, out=np.zeros(b), where=n1 > 0)
     return ap, dcg, idcg, n1
