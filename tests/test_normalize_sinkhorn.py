@@ -128,6 +128,16 @@ def test_blockwise_equals_one_shot_and_functional_log_sinkhorn():
     assert len(SinkhornBias(0.2, iters=6, track_error=False).fit(bank, gallery).history) == 5
 
 
+def test_fit_scores_reads_a_memmap_block_by_block(tmp_path):
+    s = _scores(50, 12, seed=12).astype(np.float32)
+    mm = np.lib.format.open_memmap(tmp_path / "s.npy", mode="w+", dtype=np.float32, shape=s.shape)
+    mm[:] = s
+    mm.flush()
+    ro = np.load(tmp_path / "s.npy", mmap_mode="r")
+    got = SinkhornBias(0.05, iters=4, block_size=8).fit_scores(ro).bias
+    torch.testing.assert_close(got, SinkhornBias(0.05, iters=4).fit_scores(s).bias, atol=1e-6, rtol=0)
+
+
 def test_call_adds_bias_without_mutation_and_round_trips():
     s = _scores(20, 10, seed=9).astype(np.float32)
     sim = _scores(4, 10, seed=10).astype(np.float32)

@@ -57,7 +57,10 @@ def matrix_blocks(scores: Any, block_rows: int, name: str = "scores"
     as finite float tensors, converting one block at a time."""
     for start in range(0, scores.shape[0], block_rows):
         stop = min(start + block_rows, scores.shape[0])
-        yield start, stop, to_work(scores[start:stop], name)
+        block = scores[start:stop]
+        if isinstance(block, np.ndarray) and not block.flags.writeable:
+            block = np.array(block)  # one block copied: torch warns on read-only memory
+        yield start, stop, to_work(block, name)
 
 
 def check_scores(scores: Any, name: str = "scores") -> tuple[int, int]:

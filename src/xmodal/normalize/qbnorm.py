@@ -22,8 +22,12 @@ def bank_column_logsumexp(blocks: Iterable[tuple[int, int, torch.Tensor]], beta:
         if lse is None:
             lse = torch.full((s.shape[1],), float("-inf"), dtype=s.dtype, device=s.device)
             active = torch.zeros(s.shape[1], dtype=torch.bool, device=s.device) if topk else None
-        lse = torch.logaddexp(lse, torch.logsumexp(beta * s, dim=0))
-        if topk:
+        scaled = s * beta  # a new buffer: ``s`` may be the caller's memory
+        m = scaled.amax(dim=0, keepdim=True)
+        lse = torch.logaddexp(lse, scaled.sub_(m).exp_().sum(dim=0).log_() + m.squeeze(0))
+        if topk == 1:
+            active[s.argmax(dim=1)] = True
+        elif topk:
             active[s.topk(min(topk, s.shape[1]), dim=1).indices.reshape(-1)] = True
     return lse, active
 
@@ -87,18 +91,17 @@ class InvertedSoftmax(Normalizer):
     def _topk(self) -> int:
         return 0
 
-    def _log_scores(self, s: torch.Tensor) -> torch.Tensor:
+    def _normalised(self, s: torch.Tensor) -> torch.Tensor:
         if self._lse is None:
             raise ValueError(f"{type(self).__name__}: call fit(query_bank, gallery) first")
         if s.shape[1] != self._lse.shape[0]:
             raise ValueError(f"sim: has {s.shape[1]} columns but the bank was fitted on "
                              f"{self._lse.shape[0]} gallery items")
-        return self.beta * s - self._lse.to(s.device, s.dtype)[None, :]
-
-    def _finish(self, log_scores: torch.Tensor) -> torch.Tensor:
+        lse = self._lse.to(s.device, s.dtype)[None, :]
         if self.output == "similarity":
-            return log_scores / self.beta
-        return log_scores if self.output == "log" else torch.exp(log_scores)
+            return s - lse / self.beta
+        log_scores = self.beta * s - lse
+        return log_scores if self.output == "log" else log_scores.exp_()
 
     @property
     def bias(self) -> torch.Tensor:
@@ -110,7 +113,7 @@ class InvertedSoftmax(Normalizer):
     def __call__(self, sim: Any) -> Any:
         """Shape: ``sim`` ``[Q, N]`` -> ``[Q, N]`` (a new array)."""
         s = to_work(sim, "sim")
-        return like_input(self._finish(self._log_scores(s)), sim)
+        return like_input(self._normalised(s), sim)
 
     def streaming_kwargs(self) -> dict[str, Any]:
         return {"bias": self.bias} if self.output == "similarity" else {"transform": self}
@@ -162,7 +165,7 @@ class QBNorm(InvertedSoftmax):
     def __call__(self, sim: Any) -> Any:
         """Shape: ``sim`` ``[Q, N]`` -> ``[Q, N]`` (a new array)."""
         s = to_work(sim, "sim")
-        normalised = self._finish(self._log_scores(s))
+        normalised = self._normalised(s)
         rows = self._active.to(s.device)[s.argmax(dim=1)]
         return like_input(torch.where(rows[:, None], normalised, s), sim)
 

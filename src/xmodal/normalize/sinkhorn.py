@@ -180,7 +180,7 @@ class SinkhornBias(Normalizer):
         """Fit on a precomputed pseudo-similarity ``[K, N]`` (numpy, memmap or tensor)."""
         k, n = check_scores(scores)
         rows = default_block_rows(n, self.block_size)
-        first = to_work(scores[:1], "scores")
+        _, _, first = next(iter(matrix_blocks(scores[:1], 1)))
         return self._run(lambda: matrix_blocks(scores, rows), k, n, first.dtype, first.device,
                          query_marginal, gallery_marginal)
 
