@@ -107,12 +107,13 @@ def _hit_precision_sums(rel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rel: [b, G] float32 in ranked order -> ([b], [b]).
     """
     b, g = rel.shape
-    ri, ci = np.nonzero(rel == 1)
+    flat = rel.ravel()
+    hit = np.flatnonzero(flat == 1)             # much faster than a 2-D nonzero
+    ri, ci = np.divmod(hit, g)
     n1 = np.bincount(ri, minlength=b)
     if ri.size == 0:
         return np.zeros(b), n1
-    flat = rel.ravel()
-    ends = ri * g + ci + 1                      # prefix sum up to and including the hit
+    ends = hit + 1                      # prefix sum up to and including the hit
     starts = np.arange(b, dtype=np.int64) * g
     cuts = np.sort(np.concatenate([starts, ends[ends < b * g]]), kind="stable")
     cuts = cuts[np.concatenate([[True], cuts[1:] != cuts[:-1]])]  # a hit in a row's last column
@@ -187,13 +188,13 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
                    block_size: int | None) -> tuple[float, float]:
     q, g = s.shape
     optimistic = ties == "optimistic"
-    sn = s.detach().cpu().numpy()
+    sn = np.ascontiguousarray(s.detach().cpu().numpy())  # row blocks must be contiguous
     fast = (sn.dtype == np.float32 or bool(np.array_equal(sn.astype(np.float32), sn))) and \
         (r.size == 0 or float(r.max()) < 2.0) and \
         (r.dtype == np.float32 or bool(np.array_equal(r.astype(np.float32), r)))
     if fast:
         sn = sn.astype(np.float32, copy=False)
-        r = r.astype(np.float32) + np.float32(0)  # a copy without -0.0
+        r = np.ascontiguousarray(r, dtype=np.float32) + np.float32(0)  # own copy, no -0.0
     b = block_size or max(1, (1 << 17) // max(1, g))
     block_fn = _block_packed if fast else _block_exact
 
