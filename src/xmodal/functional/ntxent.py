@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from xmodal.functional._common import (Temperature, check_ids, directional, full_precision,
                                        per_sample, positive_logit_mask, prepare_pair, resolve_rows,
@@ -48,11 +49,10 @@ def nt_xent(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperature
                      per_sample(tau_t2v, n, "t2v_temperature", like=v)[idx]])
     with full_precision(v.device):
         logits = similarity(z[anchors], z) / tau[:, None]
-        pos = logits.gather(1, partner[:, None]).squeeze(1)
         drop = positive_logit_mask(anchors, 2 * n)
         if ids is not None:
             ids = check_ids(ids, n).to(v.device)
             ids2 = torch.cat([ids, ids])
             drop = drop | (same_id_mask(ids2[anchors], ids2) & ~positive_logit_mask(partner, 2 * n))
         logits = logits.masked_fill(drop, float("-inf"))
-        return (torch.logsumexp(logits, dim=1) - pos).mean()
+        return F.cross_entropy(logits, partner)  # == mean(logsumexp - positive logit)
