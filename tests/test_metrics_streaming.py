@@ -105,3 +105,13 @@ def test_errors():
         streaming_retrieval(bad, g, [0, 1, 2])
     with pytest.raises(ValueError, match="text_to_video"):
         streaming_text_video(q, g, [0, 1, 2])
+
+
+def test_inputs_requiring_grad():
+    rng = np.random.default_rng(4)
+    q = torch.from_numpy(integer_embeddings(rng, 9)).requires_grad_()
+    g = torch.from_numpy(integer_embeddings(rng, 5)).requires_grad_()
+    pos = rng.integers(0, 5, 9)
+    want = retrieval((q @ g.T).detach(), pos)
+    assert streaming_retrieval(q, g, pos) == want
+    assert retrieval(q @ g.T, pos) == want

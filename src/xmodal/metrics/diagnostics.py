@@ -12,6 +12,7 @@ from xmodal._validate import positive_number
 from xmodal.metrics._common import check_finite, default_block, similarity
 
 
+@torch.no_grad()
 def normalization_error(sim: Any, temperature: float, target: Any = None) -> float:
     """How far the softmax retrieval mass each gallery item receives is from its target.
 
@@ -50,6 +51,7 @@ def normalization_error(sim: Any, temperature: float, target: Any = None) -> flo
     return float((tgt - mass).abs().mean())
 
 
+@torch.no_grad()
 def modality_gap(a: Any, b: Any) -> float:
     """Distance between the centroids of two L2-normalised embedding sets.
 
@@ -68,6 +70,7 @@ def modality_gap(a: Any, b: Any) -> float:
     return float(gap.norm())
 
 
+@torch.no_grad()
 def k_occurrence(sim: Any, k: int = 10) -> np.ndarray:
     """How often each gallery item appears in the queries' top-k lists (int64 [G]).
 

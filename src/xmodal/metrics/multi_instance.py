@@ -213,6 +213,7 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
     return _mean(ap, n1 > 0, empty, "mAP (relevancy == 1)"), _mean(ndcg, idcg > 0, empty, "nDCG (relevancy > 0)")
 
 
+@torch.no_grad()
 def mir(sim: Any, relevancy: Any, *, ties: str = "pessimistic", empty: str = "skip",
         directions: str = "rows", block_size: int | None = None) -> dict:
     """EPIC-KITCHENS-100 multi-instance retrieval mAP and nDCG (percent).

@@ -45,6 +45,7 @@ def _ranks(sim: torch.Tensor, positives: torch.Tensor, ties: str, block_size: in
     return tuple(torch.cat(x) for x in zip(*parts))  # type: ignore[return-value]
 
 
+@torch.no_grad()
 def retrieval(sim: Any, positives: Any, ks: Sequence[int] = (1, 5, 10, 50),
               ties: str = "pessimistic", *, block_size: int | None = None) -> dict:
     """Recall@K, median rank and mean rank of retrieving the correct gallery items.
@@ -99,6 +100,7 @@ def group_max(sim_vt: torch.Tensor, t2v: torch.Tensor, num_videos: int) -> torch
     return out.scatter_reduce(1, idx, sim_vt, reduce="amax", include_self=True)
 
 
+@torch.no_grad()
 def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 50),
                ties: str = "pessimistic", v2t: str = "all-captions", *,
                block_size: int | None = None) -> dict:

@@ -69,6 +69,7 @@ def _scores(q: torch.Tensor, g: torch.Tensor, bias: torch.Tensor | None,
     return s
 
 
+@torch.no_grad()
 def streaming_retrieval(queries: Any, gallery: Any, positives: Any, *,
                         ks: Sequence[int] = (1, 5, 10, 50), ties: str = "pessimistic",
                         bias: Any = None, transform: Callable | None = None,
@@ -108,6 +109,7 @@ def streaming_retrieval(queries: Any, gallery: Any, positives: Any, *,
     return summarize(*(torch.cat(x) for x in zip(*parts)), ks)
 
 
+@torch.no_grad()
 def streaming_text_video(text: Any, video: Any, text_to_video: Any, *,
                          ks: Sequence[int] = (1, 5, 10, 50), ties: str = "pessimistic",
                          v2t: str = "all-captions", t2v_bias: Any = None, v2t_bias: Any = None,
