@@ -177,7 +177,7 @@ def main() -> None:
                                 ("NTXent / pml NTXentLoss", "xmodal NTXent", "pml NTXentLoss (SimCLR, 2B views)"),
                                 ("InfoNCE / pml NTXentLoss", "xmodal InfoNCE", "pml NTXentLoss (SimCLR, 2B views)")):
         if theirs in med:
-            print(f"ratio {label}: {med[ours] / med[theirs]:.2f} (target <= 1.2)")
+            print(f"ratio {label}: {med[ours] / med[theirs]:.3g} (target <= 1.2)")
     for note in notes:
         print("note:", note)
 
