@@ -8,8 +8,9 @@
    ``log beta``; biases ``gamma * log(beta / sum beta)`` are compared to 1e-5.
 2. QBNorm on a 30,000-query bank x 5,000 gallery items (plus 5,000 test queries)
    vs a dense numpy implementation of the authors' algorithm (full argsort,
-   ``exp``, column sums), both starting from embeddings; each method runs in a
-   fresh subprocess and reports its peak RSS above the inputs.
+   ``exp``, column sums), both starting from the similarity matrices (the authors'
+   interface), then both starting from embeddings; each method runs in a fresh
+   subprocess and reports its peak RSS above the inputs (Linux VmHWM).
 
 Usage: ``python bench/bench_normalize.py [--quick] [--repeats 3]``. Prints ratios;
 never used by the tests.
@@ -77,10 +78,8 @@ def bench_sinkhorn(k, n, d, gamma, iters, repeats):
     return rows
 
 
-def qbnorm_reference(bank, gallery, queries, k, beta):
+def qbnorm_reference(train_test, test_test, k, beta):
     """Dense numpy version of the authors' dynamic_inverted_softmax.py (no in-place edit)."""
-    train_test = bank @ gallery.T
-    test_test = queries @ gallery.T
     retrieved = np.unique(np.argsort(-train_test, axis=1)[:, :k].reshape(-1))
     normalizing_sum = np.sum(np.exp(train_test * beta), axis=0)
     rows = np.isin(np.argsort(-test_test, axis=1)[:, 0], retrieved)
@@ -94,19 +93,25 @@ def _qb_inputs(kq, n, q, d):
     return _unit(rng, kq, d), _unit(rng, n, d), _unit(rng, q, d)
 
 
-def qbnorm_child(method, kq, n, q, d, k, beta):
+def qbnorm_child(method, mode, kq, n, q, d, k, beta):
+    """One timed run. ``mode="sims"``: both start from the similarity matrices (the
+    authors' interface); ``"embeddings"``: both also compute them."""
     bank, gallery, queries = _qb_inputs(kq, n, q, d)
+    if mode == "sims":
+        train_test, test_test = bank @ gallery.T, queries @ gallery.T
     base = _reset_peak_rss()
     t0 = time.perf_counter()
     if method == "reference":
-        out = qbnorm_reference(bank, gallery, queries, k, beta)
-        t = time.perf_counter() - t0
-        result = out
+        if mode == "embeddings":
+            train_test, test_test = bank @ gallery.T, queries @ gallery.T
+        result = qbnorm_reference(train_test, test_test, k, beta)
     else:
-        qb = QBNorm(k=k, beta=beta, output="log").fit(bank, gallery)  # log of the paper's ratio
-        out = qb(torch.from_numpy(queries) @ torch.from_numpy(gallery).T)
-        t = time.perf_counter() - t0
-        result = out.numpy()
+        qb = QBNorm(k=k, beta=beta, output="log")  # log of the paper's ratio
+        if mode == "sims":
+            result = qb.fit_scores(train_test)(test_test)
+        else:
+            result = qb.fit(bank, gallery)(torch.from_numpy(queries) @ torch.from_numpy(gallery).T).numpy()
+    t = time.perf_counter() - t0
     peak = _status_kb("VmHWM")
     np.save(f"/tmp/_bench_qb_{method}.npy", result)
     print(json.dumps({"time": t, "peak_mb": (peak - base) / 1024}))
@@ -130,12 +135,13 @@ def _reset_peak_rss():
     return _status_kb("VmRSS")
 
 
-def bench_qbnorm(kq, n, q, d, k, beta, repeats):
+def bench_qbnorm(kq, n, q, d, k, beta, repeats, mode):
     res = {}
     for method in ("reference", "xmodal"):
         runs = []
         for _ in range(repeats):
-            cmd = [sys.executable, __file__, "--_qb-child", method, "--qb-sizes", f"{kq},{n},{q},{d}"]
+            cmd = [sys.executable, __file__, "--_qb-child", method, "--qb-sizes", f"{kq},{n},{q},{d}",
+                   "--qb-mode", mode]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs.append(json.loads(out.strip().splitlines()[-1]))
         res[method] = (min(r["time"] for r in runs), max(r["peak_mb"] for r in runs))
@@ -145,8 +151,9 @@ def bench_qbnorm(kq, n, q, d, k, beta, repeats):
     max_rel = float(np.max(np.abs(np.exp(ours[~raw]) - ref[~raw]) / ref[~raw])) if (~raw).any() else 0.0
     max_raw = float(np.abs(ours[raw] - ref[raw]).max()) if raw.any() else 0.0
     same_rank1 = float((ours.argmax(1) == ref.argmax(1)).mean())
-    print(f"\n## QBNorm vs dense numpy reference: bank {kq} x gallery {n}, {q} test queries, "
-          f"d={d}, k={k}, beta={beta}, best of {repeats} (fresh process each)")
+    start = "similarity matrices" if mode == "sims" else "embeddings (similarities computed inside)"
+    print(f"\n## QBNorm vs dense numpy reference, from {start}: bank {kq} x gallery {n}, "
+          f"{q} test queries, d={d}, k={k}, beta={beta}, best of {repeats} (fresh process each)")
     print("| method | time (s) | speed-up | peak RSS above inputs (MB) |")
     print("|---|---:|---:|---:|")
     for name, (t, mb) in res.items():
@@ -163,19 +170,22 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--_qb-child", dest="qb_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--qb-sizes", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--qb-mode", default="sims", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.manual_seed(0)
     if args.qb_child:
         kq, n, q, d = map(int, args.qb_sizes.split(","))
-        qbnorm_child(args.qb_child, kq, n, q, d, k=1, beta=20.0)
+        qbnorm_child(args.qb_child, args.qb_mode, kq, n, q, d, k=1, beta=20.0)
         return 0
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     if args.quick:
         bench_sinkhorn(2048, 1000, 64, 0.05, 4, args.repeats)
-        bench_qbnorm(3000, 1000, 1000, 64, 1, 20.0, args.repeats)
+        for mode in ("sims", "embeddings"):
+            bench_qbnorm(3000, 1000, 1000, 64, 1, 20.0, args.repeats, mode)
     else:
         bench_sinkhorn(16384, 5000, 256, 0.05, 4, args.repeats)
-        bench_qbnorm(30000, 5000, 5000, 256, 1, 20.0, args.repeats)
+        for mode in ("sims", "embeddings"):
+            bench_qbnorm(30000, 5000, 5000, 256, 1, 20.0, args.repeats, mode)
     return 0
 
 

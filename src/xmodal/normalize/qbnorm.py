@@ -166,8 +166,9 @@ class QBNorm(InvertedSoftmax):
         """Shape: ``sim`` ``[Q, N]`` -> ``[Q, N]`` (a new array)."""
         s = to_work(sim, "sim")
         normalised = self._normalised(s)
-        rows = self._active.to(s.device)[s.argmax(dim=1)]
-        return like_input(torch.where(rows[:, None], normalised, s), sim)
+        raw = ~self._active.to(s.device)[s.argmax(dim=1)]
+        normalised[raw] = s[raw]  # ``normalised`` is a new tensor: safe to edit
+        return like_input(normalised, sim)
 
     @property
     def bias(self) -> torch.Tensor:
