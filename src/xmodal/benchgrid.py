@@ -63,9 +63,11 @@ DATASETS: dict[str, dict] = {
     "flickr8k": {
         "data": {"name": "paired", "root": "../shared/data/flickr8k", "train_split": "train",
                  "val_split": "dev", "test_split": ""},
-        "model": {"kind": "linear", "dim": 256},
+        # tuned on dev for InfoNCE (input dropout 0.5 and batch 512 were the big wins over
+        # the plain linear baseline), shared by every objective
+        "model": {"kind": "linear", "dim": 256, "dropout": 0.5},
         "optim": {"name": "adam", "lr": 1e-3, "warmup_epochs": 1},
-        "train": {"epochs": 15, "batch_size": 256, "patience": 3, "progress": False},
+        "train": {"epochs": 15, "batch_size": 512, "patience": 4, "progress": False},
         "test_time": {"bank_size": 5000},
         "ts": {"kind": "cosine", "alpha": 0.04, "period_epochs": 4, "class_temperature": True,
                "classes": "kmeans", "k": 200, "t_min": 0.03, "t_max": 0.08},
