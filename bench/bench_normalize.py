@@ -164,10 +164,27 @@ def bench_qbnorm(kq, n, q, d, k, beta, repeats, mode):
     return res
 
 
+def bench_scale(k, n, d, gamma, iters):
+    """SinkhornBias from embeddings where a dense K x N matrix would not fit in memory."""
+    rng = np.random.default_rng(2)
+    bank, gallery = _unit(rng, k, d), _unit(rng, n, d)
+    base = _reset_peak_rss()
+    t0 = time.perf_counter()
+    sb = SinkhornBias(gamma, iters=iters).fit(bank, gallery)
+    t = time.perf_counter() - t0
+    peak_mb = (_status_kb("VmHWM") - base) / 1024
+    print(f"\n## SinkhornBias at scale: K={k}, N={n}, d={d}, gamma={gamma}, iters={iters}")
+    print(f"time {t:.1f}s; peak RSS above inputs {peak_mb:.0f} MB (a dense float32 K x N: "
+          f"{k * n * 4 / 2**20:.0f} MB); bias finite: {bool(torch.isfinite(sb.bias).all())}; "
+          f"marginal error per iteration: {', '.join(f'{e:.2e}' for e in sb.history)}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--scale", action="store_true",
+                   help="only the K = 100,000 x N = 10,000 stability/memory run of SinkhornBias (minutes)")
     p.add_argument("--_qb-child", dest="qb_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--qb-sizes", default=None, help=argparse.SUPPRESS)
     p.add_argument("--qb-mode", default="sims", help=argparse.SUPPRESS)
@@ -178,6 +195,9 @@ def main(argv=None):
         qbnorm_child(args.qb_child, args.qb_mode, kq, n, q, d, k=1, beta=20.0)
         return 0
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    if args.scale:
+        bench_scale(100_000, 10_000, 32, 0.005, 2)
+        return 0
     if args.quick:
         bench_sinkhorn(2048, 1000, 64, 0.05, 4, args.repeats)
         for mode in ("sims", "embeddings"):

@@ -9,16 +9,29 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, float_matrix
+from xmodal._validate import as_tensor, check_finite
 
 # Elements of one [rows, N] score block; bounds the working memory of every bank pass.
 BLOCK_ELEMENTS = 1 << 22
 
 
 def to_work(x: Any, name: str, *, ndim: int = 2) -> torch.Tensor:
-    """A finite float tensor (float32, or float64 when the input is float64)."""
-    t = float_matrix(x, name, ndim=ndim)
-    return t if t.dtype == torch.float64 else t.to(torch.float32)
+    """A finite float tensor (float32, or float64 when the input is float64).
+
+    Finiteness is screened with one ``sum`` (NaN/inf make it non-finite) and only
+    then checked element-wise, to name the count; large blocks stay one cheap pass.
+    """
+    t = as_tensor(x, name)
+    if t.dtype == torch.bool:
+        raise TypeError(f"{name}: expected floating values, got bool")
+    t = t if t.dtype == torch.float64 else t.to(torch.float32)
+    if t.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name}: empty input, shape {tuple(t.shape)}")
+    if not bool(torch.isfinite(t.sum())):
+        check_finite(t, name)
+    return t
 
 
 def like_input(t: torch.Tensor, ref: Any) -> Any:

@@ -17,14 +17,18 @@ def bank_column_logsumexp(blocks: Iterable[tuple[int, int, torch.Tensor]], beta:
                           topk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log sum_b exp(beta * s_bj)`` ``[N]`` over the bank's ``[b, N]`` score blocks;
     with ``topk > 0`` also the boolean ``[N]`` mask of items in some bank query's top-k."""
-    lse = active = None
+    lse = active = buf = None
     for _, _, s in blocks:
         if lse is None:
             lse = torch.full((s.shape[1],), float("-inf"), dtype=s.dtype, device=s.device)
             active = torch.zeros(s.shape[1], dtype=torch.bool, device=s.device) if topk else None
-        scaled = s * beta  # a new buffer: ``s`` may be the caller's memory
-        m = scaled.amax(dim=0, keepdim=True)
-        lse = torch.logaddexp(lse, scaled.sub_(m).exp_().sum(dim=0).log_() + m.squeeze(0))
+        if buf is None or buf.shape != s.shape:
+            buf = torch.empty_like(s)  # scratch reused across blocks (``s`` may be the caller's)
+        m = s.amax(dim=0, keepdim=True) * beta
+        torch.add(-m, s, alpha=beta, out=buf)
+        ones = torch.ones(s.shape[0], dtype=s.dtype, device=s.device)
+        # column sums as a BLAS matrix-vector product: several times faster than sum(dim=0)
+        lse = torch.logaddexp(lse, (ones @ buf.exp_()).log_() + m.squeeze(0))
         if topk == 1:
             active[s.argmax(dim=1)] = True
         elif topk:

@@ -64,6 +64,7 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
     log_alpha = torch.zeros(num_rows, dtype=dtype, device=device)
     log_beta = torch.zeros(num_cols, dtype=dtype, device=device)
     r, c = log_r.exp(), log_c.exp()
+    ones = torch.ones(num_cols, dtype=dtype, device=device)
     errors: list[float] = []
     col_err = None
     for it in range(iters + (1 if track_error else 0)):
@@ -73,7 +74,8 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
         for start, stop, s in blocks():
             buf = torch.add(log_beta[None, :], s.to(device=device, dtype=dtype), alpha=inv_gamma)
             m = buf.amax(dim=1, keepdim=True)
-            log_row_sum = buf.sub_(m).exp_().sum(dim=1).log_()
+            # row sums as a BLAS matrix-vector product: several times faster than sum(dim=1)
+            log_row_sum = (buf.sub_(m).exp_() @ ones).log_()
             row_lse = m.squeeze(1) + log_row_sum
             if it > 0:  # row marginals of the previous iterate, before updating it
                 row_err = torch.maximum(row_err, (torch.exp(log_alpha[start:stop] + row_lse)
