@@ -87,8 +87,8 @@ def train(data, *, dim: int, epochs: int, patience: int, seed: int, lr: float, b
             r1 = t2i_r1(nn.functional.normalize(img_head(dvi), dim=-1),
                         nn.functional.normalize(cap_head(dvc), dim=-1), dv_c2i)
         tau = float(torch.as_tensor(loss_fn.temperature).detach())
-        log.append((epoch + 1, float(loss), r1, tau, time.perf_counter() - t0))
-        print(f"epoch {epoch + 1}: loss {float(loss):.3f}  dev t2i R@1 {r1:.2f}  tau {tau:.4f}  "
+        log.append((epoch + 1, loss.item(), r1, tau, time.perf_counter() - t0))
+        print(f"epoch {epoch + 1}: loss {loss.item():.3f}  dev t2i R@1 {r1:.2f}  tau {tau:.4f}  "
               f"({time.perf_counter() - t0:.1f}s)", flush=True)
         if r1 > best:
             best, bad = r1, 0
