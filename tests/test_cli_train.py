@@ -24,14 +24,15 @@ def _one_thread():
 
 def test_train_cli_writes_run_and_plots(tmp_path, capsys):
     rc = main(["train", str(REPO / "configs/synthetic.yaml"), "--out", str(tmp_path / "run"), "--quiet",
-               *TINY, "--set", "optim.lr=3e-3"])
+               *TINY, "--set", "optim.lr=3e-3", "--optim.weight_decay", "0.01", "--train.seed=2"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "selected normaliser" in out and "t2v R@1" in out
     run = tmp_path / "run"
     for name in ("model.pt", "log.jsonl", "config.yaml", "curves.png", "retrieval_mass.png"):
         assert (run / name).is_file(), name
-    assert "lr: 0.003" in (run / "config.yaml").read_text()
+    saved = (run / "config.yaml").read_text()
+    assert "lr: 0.003" in saved and "weight_decay: 0.01" in saved and "seed: 2" in saved
 
 
 def test_train_cli_schedule_plot(tmp_path):

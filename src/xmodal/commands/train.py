@@ -11,8 +11,9 @@ DESCRIPTION = """Train a two-tower head with any objective, select on the valida
 choose the test-time normaliser on validation, and write a run directory
 (config.yaml, log.jsonl, checkpoint.pt, model.pt, metrics.json, plots).
 
-Overrides are section.key=value (values parsed as YAML), given after the config or
-with --set:  xmodal train configs/synthetic.yaml --out runs/x loss.name=ncl optim.lr=3e-4
+Overrides are section.key=value (values parsed as YAML), given after the config, with
+--set, or as dotted flags:
+  xmodal train configs/synthetic.yaml --out runs/x loss.name=ncl --optim.lr 3e-4 --set train.seed=1
 
 An interrupted run resumes from DIR/checkpoint.pt (same final weights as an
 uninterrupted run). Multi-process: torchrun --nproc_per_node N -m xmodal train ..."""
@@ -39,11 +40,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _options(parser, required=False)
 
 
+def _dotted_flags(tokens: list[str]) -> list[str]:
+    """``--loss.name ncl`` / ``--loss.name=ncl`` -> ``loss.name=ncl`` (dotted flags)."""
+    out, i = [], 0
+    while i < len(tokens):
+        tok = tokens[i]
+        key = tok[2:].split("=", 1)[0] if tok.startswith("--") else ""
+        if "." in key:
+            if "=" in tok:
+                out.append(tok[2:])
+            elif i + 1 < len(tokens):
+                out.append(f"{key}={tokens[i + 1]}")
+                i += 1
+            else:
+                raise ValueError(f"{tok}: missing value")
+        else:
+            out.append(tok)
+        i += 1
+    return out
+
+
 def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="xmodal train", add_help=False)
     _options(p, required=False)
     p.add_argument("overrides", nargs="*")
-    rest = p.parse_intermixed_args(args.rest)
+    rest = p.parse_intermixed_args(_dotted_flags(args.rest))
     merged = argparse.Namespace(**vars(args))
     merged.overrides = [o for o in rest.overrides]
     merged.out = rest.out or args.out
