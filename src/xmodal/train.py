@@ -583,8 +583,6 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         if tc.patience and state["bad_epochs"] >= tc.patience:
             state["done"] = True
         if is_main:
-            with open(out / "log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
             if show:
                 tqdm.write(f"epoch {epoch + 1:3d}  loss {train_loss:.4f}  val t2v R@1 {val['t2v']['R@1']:.2f}  "
                            f"v2t R@1 {val['v2t']['R@1']:.2f}  {tc.metric} {current:.2f}"
@@ -593,12 +591,21 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
                          "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
                          "generators": generator_states(loss_fn), "state": state},
                         ckpt_path)
+            write_log(out / "log.jsonl", state["history"])
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < tc.epochs \
                 and not state["done"]:
             return {"stopped": True, "epoch": state["epoch"]}
 
     return finish(cfg, out, model, loss_fn, splits, state, show=show)
+
+
+def write_log(path: Path, history: list[dict]) -> None:
+    """``log.jsonl`` rewritten from the checkpointed history (temp file + rename), so the
+    log always matches the checkpoint, even after a kill between the two writes."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in history))
+    os.replace(tmp, path)
 
 
 def load_module_state(module: nn.Module, state: dict) -> None:
