@@ -9,7 +9,7 @@ as the bank), QB-Norm (train bank), IS (train bank) and DSL (dev queries).
 
 Choices: the train bank for text-to-image is every train caption (30,000); for
 image-to-text every train image (6,000). Sinkhorn and DSL use the learned
-temperature, 4 Sinkhorn iterations, uniform marginals. DN estimates the query
+temperature, 4 Sinkhorn iterations (``--sinkhorn-iters``), uniform marginals. DN estimates the query
 mean from 100 train-bank queries and the gallery mean from 100 dev gallery items
 (lambda 0.25), so it uses no test query. QB-Norm k=1, beta=20; IS beta=20.
 Image-to-text counts a hit when any of the image's 5 captions is retrieved
@@ -103,7 +103,7 @@ def train(data, *, dim: int, epochs: int, patience: int, seed: int, lr: float, b
     return img_head, cap_head, best_state[2], best_state[3]
 
 
-def evaluate_direction(queries, gallery, positives, train_bank, temperature, ks=(1, 5, 10)):
+def evaluate_direction(queries, gallery, positives, train_bank, temperature, ks=(1, 5, 10), iters=4):
     from xmodal.commands.normalize import build_and_fit
     from xmodal.metrics import normalization_error, retrieval
 
@@ -124,7 +124,7 @@ def evaluate_direction(queries, gallery, positives, train_bank, temperature, ks=
             out, uses_test = sim, False
         else:
             norm = build_and_fit(method, q, g, kw.get("bank"), oracle=kw.get("oracle", False),
-                                 temperature=temperature)
+                                 temperature=temperature, iters=iters)
             out, uses_test = norm(sim), norm.uses_test_queries
         m = retrieval(out, positives, ks=ks)
         m["norm_err"] = normalization_error(out, temperature)
@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sinkhorn-iters", type=int, default=4, help="NCL Sinkhorn iterations (NCL: 4)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.data):
         print(f"SKIP: Flickr8k data not found at {args.data}")
@@ -170,10 +171,10 @@ def main(argv=None) -> int:
         dv_img, dv_cap = enc(img_head, dev_split[0]), enc(cap_head, dev_split[1])
         tr_img, tr_cap = enc(img_head, train_split[0]), enc(cap_head, train_split[1])
     c2i = dev_split[2]
-    t2i = evaluate_direction(dv_cap, dv_img, c2i, tr_cap, tau)
+    t2i = evaluate_direction(dv_cap, dv_img, c2i, tr_cap, tau, iters=args.sinkhorn_iters)
     i2t_pos = np.zeros((dv_img.shape[0], dv_cap.shape[0]), dtype=bool)
     i2t_pos[c2i, np.arange(len(c2i))] = True
-    i2t = evaluate_direction(dv_img, dv_cap, i2t_pos, tr_img, tau)
+    i2t = evaluate_direction(dv_img, dv_cap, i2t_pos, tr_img, tau, iters=args.sinkhorn_iters)
     print_table(f"Flickr8k dev, text-to-image ({dv_cap.shape[0]} captions -> {dv_img.shape[0]} images; "
                 f"train bank {tr_cap.shape[0]} captions)", t2i)
     print_table(f"Flickr8k dev, image-to-text ({dv_img.shape[0]} images -> {dv_cap.shape[0]} captions, "
