@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,10 @@ def as_tensor(x: Any, name: str, *, dtype: torch.dtype | None = None,
     elif isinstance(x, np.ndarray):
         if x.dtype == object:
             raise TypeError(f"{name}: object arrays are not supported")
-        t = torch.from_numpy(np.ascontiguousarray(x))
+        with warnings.catch_warnings():
+            # Read-only arrays (memmaps, np.load(mmap_mode='r')) are shared, never written to.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(np.ascontiguousarray(x))
     elif isinstance(x, (list, tuple)):
         t = torch.as_tensor(np.asarray(x))
     else:
