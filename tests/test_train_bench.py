@@ -37,7 +37,7 @@ def test_grid_tables_match_per_seed_runs_and_reuse(tmp_path):
     assert row["v2t R@5"][0] == pytest.approx(vals.mean())
     assert row["v2t R@5"][1] == pytest.approx(vals.std(ddof=1))
     md = (tmp_path / "results.md").read_text()
-    assert "| infonce+TS++ | qbnorm" in md and "mean ± std over 2 seed(s)" in md
+    assert "| infonce+TS++ | qbnorm" in md and "mean ± std over 2 seeds" in md
     with open(tmp_path / "results.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows) == 4 * 4  # 4 variants x (none, dn, sinkhorn, qbnorm)

@@ -190,9 +190,9 @@ def aggregate(summaries: list[dict], normalizer: str) -> dict[str, Any]:
     for d in ("t2v", "v2t"):
         for k in METRIC_KEYS:
             vals = np.array([s[split][normalizer][d][k] for s in summaries], dtype=np.float64)
-            out[f"{d} {k}"] = (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0)
+            out[f"{d} {k}"] = (float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else float("nan"))
     t = np.array([s["train_time_s"] for s in summaries])
-    out["train s"] = (float(t.mean()), float(t.std(ddof=1)) if len(t) > 1 else 0.0)
+    out["train s"] = (float(t.mean()), float(t.std(ddof=1)) if len(t) > 1 else float("nan"))
     out["selected"] = ",".join(sorted({s["normalizer"] for s in summaries}))
     return out
 
@@ -228,7 +228,7 @@ def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Itera
 
 def _fmt(pair: tuple[float, float], digits: int = 1) -> str:
     m, s = pair
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
+    return f"{m:.{digits}f}" if s != s else f"{m:.{digits}f} ± {s:.{digits}f}"  # one seed: no std
 
 
 def markdown(rows: list[dict]) -> str:
@@ -241,7 +241,8 @@ def markdown(rows: list[dict]) -> str:
         name = {"val": "dev/val (also used for early stopping and normaliser selection)",
                 "test": "test (model and normaliser selected on val)"}[split]
         noise = f", {nz:.0%} of training pairs shuffled" if nz else ""
-        parts.append(f"### {ds}{noise}: {name}, mean ± std over {sub[0]['n']} seed(s)\n")
+        seeds = f"mean ± std over {sub[0]['n']} seeds" if sub[0]["n"] > 1 else "one seed"
+        parts.append(f"### {ds}{noise}: {name}, {seeds}\n")
         parts.append("| objective | normaliser | t2v R@1 | t2v R@5 | t2v R@10 | t2v MdR | t2v MnR | "
                      "v2t R@1 | v2t R@5 | v2t R@10 | v2t MdR | v2t MnR | train s |")
         parts.append("|---|---|" + "---:|" * 11)
