@@ -560,7 +560,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
             optimizer.step()
             state["step"] += 1
             losses.append(float(loss.detach()))
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}")
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}", refresh=False)
         train_loss = float(dist.all_reduce_mean(torch.tensor(float(np.mean(losses))))) if losses else float("nan")
         state["train_time"] += time.perf_counter() - t0
 
