@@ -183,3 +183,52 @@ def test_gallery_permutation_invariance(data):
     aps, nds = loop_mir(sim, rel, ties)
     defined = [x for x in aps if x is not None]
     assert a["mAP"] == pytest.approx(100 * np.mean(defined) if defined else 0.0, abs=1e-9)
+
+
+def _ulp_neighbours(rng, q, g):
+    """Scores one float32 step apart (keys that differ only in their lowest bit)."""
+    base = np.float32(rng.standard_normal())
+    away = np.where(rng.random((q, g)) < 0.5, np.float32(-10), np.float32(10))
+    sim = np.nextafter(np.full((q, g), base, np.float32), away.astype(np.float32))
+    sim[:, ::3] = base
+    return sim
+
+
+@pytest.mark.parametrize("optimistic", [False, True])
+def test_sparse_path_matches_exact_path(optimistic):
+    # the 32-bit-key path (rank of relevant items only) against the full lexsort, on
+    # ties, -0.0, 1-ulp neighbours (collisions counted exactly), empty rows, sub-blocks
+    from xmodal.metrics.multi_instance import _block_sparse
+
+    rng = np.random.default_rng(11)
+    for it in range(60):
+        q, g = int(rng.integers(1, 25)), int(rng.integers(1, 30))
+        if it % 3 == 0:
+            sim = rng.standard_normal((q, g)).astype(np.float32)
+        elif it % 3 == 1:
+            sim = (rng.integers(-3, 4, (q, g)) / 3).astype(np.float32)
+            sim[:, : min(g, 3)] = -0.0
+        else:
+            sim = _ulp_neighbours(rng, q, g)
+        rel = rng.choice(np.array([0, 0, 0, 0.25, 0.5, 1, 1.5], np.float32), (q, g))
+        rel[rng.random(q) < 0.2] = 0.0
+        got = _block_sparse(sim, rel, optimistic, sub_elems=int(rng.integers(1, 100)),
+                            max_collisions=10 ** 9)
+        want = _block_exact(sim.astype(np.float64), rel.astype(np.float64), optimistic)
+        for x, y in zip(got, want):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
+def test_many_collisions_fall_back(ties):
+    # more 1-ulp collisions than rows: the block takes the 64-bit path, same values
+    from xmodal.metrics.multi_instance import _block_sparse
+
+    rng = np.random.default_rng(12)
+    sim = _ulp_neighbours(rng, 10, 40)
+    rel = epic_like(rng, 10, 40, 3, 3)
+    assert _block_sparse(sim, rel, ties == "optimistic") is None
+    aps, nds = loop_mir(sim, rel, ties)
+    out = mir(sim, rel, ties=ties)
+    assert out["mAP"] == pytest.approx(100 * np.mean([a for a in aps if a is not None]), abs=1e-9)
+    assert out["nDCG"] == pytest.approx(100 * np.mean([n for n in nds if n is not None]), abs=1e-9)

@@ -26,12 +26,16 @@ A query with no item of relevancy 1 has no defined AP (the official code divides
 leaves such queries out of that metric's mean, ``"zero"`` counts them as 0, ``"error"``
 raises. If no query is defined the metric is 0.0. Never NaN.
 
-Speed: no argsort. For float32-representable scores and relevancy in [0, 2), each
-row's (score, relevancy, relevant?) is packed into one 64-bit key whose numeric order is
-the ranking; one value sort per block then gives the relevant items in ranked order and
-the irrelevant ones sorted by score, so a relevant item's position is its index plus a
-binary search among the irrelevant ones. Other inputs (float64 scores that float32 would
-round) take an exact ``lexsort`` path.
+Speed: no argsort. Items with relevancy 0 add nothing to the graded cumulative
+relevancy nor to DCG, they only shift positions. So for float32-representable inputs
+each row is sorted once as 32-bit keys (descending score, one low bit saying "relevant"
+and breaking ties by the tie rule), which gives every relevant item's position; the
+relevant items alone (about a tenth of EPIC's gallery) are sorted by (score, column) to
+know their relevancy in ranked order. Dropping the score's lowest bit can merge two
+scores one float32 step apart; those rare cases are detected and counted exactly.
+If they are not rare (more than one per query in a block) the block takes the former
+path: one row sort of 64-bit keys (score, relevancy) for relevancy in [0, 2), else an
+exact ``lexsort`` (also used for float64 scores that float32 would round).
 """
 
 from __future__ import annotations
@@ -56,13 +60,17 @@ def _relevancy(relevancy: Any, shape: tuple[int, int]) -> np.ndarray:
         r = r.to(torch.float64)
     if tuple(r.shape) != tuple(shape):
         raise ValueError(f"relevancy: expected shape {tuple(shape)} (same as sim), got {tuple(r.shape)}")
-    check_finite(r, "relevancy")
-    if r.numel() and float(r.min()) < 0:
-        raise ValueError("relevancy: values must be >= 0")
     r = r.detach().cpu()
     if r.dtype in (torch.float16, torch.bfloat16):
         r = r.float()
-    return r.numpy()
+    x = r.numpy()
+    if x.size:
+        lo, hi = x.min(), x.max()               # NaN propagates through both
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            check_finite(r, "relevancy")
+        if lo < 0:
+            raise ValueError("relevancy: values must be >= 0")
+    return x
 
 
 def _inv_log(n: int) -> np.ndarray:
@@ -164,6 +172,152 @@ def _block_packed(s: np.ndarray, r: np.ndarray, optimistic: bool):
     return ap, dcg, idcg, n1
 
 
+_SIGN = np.int32(-(1 << 31))
+_ONE = np.uint32(1)
+_EVEN = np.uint32(0xFFFFFFFE)
+
+
+def _desc_keys(s: np.ndarray, out: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+    """uint32 keys ascending in descending float32 score (-0.0 == +0.0), written to ``out``."""
+    np.subtract(np.float32(0), s, out=out.view(np.float32))   # 0 - s: -0.0 becomes +0.0
+    bits = out.view(np.int32)
+    np.right_shift(bits, 31, out=tmp)
+    np.bitwise_or(tmp, _SIGN, out=tmp)
+    np.bitwise_xor(bits, tmp, out=bits)
+    return out
+
+
+def _segment_sums(x: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``x[starts[i]:ends[i]].sum()`` for every i (0 for an empty segment)."""
+    c = np.zeros(x.size + 1)
+    np.cumsum(x, out=c[1:])
+    return c[ends] - c[starts]
+
+
+def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int = 1 << 16,
+                  max_collisions: int | None = None):
+    """Fast path: float32 scores, float32 relevancy (not modified). ``None`` when more
+    than ``max_collisions`` (default: one per row) 1-ulp key collisions need fixing.
+
+    Shape:
+        s, r: [b, G] with b < 2 ** (32 - bits(G - 1)) -> (ap, dcg, idcg, #hits), each [b].
+    """
+    b, g = s.shape
+    sub = max(1, min(b, sub_elems // g))
+    kb, tb = np.empty((sub, g), np.uint32), np.empty((sub, g), np.uint32)
+    mb = np.empty((sub, g), np.bool_)
+    idx_l, u_l, pos_l, cand_l, m = [], [], [], [], 0
+    for start in range(0, b, sub):
+        stop = min(b, start + sub)
+        k, t, mk = kb[:stop - start], tb[:stop - start], mb[:stop - start]
+        kf, mf = k.ravel(), mk.ravel()
+        _desc_keys(s[start:stop], k, t.view(np.int32))
+        np.greater(r[start:stop], 0, out=mk)
+        idx = np.flatnonzero(mf)                      # relevant items, row-major
+        u_l.append(kf[idx])
+        idx_l.append(idx + start * g)
+        if optimistic:   # low bit 0 = relevant: first among equal keys
+            np.bitwise_or(k, _ONE, out=k)
+            np.subtract(k, mk, out=k, casting="unsafe")
+        else:            # low bit 1 = relevant: after the irrelevant items of equal key
+            np.bitwise_and(k, _EVEN, out=k)
+            np.bitwise_or(k, mk, out=k, casting="unsafe")
+        k.sort(axis=1)
+        np.bitwise_and(k, _ONE, out=t)
+        (np.equal if optimistic else np.not_equal)(t, 0, out=mk)
+        pos = np.flatnonzero(mf)                      # positions of relevant items, ranked
+        cur = kf[pos]
+        # an irrelevant item whose key differs only in the dropped bit sits next to the
+        # relevant ones of that key (before them if pessimistic, after if optimistic)
+        if optimistic:
+            cand = np.flatnonzero(np.take(kf, pos + 1, mode="clip") - cur <= _ONE)
+        else:
+            cand = np.flatnonzero(cur - np.take(kf, pos - 1, mode="clip") <= _ONE)
+        cand_l.append(cand + m)
+        m += pos.size
+        pos_l.append(pos + start * g)
+    cand = np.concatenate(cand_l)
+    if cand.size > (b if max_collisions is None else max_collisions):
+        return None
+    if m == 0:                                        # nothing relevant in this block
+        return np.zeros(b), np.zeros(b), np.zeros(b), np.zeros(b, dtype=np.int64)
+    idx, u, pos = np.concatenate(idx_l), np.concatenate(u_l), np.concatenate(pos_l)
+    bounds = np.searchsorted(idx, np.arange(b + 1, dtype=np.int64) * g)
+    n_pos = np.diff(bounds)
+    starts = bounds[:-1]
+    rowoff = np.repeat(np.arange(b, dtype=np.int64) * g, n_pos)
+    # relevant items in ranked order: one sort of (row, score key, column)
+    cb = max(1, int(g - 1).bit_length())
+    packed = np.repeat(np.arange(b, dtype=np.uint64) << np.uint64(32 + cb), n_pos)
+    packed |= u.astype(np.uint64) << np.uint64(cb)
+    packed |= (idx - rowoff).view(np.uint64)
+    packed.sort()
+    rel = r.ravel()[(packed & np.uint64((1 << cb) - 1)).view(np.int64) + rowoff]
+    tie = np.flatnonzero(np.diff(packed) < np.uint64(1 << cb))
+    if tie.size:     # relevant items with equal scores: order them by the tie rule
+        hi = packed >> np.uint64(cb)
+        members = np.unique(np.concatenate([tie, tie + 1]))
+        group = np.cumsum(np.concatenate([[True], hi[members[1:]] != hi[members[:-1]]]))
+        vals = rel[members]
+        rel[members] = vals[np.lexsort((-vals if optimistic else vals, group))]
+    if cand.size:    # exact count of the irrelevant items 1 ulp away, on the wrong side
+        us = ((packed[cand] >> np.uint64(cb)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        wrong = us % 2 == (1 if optimistic else 0)
+        cand, us = cand[wrong], us[wrong]
+        rows = np.searchsorted(bounds, cand, side="right") - 1
+        target = (us + (-1 if optimistic else 1)).astype(np.uint32)
+        cnt = np.empty(cand.size, dtype=np.int64)
+        for c0 in range(0, cand.size, 64):
+            rr = rows[c0:c0 + 64]
+            keys = _desc_keys(s[rr], np.empty((rr.size, g), np.uint32), np.empty((rr.size, g), np.int32))
+            cnt[c0:c0 + 64] = np.count_nonzero((keys == target[c0:c0 + 64, None]) & ~(r[rr] > 0), axis=1)
+        pos[cand] += cnt if optimistic else -cnt
+    p = pos - rowoff
+    p += 1                                            # 1-based positions in the full ranking
+    inv_log = _inv_log(g)
+    # mAP: at hits (rel == 1), cumulative graded relevancy / position (irrelevant add 0).
+    # Prefix sums are only needed at row starts and just after hits: one reduceat.
+    hits = np.flatnonzero(rel == 1)
+    hb = np.searchsorted(hits, bounds)
+    cuts = np.union1d(np.append(starts, 0), hits + 1)
+    cuts = cuts[cuts < m]
+    prefix = np.zeros(cuts.size + 1)
+    np.cumsum(np.add.reduceat(rel, cuts, dtype=np.float64), out=prefix[1:])
+    inv_p = 1.0 / p[hits]
+    ch = prefix[np.searchsorted(cuts, hits + 1)] * inv_p
+    base = prefix[np.searchsorted(cuts, starts)]                       # rows before
+    ap_sum = _segment_sums(ch, hb[:-1], hb[1:]) - base * _segment_sums(inv_p, hb[:-1], hb[1:])
+    n1 = np.diff(hb)
+    # DCG: the relevant items within the top k_q positions are a prefix of each row's list
+    top_end = np.searchsorted(pos, np.arange(b, dtype=np.int64) * g + n_pos)
+    w = np.empty(m + 1)                               # w[m] = 0: reduceat may index m
+    np.take(inv_log, p, out=w[:m])
+    w[:m] *= rel
+    w[m] = 0.0
+    seg = np.add.reduceat(w, np.stack([starts, top_end], 1).ravel())[::2]
+    dcg = np.where(top_end > starts, seg, 0.0)
+    # IDCG: each row's relevancy sorted (rows padded with zeros, one float32 sort)
+    width = int(n_pos.max())
+    idcg = np.zeros(b)
+    if width:
+        z = np.zeros((b, width), dtype=np.float32)
+        z.ravel()[np.arange(m, dtype=np.int64) + np.repeat(np.arange(b, dtype=np.int64) * width - starts, n_pos)] = rel
+        z.sort(axis=1)                                # ascending: zeros (padding) first
+        idcg = z @ inv_log[width:0:-1]
+    ap = np.divide(ap_sum, n1, out=np.zeros(b), where=n1 > 0)
+    return ap, dcg, idcg, n1
+
+
+def _block_fast(s: np.ndarray, r: np.ndarray, optimistic: bool):
+    """Sparse path, or the 64-bit packed / exact path for a block with many collisions."""
+    out = _block_sparse(s, r, optimistic)
+    if out is None:
+        if r.size and float(r.max()) < 2.0:
+            return _block_packed(s, r + np.float32(0), optimistic)
+        return _block_exact(s, r, optimistic)
+    return out
+
+
 def _block_exact(s: np.ndarray, r: np.ndarray, optimistic: bool):
     """General path: full lexicographic sort by (score desc, relevancy asc/desc)."""
     b, g = s.shape
@@ -190,13 +344,14 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
     optimistic = ties == "optimistic"
     sn = np.ascontiguousarray(s.detach().cpu().numpy())  # row blocks must be contiguous
     fast = (sn.dtype == np.float32 or bool(np.array_equal(sn.astype(np.float32), sn))) and \
-        (r.size == 0 or float(r.max()) < 2.0) and \
         (r.dtype == np.float32 or bool(np.array_equal(r.astype(np.float32), r)))
-    if fast:
+    if fast:   # the sparse path never writes to r: no copy
         sn = sn.astype(np.float32, copy=False)
-        r = np.ascontiguousarray(r, dtype=np.float32) + np.float32(0)  # own copy, no -0.0
-    b = block_size or max(1, (1 << 17) // max(1, g))
-    block_fn = _block_packed if fast else _block_exact
+        r = np.ascontiguousarray(r, dtype=np.float32)
+    b = block_size or max(1, (1 << 18) // max(1, g))
+    if fast:   # (row, 32-bit key, column) must fit in 64 bits
+        b = min(b, 1 << (31 - max(1, int(g - 1).bit_length())))
+    block_fn = _block_fast if fast else _block_exact
 
     def one(start: int):
         return block_fn(sn[start:start + b], r[start:start + b], optimistic)
