@@ -378,6 +378,11 @@ def normalized_similarities(name: str, test_time: dict, text: torch.Tensor, vide
         norm = build_normalizer("dn", **kw).fit(bank_t, bank_v)
         q, g = norm.transform(text, video)
         return q @ g.T, None, {"t2v": norm.state_dict()}
+    if name == "dsl":
+        # Dual softmax uses the test queries themselves (uses_test_queries=True); fitting it on
+        # the train bank would mislabel a bank prior as DSL.
+        dsl = build_normalizer("dsl", **kw)
+        return torch.as_tensor(dsl(sim)), torch.as_tensor(dsl(sim.T.contiguous())), {}
     key = "sinkhorn" if name == "ncl" else name
     n_t2v = build_normalizer(key, **kw).fit(bank_t, video)
     n_v2t = build_normalizer(key, **kw).fit(bank_v, text)
