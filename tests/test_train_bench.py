@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -58,6 +60,13 @@ def test_cell_configs():
     assert "ncl" not in cell_config(Cell("synthetic", "infonce", False, 0)).test_time.normalizers
     ts = cell_config(Cell("synthetic", "maxmargin", True, 0))
     assert ts.schedule.kind == "cosine" and ts.schedule.t_max == pytest.approx(0.3)  # margin range
+
+
+def test_cell_config_flickr8k(monkeypatch):
+    root = Path(__file__).resolve().parents[1]
+    if not (root.parent / "shared" / "data" / "flickr8k").is_dir():
+        pytest.skip("../shared/data/flickr8k not present on this machine (the config validates its data root)")
+    monkeypatch.chdir(root)  # config data paths are relative to the repository root
     noisy = cell_config(Cell("flickr8k", "calince", False, 2, noise=0.3))
     assert noisy.data.noise == pytest.approx(0.3) and noisy.data.val_split == "dev" and noisy.train.seed == 2
 
