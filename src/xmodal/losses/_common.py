@@ -19,3 +19,21 @@ def non_negative(v, name: str) -> float:
     if not (f >= 0.0 and f != float("inf")):
         raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
     return f
+
+
+class DirectionalTemperatures:
+    """Mixin for losses with a temperature plus optional per-direction overrides
+    (text->video and video->text, TS++ sec. 5.6.4)."""
+
+    def _set_temperatures(self, temperature, t2v_temperature, v2t_temperature) -> None:
+        self.temperature = positive_number(temperature, "temperature")
+        self.t2v_temperature = optional_positive(t2v_temperature, "t2v_temperature")
+        self.v2t_temperature = optional_positive(v2t_temperature, "v2t_temperature")
+
+    def _temperatures(self, temperature=None, t2v_temperature=None, v2t_temperature=None) -> dict:
+        """The constructed temperatures, each overridden by a forward keyword that is not None."""
+        return {
+            "temperature": self.temperature if temperature is None else temperature,
+            "t2v_temperature": self.t2v_temperature if t2v_temperature is None else t2v_temperature,
+            "v2t_temperature": self.v2t_temperature if v2t_temperature is None else v2t_temperature,
+        }

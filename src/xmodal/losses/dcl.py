@@ -5,14 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmodal._validate import positive_number
 from xmodal.functional._common import Temperature
 from xmodal.functional.dcl import debiased_contrastive
-from xmodal.losses._common import optional_positive
+from xmodal.losses._common import DirectionalTemperatures
 from xmodal.losses._gather import run_in_batch
 
 
-class DebiasedContrastive(nn.Module):
+class DebiasedContrastive(DirectionalTemperatures, nn.Module):
     """Debiased contrastive loss with class prior ``tau_plus``.
 
     See :func:`xmodal.functional.dcl.debiased_contrastive` (raises for a batch whose
@@ -34,24 +33,18 @@ class DebiasedContrastive(nn.Module):
                  t2v_temperature: float | None = None, v2t_temperature: float | None = None,
                  normalize: bool = True, gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
-        self.temperature = positive_number(temperature, "temperature")
+        self._set_temperatures(temperature, t2v_temperature, v2t_temperature)
         tau_plus = float(tau_plus)
         if not 0.0 <= tau_plus < 1.0:
             raise ValueError(f"tau_plus: must lie in [0, 1), got {tau_plus}")
         self.tau_plus = tau_plus
-        self.t2v_temperature = optional_positive(t2v_temperature, "t2v_temperature")
-        self.v2t_temperature = optional_positive(v2t_temperature, "v2t_temperature")
         self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
 
     def forward(self, video, text, *, ids=None, temperature: Temperature | None = None,
                 t2v_temperature: Temperature | None = None,
                 v2t_temperature: Temperature | None = None) -> torch.Tensor:
         """Loss of a batch; keyword values override the constructed ones."""
-        per_sample = {
-            "temperature": self.temperature if temperature is None else temperature,
-            "t2v_temperature": self.t2v_temperature if t2v_temperature is None else t2v_temperature,
-            "v2t_temperature": self.v2t_temperature if v2t_temperature is None else v2t_temperature,
-        }
+        per_sample = self._temperatures(temperature, t2v_temperature, v2t_temperature)
         return run_in_batch(debiased_contrastive, video, text, gather=self.gather,
                             local_loss=self.local_loss, ids=ids, per_sample=per_sample,
                             tau_plus=self.tau_plus, normalize=self.normalize)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmodal._validate import positive_number
 from xmodal.functional._common import Temperature
 from xmodal.functional.ntxent import nt_xent
-from xmodal.losses._common import optional_positive
+from xmodal.losses._common import DirectionalTemperatures
 from xmodal.losses._gather import run_in_batch
 
 
-class NTXent(nn.Module):
+class NTXent(DirectionalTemperatures, nn.Module):
     """NT-Xent (Chen et al. 2020): cross-modal positives, cross- and intra-modal negatives.
 
     See :func:`xmodal.functional.ntxent.nt_xent`.
@@ -33,19 +32,13 @@ class NTXent(nn.Module):
                  v2t_temperature: float | None = None, normalize: bool = True,
                  gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
-        self.temperature = positive_number(temperature, "temperature")
-        self.t2v_temperature = optional_positive(t2v_temperature, "t2v_temperature")
-        self.v2t_temperature = optional_positive(v2t_temperature, "v2t_temperature")
+        self._set_temperatures(temperature, t2v_temperature, v2t_temperature)
         self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
 
     def forward(self, video, text, *, ids=None, temperature: Temperature | None = None,
                 t2v_temperature: Temperature | None = None,
                 v2t_temperature: Temperature | None = None) -> torch.Tensor:
         """Loss of a batch; keyword values override the constructed ones."""
-        per_sample = {
-            "temperature": self.temperature if temperature is None else temperature,
-            "t2v_temperature": self.t2v_temperature if t2v_temperature is None else t2v_temperature,
-            "v2t_temperature": self.v2t_temperature if v2t_temperature is None else v2t_temperature,
-        }
+        per_sample = self._temperatures(temperature, t2v_temperature, v2t_temperature)
         return run_in_batch(nt_xent, video, text, gather=self.gather, local_loss=self.local_loss,
                             ids=ids, per_sample=per_sample, normalize=self.normalize)
