@@ -13,13 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["data.synthetic={num_train: 120, num_val: 60, num_test: 60, num_concepts: 10}",
         "train.epochs=2", "train.batch_size=32", "model.dim=16", "test_time.bank_size=100"]
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is fastest, and spinning threads crawl on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_train_cli_writes_run_and_plots(tmp_path, capsys):

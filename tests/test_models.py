@@ -8,13 +8,7 @@ import torch
 
 from xmodal.models import TwoTower, atomic_save, build_model, load_model, model_payload
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is fastest, and spinning threads crawl on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _features(n=12, dv=10, dt=6, frames=0, seed=0):

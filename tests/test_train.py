@@ -18,13 +18,7 @@ from xmodal.train import cosine_lr, epoch_batches, shuffle_pairs, train
 
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread is fastest, and spinning threads crawl on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(**sections):

@@ -17,12 +17,7 @@ from xmodal.cli import main
 TINY = {"num_train": 100, "num_val": 50, "num_test": 50, "num_concepts": 8}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_grid_tables_match_per_seed_runs_and_reuse(tmp_path):
