@@ -129,6 +129,7 @@ def worker(rank: int, init_file: str) -> None:
         # gather=False: each rank's own batch only (the functional form never gathers)
         local = InfoNCE(0.1, gather=False)(xv[sl], xt[sl])
         assert abs(float(local) - float(info_nce(xv[sl], xt[sl], temperature=0.1))) < 1e-12
+        tdist.barrier()  # tear down only when both ranks are done (gloo aborts otherwise)
     finally:
         tdist.destroy_process_group()
 

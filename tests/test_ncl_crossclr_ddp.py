@@ -104,6 +104,9 @@ def worker(rank: int, init_file: str) -> None:
                 torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-9, msg=name)
             for key, buf in loss_fn.named_buffers():  # queues hold the gathered global batches
                 torch.testing.assert_close(buf, ref_buffers[key], atol=1e-12, rtol=0, msg=name)
+        # Tear down only when both ranks are done: destroying a gloo group while the peer
+        # still communicates aborts the process ("terminate called without an active exception").
+        tdist.barrier()
     finally:
         tdist.destroy_process_group()
 

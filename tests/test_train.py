@@ -205,6 +205,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, out: str) -> None:
     try:
         torch.set_num_threads(1)
         train(tiny_config(train={"epochs": 1}, **DDP_SECTIONS), out)
+        tdist.barrier()  # tear down only when both ranks are done (gloo aborts otherwise)
     finally:
         tdist.destroy_process_group()
 

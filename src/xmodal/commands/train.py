@@ -99,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
     rank = dist.rank()
     try:
         summary = train(cfg, args.out, resume=not args.no_resume, progress=False if args.quiet else None)
+        if started:
+            import torch.distributed as tdist
+
+            # Destroying a gloo group while a peer still communicates aborts the process.
+            tdist.barrier()
     finally:
         if started:
             import torch.distributed as tdist
