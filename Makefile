@@ -1,6 +1,7 @@
 # Two commands set up everything on a fresh machine (Python >= 3.10 with venv):
 #   make demo   -- main job on the embedded synthetic dataset (train, normalise, evaluate, table)
 #   make test   -- the whole test suite
+#   make bench  -- installs the bench-only references, then runs every bench in its quick mode
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -23,6 +24,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,bench]'
+	# open_clip_torch without its dependencies: its torchvision requirement would replace torch.
+	$(BIN)/pip install --quiet --no-deps open_clip_torch
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/bench_metrics.py --quick
+	$(BIN)/python bench/bench_losses.py --rounds 3 --iters 2 --threads 1
+	$(BIN)/python bench/bench_normalize.py --quick --repeats 1
+	$(BIN)/python bench/bench_gpu.py --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -1,11 +1,14 @@
-"""Run named `xmodal train` variants in parallel and tabulate dev t2i R@1 (Flickr8k tuning).
+"""Run named `xmodal train` variants (x seeds) in parallel and tabulate dev metrics (Flickr8k).
 
 Each variant is a config plus dotted overrides; every run writes its own directory under
-``--out``; the table reads each run's ``metrics.json`` (no number is typed by hand).
+``--out``; the tables read each run's ``metrics.json`` (no number is typed by hand).
 
 Usage:
     python bench/f8k_sweep.py --variants bench/f8k_variants.yaml --out runs/sweep --jobs 4 \
-        [--only NAME,NAME] [--set data.root=PATH ...] [--device cpu|cuda|auto]
+        [--only NAME,NAME] [--seeds 0,1,2] [--normalizers none,sinkhorn,ncl] [--set data.root=PATH ...]
+
+With several seeds, cells are mean +- std (population std over the seeds) and a second table
+gives t2v R@1 under each normaliser named in ``--normalizers`` (when the run evaluated it).
 
 The variants file maps a name to ``{config: PATH, overrides: [section.key=value, ...]}``.
 Tune on dev only: Flickr8k's test split is held back.
@@ -35,6 +38,38 @@ def run_one(name: str, spec: dict, out: Path, extra: list[str], threads: int) ->
     return name, time.perf_counter() - t0, rc
 
 
+def seed_table(names: list[str], seeds: list[int], out: Path, normalizers: list[str]) -> str:
+    """mean +- std over seeds of t2v / v2t R@1 per normaliser, and of the selected normaliser."""
+    import numpy as np
+
+    head = "| variant | " + " | ".join(f"t2v R@1 {n}" for n in normalizers) + \
+        " | t2v R@1 selected | v2t R@1 none | v2t R@1 selected | selected (per seed) |"
+    lines = [head, "|---|" + "---:|" * (len(normalizers) + 3) + "---|"]
+    for name in names:
+        ms = []
+        for s in seeds:
+            path = out / f"{name}_s{s}" / "metrics.json"
+            if path.is_file():
+                ms.append(json.loads(path.read_text()))
+        if not ms:
+            lines.append(f"| {name} | failed |")
+            continue
+
+        def cell(values):
+            v = np.asarray(values, dtype=float)
+            return f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v[0]:.2f}"
+
+        cells = []
+        for n in normalizers:
+            vals = [m["val"][n]["t2v"]["R@1"] for m in ms if n in m["val"]]
+            cells.append(cell(vals) if len(vals) == len(ms) else "-")
+        sel = [m["val"][m["normalizer"]] for m in ms]
+        cells += [cell([x["t2v"]["R@1"] for x in sel]), cell([m["val"]["none"]["v2t"]["R@1"] for m in ms]),
+                  cell([x["v2t"]["R@1"] for x in sel]), ", ".join(m["normalizer"] for m in ms)]
+        lines.append(f"| {name} ({len(ms)} seeds) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def row(name: str, out: Path, seconds: float, rc: int) -> str:
     path = out / name / "metrics.json"
     if rc != 0 or not path.is_file():
@@ -56,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     p.add_argument("--only", default="", help="comma-separated variant names")
     p.add_argument("--set", action="append", default=[], help="override added to every run")
+    p.add_argument("--seeds", default="", help="comma-separated train.seed values (each variant x seed)")
+    p.add_argument("--normalizers", default="none,dn,sinkhorn,qbnorm", help="columns of the seed table")
     args = p.parse_args(argv)
     variants = yaml.safe_load(Path(args.variants).read_text())
     if args.only:
@@ -63,12 +100,19 @@ def main(argv: list[str] | None = None) -> int:
         variants = {k: v for k, v in variants.items() if k in keep}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    names = list(variants)
+    if seeds:
+        variants = {f"{k}_s{s}": {**v, "overrides": [*v.get("overrides", []), f"train.seed={s}"]}
+                    for k, v in variants.items() for s in seeds}
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda kv: run_one(kv[0], kv[1], out, args.set, args.threads), variants.items()))
     lines = ["| variant | dev t2i R@1 none | dev t2i R@1 selected | dev i2t R@1 none | dev rsum (selected) | "
              "best/run epochs | wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [row(name, out, sec, rc) for name, sec, rc in results]
     table = "\n".join(lines)
+    if seeds:
+        table += "\n\n" + seed_table(names, seeds, out, args.normalizers.split(","))
     print(table)
     (out / "table.md").write_text(table + "\n")
     return 0
