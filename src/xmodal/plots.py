@@ -178,11 +178,11 @@ def plot_retrieval_mass(masses: dict[str, np.ndarray], expected: float, path: st
 
 
 def _plain_ticks(ax) -> None:
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
-    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _caption(fig, text: str) -> None:
