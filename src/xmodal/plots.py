@@ -1,12 +1,15 @@
 """PNG plots of a run directory (matplotlib, Agg backend; nothing is shown).
 
-- ``curves.png``: training loss, validation R@1 (both directions), LR and temperature per epoch.
+- ``curves.png``: training loss (and per-term losses), validation R@1 (both directions) with
+  the selection metric, the temperature actually used (scheduled value) with the LR, and
+  the validation modality gap when logged.
 - ``schedule.png``: the temperature (or margin) schedule actually used, per step, and the
   per-class TS++ values against class frequency when class temperatures were on.
 - ``retrieval_mass.png``: histograms of the per-gallery-item summed retrieval probability
   ``sum_i softmax_j(sim_ij / tau)`` on the validation split, before and after each
   test-time normaliser (NCL Figs. 2/3): a perfectly balanced gallery has every item at
   ``num_queries / num_gallery``; hubs sit in the right tail.
+- ``fn_fp.png``: false-negative / false-positive rates against retrieval mass (NCL Fig. 3).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from xmodal.metrics.mass import retrieval_mass  # noqa: F401  (formerly defined here)
 
 
 def _plt():
@@ -33,26 +38,85 @@ def read_log(run_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _num(v: Any) -> float | None:
+    """A log value as a float: numbers as is, dicts by their ``mean`` (else first number)."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, dict):
+        if "mean" in v:
+            return _num(v["mean"])
+        for x in v.values():
+            if _num(x) is not None:
+                return _num(x)
+    return None
+
+
+def selection_key(log: list[dict]) -> str | None:
+    """The log key of the selection metric: ``val_rsum`` or another ``val_<metric>``."""
+    for r in log:
+        keys = [k for k in r if k.startswith("val_") and k != "val_modality_gap" and _num(r[k]) is not None]
+        if "val_rsum" in keys:
+            return "val_rsum"
+        if keys:
+            return keys[0]
+    return None
+
+
 def plot_curves(log: list[dict], path: str | Path) -> Path:
-    """Loss, val R@1, LR and temperature per epoch."""
+    """Training curves per epoch from ``log.jsonl``.
+
+    Panels: training loss (and the per-term / per-direction losses of ``train_terms``
+    when logged); validation R@1 both ways with the selection metric (``val_rsum`` or
+    ``val_<metric>``) and the best epoch; the temperature actually used (the
+    ``scheduled`` value when a schedule ran, else ``temperature``) with the LR; and the
+    validation modality gap when ``val_modality_gap`` is logged (TS++ Fig. 5.6).
+    """
     plt = _plt()
     ep = [r["epoch"] for r in log]
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    ax[0].plot(ep, [r["train_loss"] for r in log], marker="o")
+    gap = [_num(r.get("val_modality_gap")) for r in log]
+    has_gap = any(g is not None for g in gap)
+    n = 4 if has_gap else 3
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.8))
+    ax = list(axes)
+    ax[0].plot(ep, [r["train_loss"] for r in log], marker="o", color="k", label="total")
+    terms = sorted({k for r in log for k in (r.get("train_terms") or {})})
+    for i, name in enumerate(terms):
+        ax[0].plot(ep, [_num((r.get("train_terms") or {}).get(name)) for r in log], marker=".",
+                   ls="--", color=f"C{i}", label=name)
     ax[0].set(title="training loss", xlabel="epoch")
-    for d in ("t2v", "v2t"):
-        ax[1].plot(ep, [r["val"][d]["R@1"] for r in log], marker="o", label=f"{d} R@1")
+    if terms:
+        ax[0].legend(fontsize=8)
+    for i, d in enumerate(("t2v", "v2t")):
+        ax[1].plot(ep, [r["val"][d]["R@1"] for r in log], marker="o", color=f"C{i}", label=f"{d} R@1")
+    ax[1].set(title="validation", xlabel="epoch", ylabel="R@1 (%)")
+    key = selection_key(log)
+    handles, labels = ax[1].get_legend_handles_labels()
+    if key:
+        tw = ax[1].twinx()
+        h = tw.plot(ep, [_num(r.get(key)) for r in log], marker="s", ls=":", color="C3",
+                    label=f"{key} (selection)")
+        tw.set_ylabel(key)
+        handles, labels = handles + h, labels + [h[0].get_label()]
     best = log[-1].get("best_epoch")
     if best:
-        ax[1].axvline(best, color="grey", ls="--", lw=1, label="best epoch")
-    ax[1].set(title="validation", xlabel="epoch", ylabel="%")
-    ax[1].legend()
-    ax[2].plot(ep, [r["lr"] for r in log], marker="o", label="LR (end of epoch)")
-    ax[2].set(title="learning rate / temperature", xlabel="epoch")
+        handles.append(ax[1].axvline(best, color="grey", ls="--", lw=1))
+        labels.append(f"best epoch ({best})")
+    ax[1].legend(handles, labels, fontsize=8, loc="lower right")
+    sched = [_num(r.get("scheduled")) for r in log]
+    used = [s if s is not None else _num(r.get("temperature")) for s, r in zip(sched, log)]
+    what = "scheduled value" if any(s is not None for s in sched) else "temperature"
+    ax[2].plot(ep, used, marker="s", color="C1", label=f"{what} (used)")
+    ax[2].set(title="temperature used / learning rate", xlabel="epoch", ylabel=what)
     tw = ax[2].twinx()
-    tw.plot(ep, [r["temperature"] for r in log], color="C1", marker="s", label="temperature")
-    ax[2].legend(loc="upper left")
-    tw.legend(loc="upper right")
+    h2 = tw.plot(ep, [r["lr"] for r in log], marker=".", color="C7", ls="--", label="LR (end of epoch)")
+    tw.set_ylabel("LR")
+    h1, l1 = ax[2].get_legend_handles_labels()
+    ax[2].legend(h1 + h2, l1 + [h2[0].get_label()], fontsize=8, loc="best")
+    if has_gap:
+        ax[3].plot(ep, gap, marker="o", color="C4")
+        ax[3].set(title="modality gap (val)", xlabel="epoch", ylabel="||mean(v) - mean(t)||")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=100)
@@ -79,28 +143,106 @@ def plot_schedule(steps: np.ndarray, values: np.ndarray, path: str | Path, *, la
     return out
 
 
-def retrieval_mass(sim: torch.Tensor, temperature: float) -> np.ndarray:
-    """Per gallery item, ``sum_i softmax_j(sim_ij / temperature)``. Shape: ``[Q, G]`` -> ``[G]``."""
-    return torch.softmax(sim.float() / temperature, dim=1).sum(0).cpu().numpy()
+CAPTION_MASS = ("Retrieval mass of a gallery item = sum over queries of softmax(sim / tau) (NCL Sec. 3.2). "
+                "A balanced gallery has every item at the dashed line (queries / items); items to the "
+                "left are under-represented (missed by their own queries), items to the right are hubs.")
+CAPTION_FNFP = ("False-negative rate: positive (query, item) pairs whose item is not the query's top-1. "
+                "False-positive rate: top-1 retrievals of the items that answer a non-matching query. "
+                "Items binned by retrieval mass (equal-count bins; NCL Fig. 3).")
 
 
 def plot_retrieval_mass(masses: dict[str, np.ndarray], expected: float, path: str | Path,
-                        title: str = "") -> Path:
-    """Overlaid histograms of per-item summed retrieval probability, one per normaliser."""
+                        title: str = "", caption: str = CAPTION_MASS) -> Path:
+    """Per-item retrieval mass, one step histogram per normaliser (log-spaced bins,
+    distinct line styles so overlapping curves stay readable), with a caption."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    hi = max(float(np.quantile(m, 0.995)) for m in masses.values())
-    bins = np.linspace(0, max(hi, 2 * expected), 60)
-    for name, m in masses.items():
-        ax.hist(np.clip(m, 0, bins[-1]), bins=bins, histtype="step", lw=1.5, label=name)
-    ax.axvline(expected, color="k", ls="--", lw=1, label="uniform target")
-    ax.set(xlabel="summed retrieval probability per gallery item", ylabel="items", title=title)
-    ax.legend()
-    fig.tight_layout()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    allm = np.concatenate([np.asarray(m, dtype=np.float64) for m in masses.values()])
+    lo = max(float(allm[allm > 0].min()) if (allm > 0).any() else expected / 100, expected / 1e4)
+    hi = max(float(allm.max()), 2 * expected)
+    bins = np.geomspace(lo, hi * 1.0001, 50)
+    styles = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1))]
+    for i, (name, m) in enumerate(masses.items()):
+        dev = float(np.mean(np.abs(np.asarray(m) - expected)))
+        ax.hist(np.clip(m, lo, bins[-1]), bins=bins, histtype="step", lw=1.8, ls=styles[i % len(styles)],
+                color=f"C{i}", label=f"{name} (mean |dev| {dev:.2f})")
+    ax.axvline(expected, color="k", ls="--", lw=1, label=f"balanced ({expected:.2g})")
+    ax.set(xscale="log", xlabel="retrieval mass per gallery item (log scale)", ylabel="items", title=title)
+    _plain_ticks(ax)
+    ax.legend(fontsize=8)
+    _caption(fig, caption)
     out = Path(path)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _plain_ticks(ax) -> None:
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _caption(fig, text: str) -> None:
+    import textwrap
+
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    fig.text(0.01, 0.01, "\n".join(textwrap.wrap(text, 120)), fontsize=7.5, va="bottom", ha="left",
+             color="#333")
+
+
+def plot_fn_fp(results: dict[str, dict], path: str | Path, title: str = "",
+               caption: str = CAPTION_FNFP) -> Path:
+    """FN and FP rates against the bins' mean retrieval mass (NCL Fig. 3), one colour per
+    normaliser; ``results[name]`` is :func:`xmodal.metrics.fn_fp_by_mass` output."""
+    plt = _plt()
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    expected = None
+    for i, (name, r) in enumerate(results.items()):
+        expected = r["expected_mass"]
+        for j, (key, lab) in enumerate((("fn_rate", "false negatives"), ("fp_rate", "false positives"))):
+            pts = [(m, v) for m, v in zip(r["mean_mass"], r[key]) if m is not None and v is not None]
+            if pts:
+                x, y = zip(*pts)
+                ax[j].plot(x, y, marker="os^dvx"[i % 6], ls="-", color=f"C{i}", label=name, alpha=0.85)
+            ax[j].set(title=f"{lab} (top-{r['k']})", xlabel="retrieval mass (bin mean, log scale)",
+                      ylabel="rate (%)", xscale="log")
+    for a in ax:
+        _plain_ticks(a)
+        if expected is not None:
+            a.axvline(expected, color="k", ls="--", lw=1, label="balanced")
+        a.set_ylim(-2, 102)
+        a.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    _caption(fig, caption)
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def t2v_similarity(model: Any, split: Any, name: str) -> torch.Tensor:
+    """Text -> video similarities ``[T, V]`` of ``split`` under the run's normaliser ``name``."""
+    if hasattr(model, "similarity"):
+        return torch.as_tensor(model.similarity(split.text, split.video, normalizer=name))
+    from xmodal.train import normalized_similarities
+
+    text, video = model.encode_text(split.text), model.encode_video(split.video)
+    return normalized_similarities(name, model.test_time, text, video)[0]
+
+
+def mass_analysis(model: Any, split: Any, *, bins: int = 8) -> dict[str, Any]:
+    """Retrieval mass and FN/FP-by-mass (text -> video) of ``split`` per fitted normaliser."""
+    from xmodal.metrics import fn_fp_by_mass, retrieval_mass
+
+    masses, fnfp = {}, {}
+    for name in list(model.test_time.get("val", {"none": None})):
+        sim = t2v_similarity(model, split, name)
+        masses[name] = retrieval_mass(sim, model.temperature)
+        fnfp[name] = fn_fp_by_mass(sim, split.text_to_video, model.temperature, bins=bins)
+    return {"masses": masses, "fn_fp": fnfp, "expected": split.num_texts / split.num_videos}
 
 
 def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> list[Path]:
@@ -110,17 +252,15 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     """
     from xmodal.config import load_config
     from xmodal.models import load_model
-    from xmodal.train import TemperaturePlan, load_splits, normalized_similarities
+    from xmodal.train import TemperaturePlan, build_loss_from_config, load_splits
 
     run_dir = Path(run_dir)
-    written = [plot_curves(read_log(run_dir), run_dir / "curves.png")]
+    log = read_log(run_dir)
+    written = [plot_curves(log, run_dir / "curves.png")]
     cfg = load_config(run_dir / "config.yaml")
     model = load_model(run_dir)
     splits = splits or load_splits(cfg)
-    log = read_log(run_dir)
     steps_per_epoch = max(1, log[0]["step"])
-    from xmodal.train import build_loss_from_config
-
     plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=splits["train"].video.shape[-1],
                                                       text_dim=splits["train"].text.shape[-1]),
                            splits["train"], steps_per_epoch)
@@ -129,14 +269,8 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
         values = np.array([plan.mean_value(int(s)) for s in steps])
         written.append(plot_schedule(steps, values, run_dir / "schedule.png", label=plan.keyword,
                                      class_counts=plan.class_counts, class_values=plan.class_values))
-    val = splits["val"]
-    text, video = model.encode_text(val.text), model.encode_video(val.video)
-    tt = model.test_time
-    masses = {}
-    for name in [n for n in tt.get("val", {"none": None})]:
-        s_t2v, _, _ = normalized_similarities(name, tt, text, video)
-        masses[name] = retrieval_mass(s_t2v, model.temperature)
-    expected = val.num_texts / val.num_videos
-    written.append(plot_retrieval_mass(masses, expected, run_dir / "retrieval_mass.png",
-                                       title=f"text->video on val, tau={model.temperature:.3f}"))
+    a = mass_analysis(model, splits["val"])
+    title = f"text->video on val, tau={model.temperature:.3f}"
+    written.append(plot_retrieval_mass(a["masses"], a["expected"], run_dir / "retrieval_mass.png", title=title))
+    written.append(plot_fn_fp(a["fn_fp"], run_dir / "fn_fp.png", title=title))
     return written

@@ -1,0 +1,41 @@
+"""``xmodal report``: one self-contained HTML page of a run or bench directory."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "report"
+HELP = "write a self-contained HTML report of a run or bench directory"
+DESCRIPTION = """Write one self-contained HTML file (PNGs inline, no external links) for
+an `xmodal train` run directory (summary, config, results per normaliser, training
+curves, schedule, retrieval mass and FN/FP plots, head/tail breakdown, example rankings)
+or an `xmodal bench` directory (grid tables, best cell per column marked).
+
+  xmodal report runs/flickr --images ../shared/data/flickr8k/dev_images --out flickr.html"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="RUN_OR_BENCH_DIR", help="run directory or bench directory")
+    p.add_argument("--out", default=None, help="HTML file to write (default: DIR/report.html)")
+    p.add_argument("--images", default=None, metavar="DIR",
+                   help="folder of the val split's images for thumbnails (Flickr8k: dev_images/)")
+    p.add_argument("--examples", type=int, default=8, help="number of example queries (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example queries (default 0)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from xmodal.report import build_report
+
+    if args.examples < 0:
+        raise ValueError(f"--examples: must be >= 0, got {args.examples}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    path = build_report(args.path, out=args.out, images=args.images, num_examples=args.examples,
+                        seed=args.seed)
+    print(path)
+    return 0

@@ -1,0 +1,358 @@
+"""One self-contained HTML page per run or bench directory (``xmodal report``).
+
+Collaborative Experts writes a page of predicted rankings after every evaluation;
+this module does the same for an ``xmodal train`` run directory: summary and config,
+results per test-time normaliser (val and test, from ``metrics.json``), training
+curves and schedule, retrieval mass and FN/FP-by-mass (NCL Fig. 3), a head/tail
+breakdown by class frequency (TS++), and example text -> video rankings with the
+correct item marked (image thumbnails with ``images=``). For an ``xmodal bench``
+directory it renders the grid tables with the best cell per column marked.
+
+Everything is inline: PNGs and thumbnails are ``data:`` URIs, the CSS sits in the
+page, and there are no links, scripts or external resources.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+LOWER_IS_BETTER = ("MdR", "MnR", "train s")
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;
+max-width:1320px;color:#1d1d1f;line-height:1.4;padding:0 16px}
+h1{font-size:24px;margin-bottom:4px}h2{font-size:19px;border-bottom:1px solid #ddd;padding-bottom:4px;
+margin-top:32px}h3{font-size:15px;margin:18px 0 6px}
+table{border-collapse:collapse;margin:8px 0 14px;font-size:13px}
+th,td{border:1px solid #d5d5d5;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f3f3f6}td.l,th.l{text-align:left}
+td.best{font-weight:700;background:#e3f4e1}tr.sel td{background:#fff8dc}tr.sel td.best{background:#d8efc9}
+img.plot{max-width:100%;border:1px solid #eee;margin:4px 0}
+.muted{color:#666;font-size:13px}pre{background:#f7f7f9;padding:10px;font-size:12px;overflow:auto;
+max-height:420px}
+.query{border:1px solid #ddd;border-radius:6px;padding:8px 10px;margin:10px 0}
+.query .q{font-weight:600;margin-bottom:6px}
+.ranks{display:flex;gap:8px;flex-wrap:wrap}
+.item{width:150px;font-size:12px;border:2px solid #e5e5e5;border-radius:4px;padding:4px;
+overflow-wrap:anywhere}
+.item.hit{border-color:#2e9d3a;background:#eef9ee}.item img{width:140px;height:105px;object-fit:cover;
+display:block;margin-bottom:3px}
+.badge{display:inline-block;border-radius:3px;padding:0 5px;font-size:12px;color:#fff;background:#888}
+.badge.ok{background:#2e9d3a}.badge.miss{background:#c0392b}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _png(path_or_bytes: Any, alt: str) -> str:
+    data = path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
+    return (f'<img class="plot" alt="{_e(alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(data).decode()}">')
+
+
+def _thumb(path: Path, size: int = 160) -> str | None:
+    """A base64 JPEG thumbnail (``None`` if the file is missing or unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            im.thumbnail((size, size))
+            buf = io.BytesIO()
+            im.save(buf, format="JPEG", quality=80)
+            data = buf.getvalue()
+    except ImportError:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return f"data:image/jpeg;base64,{base64.b64encode(data).decode()}"
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return _e(v)
+
+
+def table(header: list[str], rows: list[list[Any]], *, best_cols: Iterable[int] = (),
+          lower: Callable[[str], bool] = lambda h: h.split()[-1] in LOWER_IS_BETTER,
+          left_cols: int = 1, selected: Iterable[int] = (), digits: int = 1) -> str:
+    """An HTML table; in ``best_cols`` the best value (max, or min where ``lower(header)``)
+    is bold/green. Cells may be floats, strings or ``(mean, std)`` pairs."""
+    def val(c):
+        return c[0] if isinstance(c, tuple) else c
+
+    best: dict[int, set[int]] = {}
+    for j in best_cols:
+        vals = [(i, val(r[j])) for i, r in enumerate(rows) if isinstance(val(r[j]), (int, float))
+                and np.isfinite(val(r[j]))]
+        if vals:
+            target = (min if lower(header[j]) else max)(v for _, v in vals)
+            best[j] = {i for i, v in vals if v == target}
+    sel = set(selected)
+    out = ["<table><tr>" + "".join(f'<th class="{"l" if j < left_cols else ""}">{_e(h)}</th>'
+                                   for j, h in enumerate(header)) + "</tr>"]
+    for i, r in enumerate(rows):
+        cells = []
+        for j, c in enumerate(r):
+            cls = ["l"] if j < left_cols else []
+            if i in best.get(j, ()):
+                cls.append("best")
+            if isinstance(c, tuple):
+                m, s = c
+                txt = _fmt(m, digits) if s is None or s != s else f"{_fmt(m, digits)} ± {_fmt(s, digits)}"
+            else:
+                txt = _fmt(c, digits)
+            cells.append(f'<td class="{" ".join(cls)}">{txt}</td>')
+        out.append(f'<tr class="{"sel" if i in sel else ""}">' + "".join(cells) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+def page(title: str, body: list[str]) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+# --------------------------------------------------------------------------- run pages
+
+METRIC_KEYS = ("R@1", "R@5", "R@10", "MdR", "MnR")
+
+
+def results_tables(metrics: dict) -> list[str]:
+    """Per split, one row per normaliser (selected one highlighted, best per column bold)."""
+    parts = []
+    header = ["normaliser"] + [f"{d} {k}" for d in ("t2v", "v2t") for k in METRIC_KEYS]
+    for split in ("val", "test"):
+        res = metrics.get(split)
+        if not res:
+            continue
+        names = list(res)
+        rows = [[n + (" (selected)" if n == metrics.get("normalizer") else "")]
+                + [res[n][d].get(k) for d in ("t2v", "v2t") for k in METRIC_KEYS] for n in names]
+        parts.append(f"<h3>{_e(split)}</h3>")
+        parts.append(table(header, rows, best_cols=range(1, len(header)),
+                           selected=[i for i, n in enumerate(names) if n == metrics.get("normalizer")]))
+    return parts
+
+
+def _summary(run: Path, metrics: dict) -> str:
+    keys = [("best epoch", "best_epoch"), ("epochs run", "epochs_run"), ("selection metric", "metric"),
+            ("val score", "val_score"), ("test-time temperature", "temperature"),
+            ("selected normaliser", "normalizer"), ("train time (s)", "train_time_s")]
+    rows = [[label, metrics[k] if not isinstance(metrics[k], float) else f"{metrics[k]:.4g}"]
+            for label, k in keys if k in metrics]
+    return table(["", "value"], rows, left_cols=2)
+
+
+def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any) -> list[str]:
+    """t2v R@K per head/tail group of the val texts (classes: labels, else k-means)."""
+    from xmodal.data import kmeans_classes
+    from xmodal.metrics import head_tail_groups, retrieval_by_group
+    from xmodal.plots import t2v_similarity
+
+    train, val = splits["train"], splits["val"]
+    if train.text_labels is not None and val.text_labels is not None:
+        counts = np.bincount(train.text_labels, minlength=int(max(train.text_labels.max(),
+                                                                   val.text_labels.max())) + 1)
+        ids, how = val.text_labels, "dataset class labels"
+    else:
+        k = int(getattr(getattr(cfg, "schedule", None), "k", 200) or 200)
+        both = np.concatenate([train.text, val.text])
+        k = min(k, len(both))
+        lab = kmeans_classes(both, k=k, seed=0)
+        counts = np.bincount(lab[:train.num_texts], minlength=k)
+        ids, how = lab[train.num_texts:], f"k-means classes of the captions (k={k}, TS++ Sec. 4.1.2)"
+    groups = head_tail_groups(ids, class_counts=counts, head_mass=0.8)
+    parts = [f'<p class="muted">Classes: {_e(how)}; head = the most frequent training classes '
+             f"holding 80% of the training texts, tail = the rest. Text-to-video on val.</p>"]
+    header = ["normaliser", "group", "queries", "R@1", "R@5", "R@10", "MdR", "MnR"]
+    rows = []
+    for n in dict.fromkeys(["none", name]):
+        res = retrieval_by_group(t2v_similarity(model, val, n), val.text_to_video, groups, ks=(1, 5, 10))
+        for g, r in res.items():
+            rows.append([n, g, r["num_queries"], r["R@1"], r["R@5"], r["R@10"], r["MdR"], r["MnR"]])
+    return parts + [table(header, rows, left_cols=2)]
+
+
+def _names(root: Any, split: str, stem: str, n: int) -> list[str] | None:
+    if not root:
+        return None
+    for item in ("image", "video"):
+        p = Path(root) / f"{split}_{item}s.txt"
+        if p.is_file():
+            names = [line.strip() for line in p.read_text().splitlines()]
+            return names if len(names) == n else None
+    return None
+
+
+def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: int = 0, top: int = 5,
+                     video_names: list[str] | None = None, images: Path | None = None) -> list[str]:
+    """For a seeded sample of text queries: the top results, the correct one marked, its rank."""
+    import torch
+
+    from xmodal.plots import t2v_similarity
+
+    sim = t2v_similarity(model, split, name)
+    rng = np.random.default_rng(seed)
+    queries = np.sort(rng.choice(split.num_texts, size=min(num, split.num_texts), replace=False))
+    t2v = split.text_to_video
+    parts = [f'<p class="muted">Text -&gt; {"image" if images else "video"} retrieval on '
+             f"{_e(split.name or 'val')} with normaliser <b>{_e(name)}</b>; {len(queries)} queries "
+             f"drawn with seed {seed}. Green: the correct item. Rank: pessimistic ties.</p>"]
+    for q in queries:
+        row = sim[int(q)]
+        order = torch.argsort(row, descending=True, stable=True)[:top].tolist()
+        correct = int(t2v[q])
+        rank = int((row >= row[correct]).sum())
+        text = split.captions[q] if split.captions else f"text #{q}"
+        badge = f'<span class="badge {"ok" if rank == 1 else "miss"}">rank {rank}</span>'
+        items = []
+        shown = order if correct in order else order + [correct]
+        for pos, j in enumerate(shown):
+            label = video_names[j] if video_names else f"item {j}"
+            r = pos + 1 if j in order else rank
+            img = ""
+            if images is not None and video_names:
+                uri = _thumb(images / video_names[j])
+                img = f'<img alt="{_e(label)}" src="{uri}">' if uri else '<div class="muted">(no image)</div>'
+            gap = ' style="margin-left:18px"' if j not in order else ""
+            items.append(f'<div class="item{" hit" if j == correct else ""}"{gap}>{img}'
+                         f"<b>#{r}</b> {_e(label)}<br><span class=\"muted\">score {float(row[j]):.3f}"
+                         "</span></div>")
+        parts.append(f'<div class="query"><div class="q">“{_e(text)}” {badge}</div>'
+                     f'<div class="ranks">{"".join(items)}</div></div>')
+    return parts
+
+
+def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0) -> str:
+    from xmodal.config import load_config
+    from xmodal.metrics import normalization_error
+    from xmodal.models import load_model
+    from xmodal.plots import (mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass, read_log,
+                              t2v_similarity)
+    from xmodal.train import load_splits
+
+    metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
+    body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
+            "<h2>Summary</h2>", _summary(run, metrics)]
+    if (run / "config.yaml").is_file():
+        body.append("<details><summary>config.yaml</summary><pre>"
+                    f"{_e((run / 'config.yaml').read_text())}</pre></details>")
+    body += ["<h2>Results per test-time normaliser</h2>",
+             '<p class="muted">Recall in %, ranks 1-based. Yellow row: the normaliser selected on val; '
+             "bold green: best per column.</p>"] + results_tables(metrics)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        if (run / "log.jsonl").is_file():
+            body += ["<h2>Training curves</h2>", _png(plot_curves(read_log(run), tmp / "c.png"), "curves")]
+        if (run / "schedule.png").is_file():
+            body += ["<h2>Schedule</h2>", _png(run / "schedule.png", "schedule")]
+        if not (run / "config.yaml").is_file():
+            return page(f"xmodal report: {run.name}", body)
+        cfg = load_config(run / "config.yaml")
+        model = load_model(run)
+        splits = load_splits(cfg)
+        val = splits["val"]
+        name = model.test_time.get("normalizer", "none")
+        a = mass_analysis(model, val)
+        title = f"text->video on val, tau={model.temperature:.3f}"
+        errs = [[n, normalization_error(t2v_similarity(model, val, n), model.temperature),
+                 float(np.abs(m - a["expected"]).max())] for n, m in a["masses"].items()]
+        body += ["<h2>Retrieval mass (NCL Sec. 3.2, Figs. 2-3)</h2>",
+                 table(["normaliser", "normalisation error (eq. 5)", "max |mass - balanced|"], errs,
+                       best_cols=[1, 2], lower=lambda h: True, digits=3),
+                 _png(plot_retrieval_mass(a["masses"], a["expected"], tmp / "m.png", title=title), "mass"),
+                 _png(plot_fn_fp(a["fn_fp"], tmp / "f.png", title=title), "fn/fp by mass")]
+        body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg)
+        root = cfg.data.root if cfg.data.name != "synthetic" else None
+        names = _names(root, cfg.data.val_split, "images", val.num_videos)
+        body += ["<h2>Example rankings</h2>"] + examples_section(
+            model, val, name, num=num_examples, seed=seed, video_names=names,
+            images=images if names else None)
+    return page(f"xmodal report: {run.name}", body)
+
+
+# --------------------------------------------------------------------------- bench pages
+
+def bench_report(root: Path) -> str:
+    """The grid of ``results.csv`` (written by ``xmodal bench``) as tables per dataset and noise."""
+    with open(root / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{root / 'results.csv'}: no rows")
+    metric_cols = [c[:-5] for c in rows[0] if c.endswith(" mean")]
+    body = [f"<h1>xmodal bench report</h1><p class=\"muted\">{_e(root.resolve())}</p>",
+            '<p class="muted">Mean ± std over seeds. Bold green: best cell per column within a table '
+            "(lowest for MdR, MnR and time). Yellow rows: the normaliser selected on val.</p>"]
+    keys = list(dict.fromkeys((r["dataset"], r["noise"]) for r in rows))
+    for ds, noise in keys:
+        sub = [r for r in rows if r["dataset"] == ds and r["noise"] == noise]
+        nz = float(noise or 0)
+        split = sub[0].get("split", "")
+        body.append(f"<h2>{_e(ds)}{f', {nz:.0%} of training pairs shuffled' if nz else ''}: "
+                    f"{_e(split)} split, n={_e(sub[0].get('n', '?'))} seed(s)</h2>")
+        header = ["objective", "normaliser"] + metric_cols
+
+        def num(x: str) -> float:
+            try:
+                return float(x)
+            except ValueError:
+                return float("nan")
+
+        cells = [[r["objective"], r["normalizer"]] + [(num(r[f"{c} mean"]), num(r[f"{c} std"]))
+                                                      for c in metric_cols] for r in sub]
+        sel = [i for i, r in enumerate(sub) if r["normalizer"] in r.get("selected", "").split(",")]
+        body.append(table(header, cells, best_cols=range(2, len(header)), left_cols=2, selected=sel))
+    if (root / "results.md").is_file():
+        body.append("<details><summary>results.md</summary><pre>"
+                    f"{_e((root / 'results.md').read_text())}</pre></details>")
+    return page(f"xmodal bench report: {root.name}", body)
+
+
+def build_report(path: str | Path, *, out: str | Path | None = None, images: str | Path | None = None,
+                 num_examples: int = 8, seed: int = 0) -> Path:
+    """Write the HTML page of a run or bench directory; returns its path.
+
+    Args:
+        path: a run directory (``metrics.json``/``log.jsonl``/``config.yaml``) or a bench
+            directory (``results.csv``).
+        out: the HTML file (default ``PATH/report.html``).
+        images: folder of the val split's images (named as in ``{val}_images.txt``) for
+            thumbnails in the example rankings (Flickr8k: ``dev_images/``).
+        num_examples: number of example queries.
+        seed: seed of the example sample.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a directory")
+    if images is not None and not Path(images).is_dir():
+        raise ValueError(f"--images: {images} is not a directory")
+    if (root / "results.csv").is_file():
+        text = bench_report(root)
+    elif any((root / f).is_file() for f in ("metrics.json", "log.jsonl")):
+        text = run_report(root, images=Path(images) if images else None, num_examples=num_examples, seed=seed)
+    else:
+        raise ValueError(f"{root}: neither a run directory (metrics.json, log.jsonl) nor a bench "
+                         "directory (results.csv)")
+    dest = Path(out) if out else root / "report.html"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text, encoding="utf-8")
+    return dest
+
+
+__all__ = ["build_report", "run_report", "bench_report", "table", "examples_section", "results_tables"]
