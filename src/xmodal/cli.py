@@ -39,13 +39,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, f"{message} (see '{self.prog} --help')")
 
 
-def _positive_int(text: str) -> int:
+MAX_THREADS = 1024
+
+
+def _threads(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if not 1 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be in [1, {MAX_THREADS}], got {value}")
     return value
 
 
@@ -64,9 +67,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, threads: int | None | bo
     g = parser.add_argument_group("common options")
     if threads is not False:
         default = "torch's choice" if threads is None else threads
-        g.add_argument("--threads", type=_positive_int, default=threads, metavar="N",
+        g.add_argument("--threads", type=_threads, default=threads, metavar="N",
                        help=f"torch CPU threads (default {default}; small heads gain nothing "
                             "from more, and spinning threads slow down badly on a busy machine)")
+        parser.set_defaults(_common_threads=True)
     if progress:
         g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="progress bars on stderr (default: only when stderr is a terminal)")
@@ -82,9 +86,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, threads: int | None | bo
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """``torch.set_num_threads(args.threads)`` when the command has a thread count."""
+    """``torch.set_num_threads(args.threads)`` for commands whose ``--threads`` comes from
+    :func:`add_common_args` (validated there); others set their own."""
     n = getattr(args, "threads", None)
-    if n is not None:
+    if n is not None and getattr(args, "_common_threads", False):
         import torch
 
         torch.set_num_threads(int(n))
@@ -155,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # name the subcommand whose flags were wrong, not the top-level parser
+            prog = f"xmodal {args.command}" if getattr(args, "command", None) else "xmodal"
+            raise UsageError(prog, f"unrecognized arguments: {' '.join(extra)} (see '{prog} --help')")
     except UsageError as exc:
         print(f"{exc.prog}: error: {exc}", file=sys.stderr)
         return 2
