@@ -244,3 +244,14 @@ def test_eval_labels_cli(run_dir, feats, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     e = xmodal.load_model(run_dir).encode_video(split.video).double().numpy()
     assert out["v2v"] == pytest.approx(naive_label_retrieval(e @ e.T, split.video_labels, (1, 5, 10, 50))[0])
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import xmodal.cli
+    import xmodal.metrics.ranking
+
+    for mod in (xmodal.cli, xmodal.metrics.ranking):
+        res = doctest.testmod(mod)
+        assert res.attempted > 0 and res.failed == 0, mod.__name__

@@ -22,7 +22,7 @@ and the normalisation error (mean_j |Q/N - sum_i softmax_j(sim_i / T)|).
 
 DSL, QB-Norm, IS and Sinkhorn exponentiate scores / temperature, so they are only
 meaningful on cosine similarities: un-normalised embeddings are refused unless --l2
-(normalise them) or --force (measured on Flickr8k: DSL R@1 92.2 -> 31.1, QB-Norm
+(normalise them) or --force (reported in issue 9: DSL R@1 92.2 -> 31.1 and QB-Norm
 -> 70.9 on un-normalised embeddings). --save-bias writes the per-gallery bias of
 dn / sinkhorn for 'xmodal eval --bias'.
 
@@ -165,8 +165,8 @@ def check_scale(method: str, arrays: dict[str, np.ndarray], *, force: bool) -> s
         return None
     where = ", ".join(f"{f} row norms {lo:.3g}..{hi:.3g}" for f, (lo, hi) in bad.items())
     msg = (f"--method {method}: embeddings are not L2-normalised ({where}); {method} exponentiates "
-           f"score / temperature, so its result depends on the score scale (on Flickr8k DSL R@1 fell "
-           f"from 92.2 to 31.1). Add --l2, or --force to run anyway")
+           f"score / temperature, so its result depends on the score scale (a reported case: DSL "
+           f"R@1 92.2 -> 31.1). Add --l2, or --force to run anyway")
     if not force:
         raise ValueError(msg)
     return msg
