@@ -14,7 +14,7 @@ default), select the best epoch on val, apply the test-time normalisers (none,
 DN, NCL Sinkhorn biases from a bank of train queries, the NCL loss's own query
 bank, QB-Norm) and print test text->video and video->text R@K/MdR/MnR.
 '*' marks the normaliser each run selected on val. Deterministic by --seed;
-11-22 s on 2 CPU cores with the defaults (13 s idle, 22 s on a loaded machine)."""
+about 15 s on 2 idle CPU cores with the defaults, 20-35 s on a busy machine."""
 
 DEFAULT_LOSSES = ("infonce", "ncl", "crossclr")
 
