@@ -36,9 +36,11 @@ def test_json_matches_library(method, files, capsys):
 
     paths, queries, gallery, positives, bank = files
     argv = ["--method", method, "--queries", paths["queries"], "--gallery", paths["gallery"],
-            "--positives", paths["positives"], "--bank", paths["bank"], "--temperature", "0.1", "--json"]
-    code, out, _ = _run(capsys, argv)
+            "--positives", paths["positives"], "--bank", paths["bank"], "--temperature", "0.1", "--json", "--force"]
+    code, out, err = _run(capsys, argv)
     assert code == 0
+    # un-normalised embeddings: scale-sensitive methods warn under --force, DN does not
+    assert ("warning" in err and "--l2" in err) == (method != "dn")
     result = json.loads(out)
     norm = build_and_fit(method, queries, gallery, bank, oracle=False, temperature=0.1)
     sim = queries @ gallery.T
@@ -52,7 +54,7 @@ def test_json_matches_library(method, files, capsys):
 def test_table_output_and_oracle(files, capsys):
     paths = files[0]
     code, out, _ = _run(capsys, ["--method", "sinkhorn", "--oracle", "--queries", paths["queries"],
-                                 "--gallery", paths["gallery"], "--positives", paths["positives"]])
+                                 "--gallery", paths["gallery"], "--positives", paths["positives"], "--l2"])
     assert code == 0
     assert "| none |" in out and "| sinkhorn |" in out and "uses test queries: yes" in out
     assert "Sinkhorn marginal error per iteration" in out
@@ -66,3 +68,72 @@ def test_errors_are_one_line(files, capsys):
     code, _, err = _run(capsys, ["--method", "is", "--queries", "missing.npy", "--gallery",
                                  paths["gallery"], "--positives", paths["positives"], "--bank", paths["bank"]])
     assert code == 2 and "missing.npy" in err
+
+
+@pytest.mark.parametrize("method", ["sinkhorn", "qbnorm", "is", "dsl"])
+def test_scale_sensitive_refused_on_unnormalised(method, files, capsys):
+    paths = files[0]
+    base = ["--method", method, "--queries", paths["queries"], "--gallery", paths["gallery"],
+            "--positives", paths["positives"], "--bank", paths["bank"], "--json"]
+    code, out, err = _run(capsys, base)
+    assert code == 2 and out == ""
+    assert err.startswith("xmodal normalize: error: --method") and "--l2" in err and "--force" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = _run(capsys, base + ["--l2"])
+    assert code == 0 and err == ""
+
+
+def test_l2_and_hidden_normalize_alias_agree(files, capsys):
+    paths = files[0]
+    base = ["--method", "dsl", "--queries", paths["queries"], "--gallery", paths["gallery"],
+            "--positives", paths["positives"], "--bank", paths["bank"], "--json"]
+    results = []
+    for flag in ("--l2", "--normalize"):
+        code, out, _ = _run(capsys, base + [flag])
+        assert code == 0
+        results.append(json.loads(out)["after"])
+    assert results[0] == results[1]
+    with pytest.raises(SystemExit):
+        main(["normalize", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--l2" in help_text and "--normalize" not in help_text and "--quiet" not in help_text
+
+
+@pytest.mark.parametrize("method", ["dn", "sinkhorn"])
+def test_save_bias_reproduces_after_with_eval_bias(method, files, tmp_path, capsys):
+    paths, queries, gallery, positives, bank = files
+    bias_path = str(tmp_path / "b.npy")
+    code, out, _ = _run(capsys, ["--method", method, "--queries", paths["queries"], "--gallery",
+                                 paths["gallery"], "--positives", paths["positives"], "--bank",
+                                 paths["bank"], "--l2", "--json", "--save-bias", bias_path])
+    assert code == 0
+    after = json.loads(out)["after"]
+    bias = np.load(bias_path)
+    assert bias.shape == (gallery.shape[0],) and bias.dtype == np.float32
+    # independent reference: the biased cosine scores, ranked by the library's exact retrieval
+    qn = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    gn = gallery / np.linalg.norm(gallery, axis=1, keepdims=True)
+    bn = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+    if method == "dn":  # -lam * mu_bank . y_j, the rank-relevant part of DN eq. 7 (100 samples, seed 0)
+        rows = np.sort(np.random.default_rng(0).choice(len(bn), 100, replace=False))
+        want_bias = -0.25 * (gn.astype(np.float64) @ bn[rows].astype(np.float64).mean(0))
+        np.testing.assert_allclose(bias, want_bias, atol=1e-5)
+    ref = metrics.retrieval(qn.astype(np.float64) @ gn.T.astype(np.float64) + bias[None, :].astype(np.float64),
+                            positives, ks=(1, 5, 10))
+    assert after == pytest.approx(ref, abs=1e-6)
+    assert main(["eval", "--queries", paths["queries"], "--gallery", paths["gallery"], "--positives",
+                 paths["positives"], "--l2", "--bias", bias_path, "--ks", "1,5,10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["queries"] == pytest.approx(after)
+
+
+def test_save_bias_and_iters_errors(files, tmp_path, capsys):
+    paths = files[0]
+    base = ["--queries", paths["queries"], "--gallery", paths["gallery"], "--positives", paths["positives"],
+            "--bank", paths["bank"], "--l2"]
+    code, _, err = _run(capsys, ["--method", "qbnorm", *base, "--save-bias", str(tmp_path / "b.npy")])
+    assert code == 2 and "--save-bias" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b.npy").exists()
+    code, _, err = _run(capsys, ["--method", "sinkhorn", *base, "--iters", "1000000000"])
+    assert code == 2 and err.startswith("xmodal normalize: error: --iters") and "10000" in err
+    code, _, err = _run(capsys, ["--method", "sinkhorn", *base, "--threads", "0"])
+    assert code == 2 and "--threads" in err and len(err.strip().splitlines()) == 1

@@ -5,10 +5,20 @@ into the index: every gallery vector gets one extra coordinate ``b_j`` and every
 query a constant ``1``, so ``[x, 1] . [y_j, b_j] = x . y_j + b_j`` and the biased
 top-k stays a plain maximum-inner-product search (exact with ``IndexFlatIP``,
 approximate with ``IndexIVFFlat``).
+
+A trained run's selected test-time normaliser is folded in by
+:func:`fold_run_normalizer`: DN exactly (the gallery is stored as ``y_j - lam mu_y``
+and every query is shifted by ``-lam mu_x`` before the search, so the index scores
+are eq. 7 of Zhou et al. 2023), NCL/Sinkhorn as the gallery bias ``b_j`` (Park et
+al. 2022, sec. 3.4). QB-Norm, IS and DSL depend on each query's scores against
+the whole gallery and cannot be folded into an inner product.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +26,11 @@ import torch
 
 from xmodal._validate import as_tensor, choice, float_matrix
 
-__all__ = ["BiasedIndex", "fold_bias", "import_faiss"]
+__all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "selected_normalizer",
+           "FOLDABLE"]
+
+#: Run normalisers an inner-product index can hold exactly.
+FOLDABLE = ("none", "dn", "sinkhorn", "ncl")
 
 
 def import_faiss():
@@ -108,3 +122,100 @@ class BiasedIndex:
         device = as_tensor(queries, "queries").device
         scores, indices = self.search(queries, k)
         return torch.from_numpy(scores).to(device), torch.from_numpy(indices).to(device)
+
+    # -- persistence -------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the FAISS index (gallery with the folded bias) to the file ``path``."""
+        import_faiss().write_index(self.index, str(path))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BiasedIndex":
+        """Read an index written by :meth:`save`."""
+        faiss = import_faiss()
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"path: no such file: {path}")
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as exc:  # FAISS reports a foreign/corrupt file as RuntimeError
+            raise ValueError(f"path: {path} is not a FAISS index ({str(exc).splitlines()[0]})") from None
+        obj = cls.__new__(cls)
+        obj.index, obj.num_items, obj.dim = index, int(index.ntotal), int(index.d) - 1
+        obj.kind = "ivf" if hasattr(index, "nprobe") else "flat"
+        return obj
+
+
+# ----------------------------------------------------------------------------- trained runs
+def _test_time(model: Any) -> dict:
+    """The run's test-time record as a dict (a plain dict today; a typed object with
+    ``to_dict()``/``as_dict()`` is accepted too)."""
+    tt = getattr(model, "test_time", None)
+    if isinstance(tt, dict):
+        return tt
+    for meth in ("to_dict", "as_dict"):
+        if callable(getattr(tt, meth, None)):
+            return getattr(tt, meth)()
+    raise ValueError("model: has no test-time record (was it written by 'xmodal train'?)")
+
+
+def selected_normalizer(model: Any, normalizer: str = "selected") -> str:
+    """Resolve ``"selected"`` to the name the run chose on val; check other names exist."""
+    if not isinstance(normalizer, str):
+        raise TypeError(f"normalizer: expected a string, got {type(normalizer).__name__}")
+    tt = _test_time(model)
+    name = str(tt.get("normalizer", "none")) if normalizer == "selected" else normalizer.lower()
+    if name == "none":
+        return name
+    if name == "ncl" and "ncl_text_bank" not in tt:
+        raise ValueError("normalizer: this run has no NCL query bank (trained without the NCL loss)")
+    known = set(tt.get("kwargs", {})) | {"none"}
+    if name not in known:
+        raise ValueError(f"normalizer: unknown option {normalizer!r}; this run has "
+                         f"{', '.join(['selected', *sorted(known)])}")
+    return name
+
+
+@torch.no_grad()
+def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "selected"
+                        ) -> dict[str, Any]:
+    """The index form of a run's text -> video normaliser over a new gallery.
+
+    The one place that reads the run's test-time state for the index (adapt here when
+    the state's layout changes). DN and Sinkhorn are fitted on the run's stored query
+    banks against ``video_embeddings`` exactly as the trainer fits them at test time.
+
+    Args:
+        model: a loaded run (``xmodal.load_model``).
+        video_embeddings: ``[N, D]`` L2-normalised gallery embeddings (``model.encode_video``).
+        normalizer: ``"selected"``, ``"none"``, ``"dn"``, ``"sinkhorn"`` or ``"ncl"``.
+
+    Returns:
+        ``{"normalizer": name, "gallery": [N, D], "bias": [N] or None,
+        "query_shift": [D] or None}``: the biased score of a text embedding ``x`` is
+        ``(x - query_shift) . gallery_j + bias_j``.
+
+    Shape:
+        video_embeddings ``[N, D]`` -> gallery ``[N, D]``, bias ``[N]``, query_shift ``[D]``.
+    """
+    from xmodal.normalize import build_normalizer
+
+    name = selected_normalizer(model, normalizer)
+    video = float_matrix(video_embeddings, "video_embeddings")
+    out: dict[str, Any] = {"normalizer": name, "gallery": video, "bias": None, "query_shift": None}
+    if name == "none":
+        return out
+    if name not in FOLDABLE:
+        raise ValueError(f"normalizer: {name!r} depends on each query's scores against the whole "
+                         f"gallery and cannot be folded into an index; use one of "
+                         f"{', '.join(FOLDABLE)} (or 'xmodal eval --run' for exact metrics)")
+    tt = _test_time(model)
+    kw = dict(tt.get("kwargs", {}).get(name, {}))
+    bank_t = torch.as_tensor(tt["ncl_text_bank" if name == "ncl" else "text_bank"]).to(video)
+    if name == "dn":
+        bank_v = torch.as_tensor(tt["video_bank"]).to(video)
+        dn = build_normalizer("dn", **kw).fit(bank_t, bank_v)
+        _, gallery = dn.transform(bank_t[:1], video)
+        out.update(gallery=gallery, query_shift=dn.lam * dn.mu_queries.to(video))
+        return out
+    sink = build_normalizer("sinkhorn", **kw).fit(bank_t, video)
+    out["bias"] = sink.bias.to(video)
+    return out

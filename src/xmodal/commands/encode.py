@@ -32,13 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registered encoder name (default: minilm / efficientnet-lite0)")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--float16", action="store_true", help="store float16 (as the shared data does)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    from xmodal.cli import add_common_args
+
+    add_common_args(parser, threads=None, progress=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from xmodal import encoders
+    from xmodal.cli import progress_enabled
     from xmodal.data.loaders import read_captions
 
+    progress = progress_enabled(args)
     start = time.perf_counter()
     try:
         if args.kind == "text":
@@ -47,14 +51,14 @@ def run(args: argparse.Namespace) -> int:
             captions = read_captions(args.captions)
             feats = encoders.encode_text(captions, model=args.model or "minilm",
                                          batch_size=256 if args.batch_size is None else args.batch_size,
-                                         progress=not args.quiet)
+                                         progress=progress)
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
             paths = encoders.list_images(args.dir, args.list)
             feats = encoders.encode_images(paths, model=args.model or "efficientnet-lite0",
                                            batch_size=32 if args.batch_size is None else args.batch_size,
-                                           progress=not args.quiet)
+                                           progress=progress)
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     out = Path(args.out)

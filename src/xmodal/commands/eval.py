@@ -16,47 +16,62 @@ DESCRIPTION = """Evaluate retrieval exactly (ties handled by --ties; no full sor
 galleries are streamed block by block from the embeddings, never materialising the
 score matrix). Inputs are .npy files:
 
+  a trained run on raw features (its heads -> cosine -> its stored test-time normaliser):
+    xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
+                [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...]
   embeddings, one correct item per query (int [Q]) or several (bool [Q, G]):
     xmodal eval --queries q.npy --gallery g.npy --positives p.npy [--bias b.npy]
   text <-> video with several captions per video (int caption -> video map):
     xmodal eval --text t.npy --video v.npy --text-to-video t2v.npy [--v2t max-over-captions]
+  video -> video by class label (positives: the other videos of its class):
+    xmodal eval --video v.npy --labels labels.npy      (or --run RUN --video-features V.npy)
   a precomputed similarity matrix [Q, G]:
     xmodal eval --sim sim.npy --positives p.npy
     xmodal eval --sim sim.npy --text-to-video t2v.npy
     xmodal eval --sim sim.npy --relevancy rel.npy      (EPIC-KITCHENS-100 mAP / nDCG)
 
-Scores are dot products (add --normalize for cosine similarity). Recall, mAP and nDCG
+Embedding scores are dot products; --l2 makes them cosine similarities. --bias takes
+per-gallery biases, e.g. from 'xmodal normalize --save-bias'. Recall, mAP and nDCG
 are percentages, ranks are 1-based. --json prints machine-readable results."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from xmodal.cli import add_common_args
+
+    r = parser.add_argument_group("trained run")
+    r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train'")
+    r.add_argument("--video-features", metavar="NPY", help="raw video/image features [V, Dv] or [V, F, Dv]")
+    r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt]")
+    r.add_argument("--normalizer", default="selected", metavar="NAME",
+                   help="test-time normaliser of the run: selected (default, chosen on val), none, "
+                        "or any fitted name (dn, sinkhorn, ncl, qbnorm, is, dsl)")
     g = parser.add_argument_group("embeddings")
     g.add_argument("--queries", metavar="NPY", help="query embeddings [Q, D]")
     g.add_argument("--gallery", metavar="NPY", help="gallery embeddings [G, D]")
     g.add_argument("--text", metavar="NPY", help="caption embeddings [T, D]")
     g.add_argument("--video", metavar="NPY", help="video/image embeddings [V, D]")
-    g.add_argument("--normalize", action="store_true", help="L2-normalise embeddings first (cosine)")
     g.add_argument("--bias", metavar="NPY", help="per-gallery-item bias [G] added to every score "
-                   "(with --queries/--gallery; e.g. NCL test-time biases)")
+                   "(with --queries/--gallery; e.g. from 'xmodal normalize --save-bias')")
     s = parser.add_argument_group("similarity matrix")
     s.add_argument("--sim", metavar="NPY", help="similarity matrix [Q, G] (higher = more similar)")
-    s.add_argument("--relevancy", metavar="NPY", help="graded relevancy [Q, G] -> mAP and nDCG "
-                   "(EPIC-KITCHENS-100 definitions; both directions and their mean)")
+    s.add_argument("--relevancy", metavar="NPY", help="graded relevancy in [0, 1], [Q, G] -> mAP and "
+                   "nDCG (EPIC-KITCHENS-100 definitions; both directions and their mean)")
     t = parser.add_argument_group("ground truth")
     t.add_argument("--positives", metavar="NPY", help="int [Q] correct gallery index per query, "
                    "or bool [Q, G] (any of several correct items)")
     t.add_argument("--text-to-video", metavar="NPY", help="int [T]: the video of each caption")
+    t.add_argument("--labels", metavar="NPY", help="int [V] class of each video: video -> video "
+                   "retrieval, positives = the other videos of the same class")
     o = parser.add_argument_group("options")
-    o.add_argument("--ks", default="1,5,10,50", help="recall cut-offs, comma separated (default 1,5,10,50)")
     o.add_argument("--ties", default="pessimistic", choices=("pessimistic", "optimistic", "average"),
                    help="where items tied with the correct score rank (default pessimistic; "
                    "mAP/nDCG accept pessimistic/optimistic)")
     o.add_argument("--v2t", default="all-captions", choices=("all-captions", "max-over-captions"),
-                   help="video->text protocol (default all-captions)")
+                   help="video->text protocol (default all-captions: a video's gallery is every "
+                        "caption, hit if any of its own is in the top K)")
     o.add_argument("--block-size", type=int, default=4096, help="query rows per block (default 4096)")
-    o.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
     o.add_argument("--json", action="store_true", help="print results as JSON")
+    add_common_args(parser, threads=None, progress=True, ks="1,5,10,50", l2=True)
 
 
 def load_npy(path: str | None, flag: str) -> np.ndarray:
@@ -81,88 +96,142 @@ def _l2(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norm, 1e-12)
 
 
-def _parse_ks(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(k) for k in text.replace(" ", "").split(",") if k)
-    except ValueError:
-        raise ValueError(f"--ks: expected comma-separated integers, got {text!r}") from None
-
-
 def _mode(args: argparse.Namespace) -> str:
-    given = {name for name in ("queries", "gallery", "text", "video", "sim")
-             if getattr(args, name) is not None}
-    modes = {"embeddings": {"queries", "gallery"}, "text-video": {"text", "video"}, "sim": {"sim"}}
+    names = ("queries", "gallery", "text", "video", "sim", "run", "video_features", "text_features")
+    given = {name for name in names if getattr(args, name) is not None}
+    if args.labels is not None:
+        if given in ({"video"}, {"run", "video_features"}, {"sim"}):
+            return "labels"
+        raise ValueError("--labels: give the videos as --video, as --run with --video-features, "
+                         "or as --sim [V, V]")
+    modes = {"embeddings": {"queries", "gallery"}, "text-video": {"text", "video"}, "sim": {"sim"},
+             "run": {"run", "video_features", "text_features"}}
     for mode, need in modes.items():
         if given == need:
             return mode
-    raise ValueError("give exactly one input: --queries and --gallery, --text and --video, "
-                     "or --sim (see 'xmodal eval --help')")
+    if "run" in given or "video_features" in given or "text_features" in given:
+        raise ValueError("--run: needs --video-features and --text-features (and --text-to-video); "
+                         "do not mix with --queries/--gallery/--text/--video/--sim")
+    raise ValueError("give exactly one input: --run with --video-features/--text-features, "
+                     "--queries and --gallery, --text and --video, or --sim (see 'xmodal eval --help')")
 
 
-def evaluate(args: argparse.Namespace) -> tuple[dict, str]:
-    """Run the evaluation the flags describe; returns (results, kind)."""
+def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
+    """Run the evaluation the flags describe; returns (results, kind, info)."""
     from xmodal import metrics
+    from xmodal.cli import parse_ks, progress_enabled
 
-    ks = _parse_ks(args.ks)
-    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    ks = parse_ks(args.ks)
+    progress = progress_enabled(args)
     mode = _mode(args)
+    l2 = "cosine (--l2)" if args.l2 else "dot product"
+    if args.bias and mode != "embeddings":
+        raise ValueError("--bias: only with --queries/--gallery")
+    if args.normalizer != "selected" and mode not in ("run", "labels"):
+        raise ValueError("--normalizer: only with --run")
+    if mode in ("run", "sim") or (mode == "labels" and args.run is None and args.sim is not None):
+        if args.l2:
+            raise ValueError("--l2: applies to embeddings, not to --sim or --run (a run's scores "
+                             "are cosine similarities already)")
+    if mode == "labels":
+        return _evaluate_labels(args, ks)
+    if mode == "run":
+        from xmodal.commands._runs import load_run, run_similarity
+        from xmodal.index import selected_normalizer
+
+        model = load_run(args.run)
+        name = selected_normalizer(model, args.normalizer)
+        tf = load_npy(args.text_features, "--text-features")
+        vf = load_npy(args.video_features, "--video-features")
+        t2v = load_npy(args.text_to_video, "--text-to-video")
+        sim = run_similarity(model, tf, vf, normalizer=args.normalizer)
+        res = metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t, block_size=args.block_size)
+        return res, "retrieval", {"texts": sim.shape[0], "videos": sim.shape[1], "v2t": args.v2t,
+                                  "scores": f"run {args.run}: heads -> cosine -> normaliser {name}"}
     if mode == "embeddings":
         q, g = load_npy(args.queries, "--queries"), load_npy(args.gallery, "--gallery")
-        if args.normalize:
+        if args.l2:
             q, g = _l2(q), _l2(g)
         bias = load_npy(args.bias, "--bias") if args.bias else None
         pos = load_npy(args.positives, "--positives")
-        return {"queries": metrics.streaming_retrieval(
-            q, g, pos, ks=ks, ties=args.ties, bias=bias, block_size=args.block_size,
-            progress=progress)}, "retrieval"
-    if args.bias:
-        raise ValueError("--bias: only with --queries/--gallery")
+        res = {"queries": metrics.streaming_retrieval(
+            q, g, pos, ks=ks, ties=args.ties, bias=bias, block_size=args.block_size, progress=progress)}
+        return res, "retrieval", {"queries": len(q), "gallery": len(g),
+                                  "scores": l2 + (" + per-gallery bias (--bias)" if bias is not None else "")}
     if mode == "text-video":
         t, v = load_npy(args.text, "--text"), load_npy(args.video, "--video")
-        if args.normalize:
+        if args.l2:
             t, v = _l2(t), _l2(v)
         t2v = load_npy(args.text_to_video, "--text-to-video")
-        return metrics.streaming_text_video(t, v, t2v, ks=ks, ties=args.ties, v2t=args.v2t,
-                                            block_size=args.block_size, progress=progress), "retrieval"
+        res = metrics.streaming_text_video(t, v, t2v, ks=ks, ties=args.ties, v2t=args.v2t,
+                                           block_size=args.block_size, progress=progress)
+        return res, "retrieval", {"texts": len(t), "videos": len(v), "v2t": args.v2t, "scores": l2}
     sim = load_npy(args.sim, "--sim")
-    if args.normalize:
-        raise ValueError("--normalize: applies to embeddings, not to --sim")
     given = [f for f in ("positives", "text_to_video", "relevancy") if getattr(args, f)]
     if len(given) != 1:
         raise ValueError("--sim: give exactly one of --positives, --text-to-video, --relevancy")
+    shape = tuple(sim.shape) + (None, None)
     if args.relevancy:
         if args.ties == "average":
             raise ValueError("--ties: mAP/nDCG support pessimistic or optimistic")
         rel = load_npy(args.relevancy, "--relevancy")
-        return metrics.mir(sim, rel, ties=args.ties, directions="both"), "mir"
+        return (metrics.mir(sim, rel, ties=args.ties, directions="both"), "mir",
+                {"rows": shape[0], "columns": shape[1], "scores": "precomputed (--sim)"})
     if args.text_to_video:
         t2v = load_npy(args.text_to_video, "--text-to-video")
-        return metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t,
-                                  block_size=args.block_size), "retrieval"
+        res = metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t, block_size=args.block_size)
+        return res, "retrieval", {"texts": shape[0], "videos": shape[1], "v2t": args.v2t,
+                                  "scores": "precomputed (--sim)"}
     pos = load_npy(args.positives, "--positives")
-    return {"queries": metrics.retrieval(sim, pos, ks=ks, ties=args.ties,
-                                         block_size=args.block_size)}, "retrieval"
+    res = {"queries": metrics.retrieval(sim, pos, ks=ks, ties=args.ties, block_size=args.block_size)}
+    return res, "retrieval", {"queries": shape[0], "gallery": shape[1], "scores": "precomputed (--sim)"}
+
+
+def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dict, str, dict]:
+    from xmodal.metrics.ranking import label_retrieval
+
+    labels = load_npy(args.labels, "--labels")
+    if args.sim is not None:
+        sim, scores = load_npy(args.sim, "--sim"), "precomputed (--sim)"
+    elif args.run is not None:
+        from xmodal.commands._runs import load_run
+
+        model = load_run(args.run)
+        if args.normalizer not in ("selected", "none"):
+            raise ValueError("--normalizer: text -> video normalisers do not apply to video -> video "
+                             "retrieval; leave it out")
+        v = model.encode_video(load_npy(args.video_features, "--video-features"))
+        sim, scores = v @ v.T, f"run {args.run}: video head -> cosine"
+    else:
+        v = load_npy(args.video, "--video")
+        v = _l2(v) if args.l2 else v.astype(np.float32)
+        sim, scores = v @ v.T, "cosine (--l2)" if args.l2 else "dot product"
+    res = label_retrieval(sim, labels, ks=ks, ties=args.ties, block_size=args.block_size)
+    scored = res.pop("queries")
+    return ({"v2v": res}, "retrieval",
+            {"videos": int(sim.shape[0]), "scored queries": scored, "scores": scores,
+             "protocol": "video -> other videos, positives = same label (query excluded)"})
 
 
 def format_table(results: dict, kind: str) -> str:
+    from xmodal.cli import markdown_table
+
     if kind == "mir":
         rows = [("rows as queries", results["mAP_rows"], results["nDCG_rows"]),
                 ("columns as queries", results["mAP_cols"], results["nDCG_cols"]),
                 ("mean (EPIC-100)", results["mAP"], results["nDCG"])]
-        lines = [f"{'direction':<20}{'mAP':>9}{'nDCG':>9}"]
-        lines += [f"{name:<20}{m:>9.2f}{n:>9.2f}" for name, m, n in rows]
-        return "\n".join(lines)
+        return markdown_table(["direction", "mAP", "nDCG"], [(n, f"{m:.2f}", f"{d:.2f}") for n, m, d in rows])
     names = list(next(iter(results.values())))
-    lines = [f"{'direction':<10}" + "".join(f"{n:>9}" for n in names)]
-    for direction, vals in results.items():
-        lines.append(f"{direction:<10}" + "".join(f"{vals[n]:>9.2f}" for n in names))
-    return "\n".join(lines)
+    return markdown_table(["direction", *names],
+                          [(d, *(f"{vals[n]:.2f}" for n in names)) for d, vals in results.items()])
 
 
 _FLAGS = {"sim": "--sim", "sim_tv": "--sim", "positives": "--positives", "queries": "--queries",
           "gallery": "--gallery", "text": "--text", "video": "--video", "bias": "--bias",
           "text_to_video": "--text-to-video", "relevancy": "--relevancy", "ks": "--ks",
-          "block_size": "--block-size"}
+          "block_size": "--block-size", "labels": "--labels", "normalizer": "--normalizer",
+          "text_features": "--text-features", "video_features": "--video-features",
+          "features": "--text-features/--video-features"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     try:
-        results, kind = evaluate(args)
+        results, kind, info = evaluate(args)
     except (ValueError, TypeError) as exc:
         # library messages name the argument; say which flag that is
         msg = str(exc)
@@ -180,8 +249,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps({**results, "ties": args.ties, "seconds": round(seconds, 3)}, indent=2))
+        print(json.dumps({**results, "ties": args.ties, "info": info, "seconds": round(seconds, 3)},
+                         indent=2))
     else:
         print(format_table(results, kind))
-        print(f"(ties: {args.ties}; {seconds:.2f} s)")
+        print("(" + "; ".join(f"{k}: {v}" for k, v in info.items()) + f"; ties: {args.ties}; {seconds:.2f} s)")
     return 0

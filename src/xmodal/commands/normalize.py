@@ -20,10 +20,22 @@ and the normalisation error (mean_j |Q/N - sum_i softmax_j(sim_i / T)|).
   is        inverted softmax with --bank
   dsl       dual softmax over the test queries (or over --bank without --oracle)
 
+DSL, QB-Norm, IS and Sinkhorn exponentiate scores / temperature, so they are only
+meaningful on cosine similarities: un-normalised embeddings are refused unless --l2
+(normalise them) or --force (reported in issue 9: DSL R@1 92.2 -> 31.1 and QB-Norm
+-> 70.9 on un-normalised embeddings). --save-bias writes the per-gallery bias of
+dn / sinkhorn for 'xmodal eval --bias'.
+
 Example: xmodal normalize --method sinkhorn --queries q.npy --gallery g.npy \\
-             --positives p.npy --bank train_q.npy --temperature 0.03"""
+             --positives p.npy --bank train_q.npy --temperature 0.03 --l2 --save-bias b.npy"""
 
 METHODS = ("dn", "sinkhorn", "qbnorm", "is", "dsl")
+#: normalisers whose output depends on the scale of the scores (softmax / exp of score / T)
+SCALE_SENSITIVE = ("sinkhorn", "qbnorm", "is", "dsl")
+#: per-gallery biases these methods can save (``--save-bias``)
+BIAS_METHODS = ("dn", "sinkhorn")
+#: largest |row norm - 1| still treated as L2-normalised (float16 storage rounds norms)
+NORM_TOLERANCE = 1e-2
 #: largest Q x N for which the dense normalisation error is computed
 MAX_DENSE = 50_000_000
 
@@ -39,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use the test queries themselves as the bank (not deployable)")
     parser.add_argument("--temperature", type=float, default=0.05,
                         help="Sinkhorn gamma / DSL temperature / normalisation-error temperature")
-    parser.add_argument("--iters", type=int, default=4, help="Sinkhorn iterations (default 4)")
+    parser.add_argument("--iters", type=int, default=4,
+                        help="Sinkhorn iterations (default 4, as NCL; at most 10000)")
     parser.add_argument("--gallery-marginal", default=None,
                         help="[N] Sinkhorn gallery mass, e.g. captions per item (.npy)")
     parser.add_argument("--k", type=int, default=1, help="QB-Norm top-k activation (default 1)")
@@ -47,9 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lam", type=float, default=0.25, help="DN lambda (default 0.25)")
     parser.add_argument("--num-samples", type=int, default=100, help="DN sample size (default 100)")
     parser.add_argument("--seed", type=int, default=0, help="DN sampling seed")
-    parser.add_argument("--l2", action="store_true", help="L2-normalise all embeddings first")
-    parser.add_argument("--ks", default="1,5,10", help="recall cut-offs (default 1,5,10)")
+    parser.add_argument("--force", action="store_true",
+                        help="run a scale-sensitive method (sinkhorn, qbnorm, is, dsl) on "
+                             "un-normalised embeddings anyway (a warning instead of an error)")
+    parser.add_argument("--save-bias", metavar="NPY", default=None,
+                        help="write the fitted per-gallery bias [N] (dn, sinkhorn) for "
+                             "'xmodal eval --bias'")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    from xmodal.cli import add_common_args
+
+    add_common_args(parser, threads=None, progress=True, ks="1,5,10", l2=True)
 
 
 def _load(path: str, name: str) -> np.ndarray:
@@ -101,14 +121,15 @@ def build_and_fit(method: str, queries: np.ndarray, gallery: np.ndarray, bank: n
     return norm
 
 
-def evaluate(norm, queries, gallery, positives, *, ks, temperature: float) -> dict:
+def evaluate(norm, queries, gallery, positives, *, ks, temperature: float, progress: bool = False) -> dict:
     """Before/after metrics and normalisation errors of a fitted normaliser."""
     import torch
 
     from xmodal.metrics import normalization_error, streaming_retrieval
 
-    before = streaming_retrieval(queries, gallery, positives, ks=ks)
-    after = streaming_retrieval(queries, gallery, positives, ks=ks, **norm.streaming_kwargs())
+    before = streaming_retrieval(queries, gallery, positives, ks=ks, progress=progress)
+    after = streaming_retrieval(queries, gallery, positives, ks=ks, progress=progress,
+                                **norm.streaming_kwargs())
     out = {"before": before, "after": after, "normalization_error": None}
     if queries.shape[0] * gallery.shape[0] <= MAX_DENSE:
         sim = torch.from_numpy(queries) @ torch.from_numpy(gallery).T
@@ -118,33 +139,89 @@ def evaluate(norm, queries, gallery, positives, *, ks, temperature: float) -> di
 
 
 def _table(result: dict, method: str, ks: tuple[int, ...]) -> str:
+    from xmodal.cli import markdown_table
+
     cols = [f"R@{k}" for k in ks] + ["MdR", "MnR"]
-    lines = ["| normaliser | " + " | ".join(cols) + " | norm. error |",
-             "|---" * (len(cols) + 2) + "|"]
+    rows = []
     for row, label in (("before", "none"), ("after", method)):
         err = result["normalization_error"]
         err_s = "n/a" if err is None else f"{err[row]:.4f}"
-        vals = " | ".join(f"{result[row][c]:.2f}" if c.startswith("R@") else f"{result[row][c]:.1f}"
-                          for c in cols)
-        lines.append(f"| {label} | {vals} | {err_s} |")
-    return "\n".join(lines)
+        vals = [f"{result[row][c]:.2f}" if c.startswith("R@") else f"{result[row][c]:.1f}" for c in cols]
+        rows.append([label, *vals, err_s])
+    return markdown_table(["normaliser", *cols, "norm. error"], rows)
+
+
+def check_scale(method: str, arrays: dict[str, np.ndarray], *, force: bool) -> str | None:
+    """Refuse (or, with ``force``, return a warning for) a scale-sensitive method on
+    embeddings whose rows are not unit length; None when all is well."""
+    if method not in SCALE_SENSITIVE:
+        return None
+    bad = {}
+    for flag, x in arrays.items():
+        norms = np.linalg.norm(x.astype(np.float64), axis=1)
+        if norms.size and np.abs(norms - 1.0).max() > NORM_TOLERANCE:
+            bad[flag] = (norms.min(), norms.max())
+    if not bad:
+        return None
+    where = ", ".join(f"{f} row norms {lo:.3g}..{hi:.3g}" for f, (lo, hi) in bad.items())
+    msg = (f"--method {method}: embeddings are not L2-normalised ({where}); {method} exponentiates "
+           f"score / temperature, so its result depends on the score scale (a reported case: DSL "
+           f"R@1 92.2 -> 31.1). Add --l2, or --force to run anyway")
+    if not force:
+        raise ValueError(msg)
+    return msg
+
+
+def save_bias(norm, method: str, path: str) -> np.ndarray:
+    """Write the fitted per-gallery bias ``[N]`` (float32 .npy, atomically)."""
+    from pathlib import Path
+
+    if method not in BIAS_METHODS:
+        raise ValueError(f"--save-bias: {method} is not a per-gallery bias (its change to the scores "
+                         f"depends on each query); available for {', '.join(BIAS_METHODS)}")
+    bias = np.asarray(norm.bias.detach().cpu().numpy(), dtype=np.float32)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.npy")
+    np.save(tmp, bias)
+    tmp.replace(out)
+    return bias
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        ks = tuple(int(k) for k in str(args.ks).split(",") if k.strip())
-    except ValueError:
-        raise ValueError(f"--ks: expected comma-separated integers, got {args.ks!r}") from None
+    import sys
+
+    from xmodal.cli import parse_ks, progress_enabled
+
+    ks = parse_ks(args.ks)
+    if args.save_bias and args.method not in BIAS_METHODS:
+        save_bias(None, args.method, args.save_bias)  # raises the one-line error before any work
     queries = _embeddings(args.queries, "queries", args.l2)
     gallery = _embeddings(args.gallery, "gallery", args.l2)
     positives = _load(args.positives, "positives")
     bank = _embeddings(args.bank, "bank", args.l2) if args.bank else None
     marginal = _load(args.gallery_marginal, "gallery-marginal") if args.gallery_marginal else None
-    norm = build_and_fit(args.method, queries, gallery, bank, oracle=args.oracle,
-                         temperature=args.temperature, iters=args.iters, k=args.k, beta=args.beta,
-                         lam=args.lam, num_samples=args.num_samples, seed=args.seed,
-                         gallery_marginal=marginal)
-    result = evaluate(norm, queries, gallery, positives, ks=ks, temperature=args.temperature)
+    try:
+        norm = build_and_fit(args.method, queries, gallery, bank, oracle=args.oracle,
+                             temperature=args.temperature, iters=args.iters, k=args.k, beta=args.beta,
+                             lam=args.lam, num_samples=args.num_samples, seed=args.seed,
+                             gallery_marginal=marginal)
+    except (ValueError, TypeError) as exc:
+        name, sep, rest = str(exc).partition(":")
+        flags = {"iters": "--iters", "k": "--k", "beta": "--beta", "lam": "--lam",
+                 "temperature": "--temperature", "num_samples": "--num-samples",
+                 "gallery_marginal": "--gallery-marginal"}
+        if sep and name in flags:
+            raise type(exc)(f"{flags[name]}:{rest}") from None
+        raise
+    checked = {"--queries": queries, "--gallery": gallery, **({"--bank": bank} if bank is not None else {})}
+    warning = check_scale(args.method, checked, force=args.force)
+    if warning:
+        print(f"xmodal normalize: warning: {warning}", file=sys.stderr)
+    if args.save_bias:
+        save_bias(norm, args.method, args.save_bias)
+    result = evaluate(norm, queries, gallery, positives, ks=ks, temperature=args.temperature,
+                      progress=progress_enabled(args))
     result.update(method=args.method, normalizer=repr(norm),
                   uses_test_queries=bool(norm.uses_test_queries), temperature=args.temperature)
     if args.method == "sinkhorn":
@@ -160,4 +237,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"(normalisation error skipped: Q x N > {MAX_DENSE})")
     if args.method == "sinkhorn":
         print("Sinkhorn marginal error per iteration: " + ", ".join(f"{e:.2e}" for e in norm.history))
+    if args.save_bias:
+        print(f"wrote the {args.method} gallery bias [{gallery.shape[0]}] to {args.save_bias} "
+              f"(use: xmodal eval --queries ... --gallery ... --bias {args.save_bias})")
     return 0

@@ -70,6 +70,13 @@ def read_captions(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
+    try:
+        return _read_captions(path)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
+
+
+def _read_captions(path: Path) -> list[str]:
     with open(path, encoding="utf-8", newline="") as f:
         if path.suffix.lower() == ".tsv":
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))

@@ -47,13 +47,27 @@ def similarity(sim: Any, name: str = "sim", ndim: int = 2) -> torch.Tensor:
 
 
 def check_ks(ks: Iterable[int]) -> tuple[int, ...]:
-    try:
-        out = tuple(int(k) for k in ks)
-    except (TypeError, ValueError):
-        raise TypeError(f"ks: expected a sequence of positive integers, got {ks!r}") from None
+    """Recall cut-offs as a tuple of positive ints.
+
+    Bools and non-integral numbers are rejected (``1.5`` or ``True`` used to become R@1).
+    """
+    if isinstance(ks, (str, bytes)) or not isinstance(ks, Iterable):
+        raise TypeError(f"ks: expected a sequence of positive integers, got {ks!r}")
+    out = []
+    for k in ks:
+        if isinstance(k, torch.Tensor) and k.ndim == 0:
+            k = k.item()
+        if isinstance(k, (bool, np.bool_)):
+            raise TypeError(f"ks: expected positive integers, got a bool in {ks!r}")
+        if isinstance(k, (int, np.integer)):
+            out.append(int(k))
+        elif isinstance(k, (float, np.floating)) and math.isfinite(k) and float(k).is_integer():
+            out.append(int(k))
+        else:
+            raise TypeError(f"ks: expected positive integers, got {k!r} in {ks!r}")
     if not out or any(k < 1 for k in out):
         raise ValueError(f"ks: expected positive integers, got {ks!r}")
-    return out
+    return tuple(out)
 
 
 def check_ties(ties: str) -> str:

@@ -68,8 +68,8 @@ def _relevancy(relevancy: Any, shape: tuple[int, int]) -> np.ndarray:
         lo, hi = x.min(), x.max()               # NaN propagates through both
         if not (np.isfinite(lo) and np.isfinite(hi)):
             check_finite(r, "relevancy")
-        if lo < 0:
-            raise ValueError("relevancy: values must be >= 0")
+        if lo < 0 or hi > 1:
+            raise ValueError(f"relevancy: values must lie in [0, 1], got range [{lo:g}, {hi:g}]")
     return x
 
 
@@ -375,7 +375,7 @@ def mir(sim: Any, relevancy: Any, *, ties: str = "pessimistic", empty: str = "sk
 
     Args:
         sim: similarity matrix (queries x gallery), float16/32/64, numpy or torch.
-        relevancy: graded relevancy in [0, inf) of the same shape (EPIC: mean of the
+        relevancy: graded relevancy in [0, 1] of the same shape (EPIC: mean of the
             verb-class IoU and the noun-class IoU, in [0, 1]).
         ties: "pessimistic" or "optimistic" (how equal scores are ordered; see module).
         empty: what a query without relevant items gets: "skip", "zero" or "error".

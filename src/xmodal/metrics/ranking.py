@@ -141,4 +141,64 @@ def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 5
     return out
 
 
-__all__ = ["retrieval", "text_video", "caption_groups", "group_max"]
+@torch.no_grad()
+def label_retrieval(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 10, 50),
+                    ties: str = "pessimistic", *, block_size: int | None = None) -> dict:
+    """Retrieval within one set by class label (e.g. video -> video).
+
+    Every item queries all the *other* items (itself excluded from its gallery by a
+    ``-inf`` score); its positives are the other items of its class, and its rank is
+    that of the best-ranked one. Items alone in their class have no positive and are
+    left out of the averages (``"queries"`` says how many were scored).
+
+    Args:
+        sim: ``[N, N]`` similarities of the items to themselves (higher = more similar).
+        labels: int ``[N]`` class of each item.
+        ks, ties, block_size: as in :func:`retrieval`.
+
+    Returns:
+        ``{"R@k": ..., "MdR": ..., "MnR": ..., "queries": int}``.
+
+    Shape:
+        sim: [N, N]; labels: [N].
+
+    >>> import numpy as np
+    >>> x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    >>> label_retrieval(x @ x.T, np.array([0, 0, 1, 1]), ks=(1,))["R@1"]
+    100.0
+    """
+    s = similarity(sim, "sim")
+    if s.shape[0] != s.shape[1]:
+        raise ValueError(f"sim: expected a square [N, N] matrix of items against themselves, "
+                         f"got shape {tuple(s.shape)}")
+    lab = as_tensor(labels, "labels")
+    if lab.dtype == torch.bool or lab.is_floating_point() or lab.is_complex():
+        raise TypeError(f"labels: expected integer class ids, got dtype {lab.dtype}")
+    if tuple(lab.shape) != (s.shape[0],):
+        raise ValueError(f"labels: expected shape ({s.shape[0]},) (one class per item), "
+                         f"got {tuple(lab.shape)}")
+    ks = check_ks(ks)
+    ties = check_ties(ties)
+    if block_size is not None:
+        block_size = check_block_size(block_size)
+    lab = lab.to(device=s.device, dtype=torch.int64)
+    n = s.shape[0]
+    b = default_block(n) if block_size is None else block_size
+    parts = []
+    for start in range(0, n, b):
+        rows = torch.arange(start, min(start + b, n), device=s.device)
+        self_mask = rows[:, None] == torch.arange(n, device=s.device)[None, :]
+        pos = (lab[rows][:, None] == lab[None, :]) & ~self_mask
+        keep = pos.any(1)
+        if not bool(keep.any()):
+            continue
+        blk = s[rows].masked_fill(self_mask, float("-inf"))[keep]
+        parts.append(block_counts(blk.contiguous(), mask=pos[keep], ties=ties))
+    if not parts:
+        raise ValueError("labels: no class has two or more items; nothing to retrieve")
+    out = summarize(*(torch.cat(x) for x in zip(*parts)), ks)
+    out["queries"] = int(sum(p[0].numel() for p in parts))
+    return out
+
+
+__all__ = ["retrieval", "text_video", "label_retrieval", "caption_groups", "group_max"]

@@ -34,6 +34,17 @@ def to_work(x: Any, name: str, *, ndim: int = 2) -> torch.Tensor:
     return t
 
 
+def positive_int(v: Any, name: str, *, maximum: int | None = None) -> int:
+    """A positive integer (bools, non-integral and non-numeric values rejected), at most ``maximum``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)):
+        raise TypeError(f"{name}: expected a positive integer, got {v!r}")
+    if not np.isfinite(v) or int(v) != v or v < 1:
+        raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name}: must be at most {maximum}, got {v!r}")
+    return int(v)
+
+
 def like_input(t: torch.Tensor, ref: Any) -> Any:
     """Return ``t`` as the caller's container type: numpy for numpy input, else a
     tensor on ``ref``'s device with ``ref``'s floating dtype."""
@@ -49,9 +60,7 @@ def like_input(t: torch.Tensor, ref: Any) -> Any:
 
 def default_block_rows(num_columns: int, block_rows: int | None = None) -> int:
     if block_rows is not None:
-        if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
-            raise ValueError(f"block_size: must be a positive integer, got {block_rows!r}")
-        return block_rows
+        return positive_int(block_rows, "block_size")
     return max(1, BLOCK_ELEMENTS // max(1, num_columns))
 
 

@@ -10,7 +10,7 @@ import torch
 
 from xmodal._validate import choice, positive_number
 from xmodal.normalize._base import (Normalizer, check_pair, check_scores, default_block_rows,
-                                    like_input, matrix_blocks, score_blocks, to_work)
+                                    like_input, matrix_blocks, positive_int, score_blocks, to_work)
 
 
 def bank_column_logsumexp(blocks: Iterable[tuple[int, int, torch.Tensor]], beta: float,
@@ -146,9 +146,7 @@ class QBNorm(InvertedSoftmax):
     def __init__(self, k: int = 1, beta: float = 20.0, output: str = "similarity",
                  block_size: int | None = None, oracle: bool = False) -> None:
         super().__init__(beta=beta, output=output, block_size=block_size, oracle=oracle)
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"k: must be a positive integer, got {k!r}")
-        self.k = int(k)
+        self.k = positive_int(k, "k")
 
     def hparams(self) -> dict[str, Any]:
         return {"k": self.k, **super().hparams()}

@@ -1,0 +1,54 @@
+"""Shared by the commands that apply a trained run (``eval --run``, ``index``, ``query``):
+loading a run with one-line errors, and its similarity for new features."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def load_run(path: str, flag: str = "--run"):
+    """``xmodal.load_model(path)``; a missing/corrupt/foreign run is a ValueError naming ``flag``."""
+    import xmodal
+
+    try:
+        return xmodal.load_model(path)
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        msg = str(exc)
+        if msg.startswith("path: "):
+            msg = msg[len("path: "):]
+        raise ValueError(f"{flag}: {msg}") from None
+
+
+def checkpoint_file(path: str) -> Path:
+    """The checkpoint file behind a run directory (or the file itself)."""
+    from xmodal import models
+
+    p = Path(path)
+    if p.is_file():
+        return p
+    for name in getattr(models, "CHECKPOINT_NAMES", ("model.pt", "checkpoint.pt")):
+        if (p / name).is_file():
+            return p / name
+    raise ValueError(f"--run: no checkpoint in {path}")
+
+
+@torch.no_grad()
+def run_similarity(model: Any, text_features: Any, video_features: Any,
+                   normalizer: str = "selected") -> torch.Tensor:
+    """``model.similarity(text_features, video_features, normalizer=...)`` ``[T, V]``.
+
+    Stand-in until ``model.similarity`` (API.md) lands: the trainer's own test-time
+    path, :func:`xmodal.train.normalized_similarities`, on the run's embeddings.
+    """
+    if hasattr(model, "similarity"):
+        return torch.as_tensor(model.similarity(text_features, video_features, normalizer=normalizer))
+    from xmodal.index import selected_normalizer
+    from xmodal.train import normalized_similarities
+
+    name = selected_normalizer(model, normalizer)
+    text, video = model.encode_text(text_features), model.encode_video(video_features)
+    sim, _, _ = normalized_similarities(name, model.test_time, text, video)
+    return torch.as_tensor(sim)

@@ -1,0 +1,111 @@
+"""``xmodal index``: export a trained run's video gallery as a FAISS index (bias folded in)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+NAME = "index"
+HELP = "export a FAISS index of videos encoded by a run, with its DN / NCL normaliser folded in"
+DESCRIPTION = """Encode raw video/image features with a trained run's video head and write a
+self-contained search index to --out (searched by 'xmodal query'):
+
+  xmodal index --run RUN --video-features V.npy --out DIR [--normalizer selected]
+
+The run's test-time normaliser is folded into the index so that FAISS's inner
+product is the normalised score: DN exactly (gallery y - lam mu_y, queries shifted
+by -lam mu_x), NCL / Sinkhorn as the per-video bias b_j fitted on the run's stored
+query bank against this gallery. QB-Norm, IS and DSL depend on each query's scores
+against the whole gallery and cannot be folded: choose --normalizer none, dn,
+sinkhorn or ncl for such runs. DIR holds index.faiss, query_shift.npy, meta.json
+and a copy of the run's checkpoint (for the text head)."""
+
+FORMAT = "xmodal-index"
+VERSION = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from xmodal.cli import add_common_args
+
+    parser.add_argument("--run", required=True, metavar="RUN",
+                        help="run directory or checkpoint written by 'xmodal train'")
+    parser.add_argument("--video-features", required=True, metavar="NPY",
+                        help="raw video/image features [V, Dv] or [V, F, Dv]")
+    parser.add_argument("--out", required=True, metavar="DIR", help="index directory to write")
+    parser.add_argument("--normalizer", default="selected", metavar="NAME",
+                        help="selected (default: the run's choice on val), none, dn, sinkhorn or ncl")
+    parser.add_argument("--names", metavar="TXT", default=None,
+                        help="optional video names, one per line (printed by 'xmodal query')")
+    parser.add_argument("--kind", default="flat", choices=("flat", "ivf"),
+                        help="flat: exact search (default); ivf: IndexIVFFlat, approximate")
+    parser.add_argument("--text-encoder", default="minilm", metavar="NAME",
+                        help="encoder 'xmodal query --captions' uses (default minilm, the one "
+                             "that made the shared caption features)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
+    add_common_args(parser, threads=None, progress=False)
+
+
+def build(run: str, video_features: np.ndarray, out: str | Path, *, normalizer: str = "selected",
+          kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
+          overwrite: bool = False) -> dict:
+    """Write the index directory; returns its ``meta.json`` content."""
+    from xmodal.commands._runs import checkpoint_file, load_run
+    from xmodal.index import BiasedIndex, fold_run_normalizer
+
+    out = Path(out)
+    if (out / "meta.json").exists() and not overwrite:
+        raise ValueError(f"--out: {out} already holds an index (pass --overwrite to replace it)")
+    model = load_run(run)
+    video = model.encode_video(video_features)
+    folded = fold_run_normalizer(model, video, normalizer)
+    if names is not None and len(names) != video.shape[0]:
+        raise ValueError(f"--names: {len(names)} names but --video-features has {video.shape[0]} rows")
+    index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind)
+    shift = folded["query_shift"]
+    shift = np.zeros(video.shape[1], np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
+    out.mkdir(parents=True, exist_ok=True)
+    index.save(out / "index.faiss")
+    np.save(out / "query_shift.npy", shift)
+    shutil.copyfile(checkpoint_file(run), out / "model.pt")
+    if names is not None:
+        (out / "names.txt").write_text("".join(n + "\n" for n in names), encoding="utf-8")
+    meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
+            "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
+            "dim": int(video.shape[1]), "text_dim": _text_dim(model),
+            "text_encoder": text_encoder, "names": names is not None}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return meta
+
+
+def _text_dim(model) -> int | None:
+    spec = getattr(getattr(model, "text_tower", None), "spec", None)
+    return int(spec.in_dim) if spec is not None else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmodal.commands.eval import load_npy
+
+    start = time.perf_counter()
+    names = None
+    if args.names:
+        from xmodal.data.loaders import read_captions
+
+        names = read_captions(args.names)
+    feats = load_npy(args.video_features, "--video-features")
+    try:
+        meta = build(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
+                     text_encoder=args.text_encoder, overwrite=args.overwrite)
+    except (ValueError, TypeError) as exc:
+        name, sep, rest = str(exc).partition(":")
+        flags = {"normalizer": "--normalizer", "features": "--video-features"}
+        if sep and name in flags:
+            raise type(exc)(f"{flags[name]}:{rest}") from None
+        raise
+    print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index, "
+          f"normaliser {meta['normalizer']} folded in; {time.perf_counter() - start:.1f} s)")
+    return 0

@@ -1,0 +1,114 @@
+"""``xmodal query``: search an index written by ``xmodal index`` with texts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+NAME = "query"
+HELP = "search an 'xmodal index' with caption features or raw captions; prints the top-k videos"
+DESCRIPTION = """Search an index written by 'xmodal index' with text:
+
+  xmodal query --index DIR --text-features T.npy --k 10
+  xmodal query --index DIR --captions "a dog runs on grass" "two people cook" --k 5
+
+Caption features go through the run's text head (copied into DIR); raw captions are
+first encoded offline with the index's text encoder (default MiniLM, extra
+[encoders]). Scores are the run's normalised text -> video scores (the normaliser
+folded into the index), so the top-k equals brute force over all videos."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from xmodal.cli import add_common_args
+
+    parser.add_argument("--index", required=True, metavar="DIR", help="directory written by 'xmodal index'")
+    parser.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt]")
+    parser.add_argument("--captions", nargs="+", metavar="TEXT", help="raw captions to encode and search")
+    parser.add_argument("--k", type=int, default=10, help="results per query (default 10)")
+    parser.add_argument("--text-encoder", default=None, metavar="NAME",
+                        help="override the index's text encoder for --captions")
+    parser.add_argument("--out", metavar="NPY", default=None,
+                        help="also save the indices [T, k] (int64); scores go to OUT with .scores.npy")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    add_common_args(parser, threads=None, progress=True)
+
+
+class SearchIndex:
+    """An ``xmodal index`` directory opened for search."""
+
+    def __init__(self, path: str | Path) -> None:
+        from xmodal.commands._runs import load_run
+        from xmodal.commands.index import FORMAT
+        from xmodal.index import BiasedIndex
+
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.is_file():
+            raise ValueError(f"--index: {path} has no meta.json (write one with 'xmodal index')")
+        try:
+            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--index: {meta_path} is not valid JSON ({exc})") from None
+        if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
+            raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
+        self.index = BiasedIndex.load(self.path / "index.faiss")
+        self.model = load_run(str(self.path / "model.pt"), "--index")
+        self.shift = np.load(self.path / "query_shift.npy", allow_pickle=False).astype(np.float32)
+        names = self.path / "names.txt"
+        self.names = names.read_text(encoding="utf-8").splitlines() if names.is_file() else None
+
+    def search(self, text_features, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``."""
+        emb = self.model.encode_text(text_features).cpu().numpy().astype(np.float32)
+        return self.index.search(emb - self.shift[None, :], k)
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmodal.cli import progress_enabled
+    from xmodal.commands.eval import load_npy
+
+    if (args.text_features is None) == (args.captions is None):
+        raise ValueError("--text-features: give exactly one of --text-features or --captions")
+    if args.k < 1:
+        raise ValueError(f"--k: must be >= 1, got {args.k}")
+    idx = SearchIndex(args.index)
+    if args.captions is not None:
+        from xmodal import encoders
+
+        name = args.text_encoder or idx.meta.get("text_encoder", "minilm")
+        try:
+            feats = encoders.encode_text(list(args.captions), model=name, progress=progress_enabled(args))
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"--captions: text encoder {name!r} is not installed ({exc})") from None
+        labels = list(args.captions)
+    else:
+        feats = load_npy(args.text_features, "--text-features")
+        labels = [f"text {i}" for i in range(len(feats))]
+    try:
+        scores, indices = idx.search(feats, args.k)
+    except (ValueError, TypeError) as exc:
+        msg = str(exc)
+        if msg.startswith("features:"):
+            msg = ("--captions: " if args.captions else "--text-features: ") + msg[len("features:"):].strip()
+        raise type(exc)(msg) from None
+    if args.out:
+        np.save(args.out, indices)
+        np.save(str(Path(args.out).with_suffix("")) + ".scores.npy", scores)
+    if args.json:
+        print(json.dumps({"normalizer": idx.meta.get("normalizer"), "k": args.k,
+                          "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))
+        return 0
+    from xmodal.cli import markdown_table
+
+    rows = []
+    for label, row_s, row_i in zip(labels, scores, indices):
+        for rank, (s, j) in enumerate(zip(row_s, row_i), 1):
+            name = idx.names[j] if idx.names is not None and j >= 0 else str(j)
+            rows.append([label if rank == 1 else "", rank, name, f"{s:.4f}"])
+    print(markdown_table(["query", "rank", "video", "score"], rows))
+    print(f"({len(labels)} queries against {idx.index.num_items} videos; normaliser "
+          f"{idx.meta.get('normalizer')} folded in)")
+    return 0
