@@ -188,7 +188,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
 
 
 def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dict, str, dict]:
-    from xmodal.metrics.ranking import label_retrieval
+    from xmodal.metrics.ranking import label_retrieval_from_sim as label_retrieval
 
     labels = load_npy(args.labels, "--labels")
     if args.sim is not None:
@@ -207,7 +207,7 @@ def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dic
         v = _l2(v) if args.l2 else v.astype(np.float32)
         sim, scores = v @ v.T, "cosine (--l2)" if args.l2 else "dot product"
     res = label_retrieval(sim, labels, ks=ks, ties=args.ties, block_size=args.block_size)
-    scored = res.pop("queries")
+    scored = res.pop("num_queries")
     return ({"v2v": res}, "retrieval",
             {"videos": int(sim.shape[0]), "scored queries": scored, "scores": scores,
              "protocol": "video -> other videos, positives = same label (query excluded)"})

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from xmodal._validate import as_tensor, choice
 from xmodal.metrics._common import block_counts, check_ks, check_ties, similarity, summarize
+from xmodal.metrics.ranking import label_retrieval_from_sim
 
 C_GRID = tuple(10.0 ** np.arange(-3, 4))
 
@@ -201,12 +202,10 @@ def label_retrieval(embeddings: Any, labels: Any, ks: Sequence[int] = (1, 5, 10,
         if gallery_labels is None:
             raise ValueError("gallery_labels: required with gallery")
         yg = torch.from_numpy(_labels(gallery_labels, g.shape[0], "gallery_labels"))
+    if gallery is None:
+        return label_retrieval_from_sim(q @ q.T, yq, ks=ks, ties=ties)
     sim = q @ g.T
     pos = (yq[:, None] == yg[None, :]).to(sim.device)
-    if gallery is None:
-        eye = torch.eye(len(q), dtype=torch.bool, device=sim.device)
-        sim = sim.masked_fill(eye, -3.0)   # below every cosine: ranks last, never tied
-        pos = pos & ~eye
     rows = pos.any(1)
     if not bool(rows.any()):
         raise ValueError("labels: no query has another item of its class in the gallery")

@@ -142,9 +142,11 @@ def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 5
 
 
 @torch.no_grad()
-def label_retrieval(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 10, 50),
+def label_retrieval_from_sim(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 10, 50),
                     ties: str = "pessimistic", *, block_size: int | None = None) -> dict:
-    """Retrieval within one set by class label (e.g. video -> video).
+    """Retrieval within one set by class label (e.g. video -> video), from ``[N, N]`` scores.
+
+    The embedding-level entry point is :func:`xmodal.metrics.label_retrieval`, which calls this.
 
     Every item queries all the *other* items (itself excluded from its gallery by a
     ``-inf`` score); its positives are the other items of its class, and its rank is
@@ -157,14 +159,14 @@ def label_retrieval(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 10, 50),
         ks, ties, block_size: as in :func:`retrieval`.
 
     Returns:
-        ``{"R@k": ..., "MdR": ..., "MnR": ..., "queries": int}``.
+        ``{"R@k": ..., "MdR": ..., "MnR": ..., "num_queries": int}``.
 
     Shape:
         sim: [N, N]; labels: [N].
 
     >>> import numpy as np
     >>> x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
-    >>> label_retrieval(x @ x.T, np.array([0, 0, 1, 1]), ks=(1,))["R@1"]
+    >>> label_retrieval_from_sim(x @ x.T, np.array([0, 0, 1, 1]), ks=(1,))["R@1"]
     100.0
     """
     s = similarity(sim, "sim")
@@ -197,8 +199,8 @@ def label_retrieval(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 10, 50),
     if not parts:
         raise ValueError("labels: no class has two or more items; nothing to retrieve")
     out = summarize(*(torch.cat(x) for x in zip(*parts)), ks)
-    out["queries"] = int(sum(p[0].numel() for p in parts))
+    out["num_queries"] = int(sum(p[0].numel() for p in parts))
     return out
 
 
-__all__ = ["retrieval", "text_video", "label_retrieval", "caption_groups", "group_max"]
+__all__ = ["retrieval", "text_video", "label_retrieval_from_sim", "caption_groups", "group_max"]
