@@ -73,22 +73,22 @@ def test_fixture_relevancy(tmp_path):
     np.testing.assert_allclose(rel, naive_relevancy(cv, cn, sv, sn), atol=1e-7)
 
 
-def test_fixture_offset_tail_is_repaired(tmp_path):
+def test_fixture_offset_tail_trusts_narration_id(tmp_path):
     _fixture(tmp_path, shifted=True)
     ann = epic_annotations(tmp_path)
-    assert ann["sentences"] == ["take plate", "wash cup", "put plate in sink", "wash cup"]
-    # Tail = rows 2..3 (text = narration of the clip named on the row above); row 1 falls
-    # back to the unique class set of the 'wash cup' clips.
+    # text and classes of the clip each narration_id names (JPoSE's create_sentence_df)
+    assert ann["sentences"] == ["take plate", "put plate in sink", "wash cup", "open tap"]
+    assert ann["sentence_ids"] == ["a_0", "a_1", "a_3", "a_4"]
     assert ann["repaired"] == [1, 2, 3]
-    np.testing.assert_array_equal(ann["sentence_verbs"], [0, 2, 1, 2])
-    assert ann["sentence_nouns"] == [(2,), (5,), (2, 9), (5,)]
+    np.testing.assert_array_equal(ann["sentence_verbs"], [0, 1, 2, 3])
+    assert ann["sentence_nouns"] == [(2,), (2, 9), (5,), (0,)]
 
 
 @pytest.mark.parametrize("case, match", [
     ("no_clips", "EPIC_100_retrieval_test.csv: file not found"),
     ("no_column", "EPIC_100_retrieval_test.csv: missing column"),
     ("bad_list", "EPIC_100_retrieval_test.csv: row 2: cannot parse class list"),
-    ("unknown_sentence", "EPIC_100_retrieval_test_sentence.csv: row 2: cannot determine"),
+    ("unknown_sentence", "EPIC_100_retrieval_test_sentence.csv: row 2: narration_id 'zz' names no clip"),
 ])
 def test_csv_errors(tmp_path, case, match):
     _fixture(tmp_path)
@@ -112,7 +112,7 @@ def test_real_relevancy_properties_and_naive_subset():
     assert len(clips) == 9668 and len(sents) == 3842
     assert rel.min() >= 0 and rel.max() <= 1
     ann = epic_annotations(EPIC)
-    assert ann["repaired"] == [3835, 3836, 3837, 3838, 3839, 3840, 3841]
+    assert ann["repaired"] == [3835, 3836, 3838, 3839, 3840, 3841]
     rows = np.r_[0:150, 9600:9668]
     cols = np.r_[0:120, 3800:3842]
     naive = naive_relevancy(ann["clip_verbs"][rows], [ann["clip_nouns"][i] for i in rows],
@@ -132,6 +132,44 @@ def test_real_relevancy_properties_and_naive_subset():
     np.testing.assert_array_equal(own, 1.0)
     # Every sentence is fully relevant to at least one clip.
     assert (rel.max(0) == 1).all()
+
+
+def _official_sentences(root: Path):
+    """Literal transcription of JPoSE's create_sentence_df for the test split: every row of
+    the sentence CSV, text and classes taken from the clip its narration_id names."""
+    import csv
+    with open(root / "EPIC_100_retrieval_test.csv", newline="") as f:
+        clips = {r["narration_id"]: r for r in csv.DictReader(f)}
+    out = []
+    with open(root / "EPIC_100_retrieval_test_sentence.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            c = clips[r["narration_id"]]
+            out.append((c["narration"], int(c["verb_class"]), tuple(eval(c["all_noun_classes"]))))
+    return out
+
+
+@needs_epic
+def test_real_sentence_list_is_the_official_one():
+    ann = epic_annotations(EPIC)
+    got = [(t, int(v), tuple(n)) for t, v, n in zip(ann["sentences"], ann["sentence_verbs"],
+                                                     ann["sentence_nouns"])]
+    official = _official_sentences(EPIC)
+    assert len(got) == 3842 and got == official
+    assert len(set(got)) == 3842                     # no (text, classes) twice
+    assert ann["sentences"].count("wash cooker") == 1
+    stir = {(v, n) for t, v, n in got if t == "stir"}
+    assert stir == {(10, (20,)), (10, (12,))}        # both 'stir' clips' class sets
+    rel, _, _ = epic_relevancy(EPIC)
+    assert (rel.max(0) == 1).all()                   # every sentence has a relevant clip
+    row = {nid: i for i, nid in enumerate(_clip_ids(EPIC))}
+    own = rel[[row[nid] for nid in ann["sentence_ids"]], np.arange(3842)]
+    np.testing.assert_array_equal(own, 1.0)          # ... namely the clip it names
+
+
+def _clip_ids(root: Path):
+    import csv
+    with open(root / "EPIC_100_retrieval_test.csv", newline="") as f:
+        return [r["narration_id"] for r in csv.DictReader(f)]
 
 
 @needs_epic

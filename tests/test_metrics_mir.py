@@ -3,6 +3,7 @@ argsort-based code (re-typed) and the loop definition with tie rules."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from test_metrics_naive import loop_mir, official_map, official_ndcg
+from test_metrics_naive import official_map, official_ndcg
 from xmodal.metrics import mir
 from xmodal.metrics.multi_instance import _block_exact, _block_packed
 
@@ -24,6 +25,133 @@ def epic_like(rng, q, g, n_verbs=12, n_nouns=20):
     nq, ng = rng.choice(n_nouns, q, p=pn / pn.sum()), rng.choice(n_nouns, g, p=pn / pn.sum())
     rel = 0.5 * (vq[:, None] == vg[None, :]) + 0.5 * (nq[:, None] == ng[None, :])
     return rel.astype(np.float32)
+
+
+def _ap_dcg(ranked, kq):
+    """Official definitions on one ranked relevancy list (loops)."""
+    total, hits, prec = 0.0, 0, 0.0
+    for k, r in enumerate(ranked, start=1):
+        total += r
+        if r == 1:
+            hits += 1
+            prec += total / k
+    dcg = sum(ranked[k - 1] / math.log2(k + 1) for k in range(1, kq + 1))
+    return (prec / hits if hits else None), dcg
+
+
+def brute_bounds(sim, rel, ties):
+    """Per query, min (pessimistic) or max (optimistic) of AP and nDCG over EVERY order
+    of the gallery consistent with the scores (all permutations; small galleries only)."""
+    pick = min if ties == "pessimistic" else max
+    aps, nds = [], []
+    for s_row, r_row in zip(np.asarray(sim, np.float64), np.asarray(rel, np.float64)):
+        g = len(s_row)
+        kq = int(sum(r > 0 for r in r_row))
+        ideal = sorted(r_row, reverse=True)
+        idcg = sum(ideal[k - 1] / math.log2(k + 1) for k in range(1, kq + 1))
+        vals = [_ap_dcg([r_row[j] for j in p], kq) for p in itertools.permutations(range(g))
+                if all(s_row[p[k]] >= s_row[p[k + 1]] for k in range(g - 1))]
+        ap = [a for a, _ in vals]
+        aps.append(None if ap[0] is None else pick(ap))
+        nds.append(pick(d for _, d in vals) / idcg if idcg > 0 else None)
+    return aps, nds
+
+
+def _group_ap_extreme(before_sum, before_n, values, pick):
+    """Best / worst sum of hit precisions over the orders of one tie group: a DP over how
+    many items of each distinct relevancy are placed (equal relevancies interchangeable)."""
+    distinct = sorted(set(values))
+    counts = tuple(values.count(v) for v in distinct)
+    memo = {}
+
+    def go(used):
+        if used == counts:
+            return 0.0
+        if used in memo:
+            return memo[used]
+        placed = sum(used)
+        acc = before_sum + sum(u * v for u, v in zip(used, distinct))
+        options = []
+        for k, v in enumerate(distinct):
+            if used[k] < counts[k]:
+                nxt = used[:k] + (used[k] + 1,) + used[k + 1:]
+                gain = (acc + v) / (before_n + placed + 1) if v == 1 else 0.0
+                options.append(gain + go(nxt))
+        memo[used] = pick(options)
+        return memo[used]
+
+    return go(tuple(0 for _ in distinct))
+
+
+def ref_bounds(sim, rel, ties):
+    """Same bounds for larger galleries: AP per tie group by the multiset DP (a group's
+    order changes only its own hits' precision); nDCG less (more) relevant first."""
+    pick = min if ties == "pessimistic" else max
+    aps, nds = [], []
+    for s_row, r_row in zip(np.asarray(sim, np.float64) + 0.0, np.asarray(rel, np.float64)):
+        scores = sorted(set(s_row.tolist()), reverse=True)
+        ranked, total, n, prec, hits = [], 0.0, 0, 0.0, 0
+        for sc in scores:
+            grp = sorted((float(r) for s_, r in zip(s_row, r_row) if s_ == sc),
+                         reverse=(ties == "optimistic"))
+            prec += _group_ap_extreme(total, n, grp, pick)
+            hits += grp.count(1.0)
+            total += sum(grp)
+            n += len(grp)
+            ranked += grp
+        kq = sum(1 for r in ranked if r > 0)
+        aps.append(prec / hits if hits else None)
+        ideal = sorted(ranked, reverse=True)
+        idcg = sum(ideal[k - 1] / math.log2(k + 1) for k in range(1, kq + 1))
+        nds.append(_ap_dcg(ranked, kq)[1] / idcg if idcg > 0 else None)
+    return aps, nds
+
+
+def _mean_pct(xs):
+    d = [x for x in xs if x is not None]
+    return 100 * float(np.mean(d)) if d else 0.0
+
+
+def test_less_relevant_first_is_not_the_worst_order_for_map():
+    """The exposing case: two zeros, then a hit tied with a 0.5 item. Hit first: 1/3;
+    0.5 first: 1.5/4 = 0.375. Pessimistic must be the smaller, optimistic the larger."""
+    sim = np.array([[0.9, 0.8, 0.5, 0.5]], dtype=np.float32)
+    rel = np.array([[0.0, 0.0, 1.0, 0.5]], dtype=np.float32)
+    assert mir(sim, rel, ties="pessimistic")["mAP"] == pytest.approx(100 / 3, abs=1e-9)
+    assert mir(sim, rel, ties="optimistic")["mAP"] == pytest.approx(37.5, abs=1e-9)
+    # a 7-item case: the hit among graded items after a weak prefix
+    sim = np.array([[3, 2, 1, 1, 1, 1, 1]], dtype=np.float32)
+    rel = np.array([[0, 0, 1, 0.5, 0.5, 0.25, 0]], dtype=np.float32)
+    aps_p, nds_p = brute_bounds(sim, rel, "pessimistic")
+    aps_o, nds_o = brute_bounds(sim, rel, "optimistic")
+    pess, opt = mir(sim, rel, ties="pessimistic"), mir(sim, rel, ties="optimistic")
+    assert pess["mAP"] == pytest.approx(100 * aps_p[0], abs=1e-9) and pess["mAP"] < opt["mAP"]
+    assert opt["mAP"] == pytest.approx(100 * aps_o[0], abs=1e-9)
+    assert pess["nDCG"] == pytest.approx(100 * nds_p[0], abs=1e-9)
+    assert opt["nDCG"] == pytest.approx(100 * nds_o[0], abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_tie_rules_are_the_bounds_over_all_tie_orders(data):
+    """Brute force: every order of the tied items; pessimistic = min, optimistic = max,
+    per query and per metric (so also a bound of every tie-breaking's mean)."""
+    q = data.draw(st.integers(1, 3))
+    g = data.draw(st.integers(1, 6))
+    sim = np.array(data.draw(st.lists(st.integers(0, 2), min_size=q * g, max_size=q * g)),
+                   dtype=np.float32).reshape(q, g)
+    rel = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0, 1.5]),
+                                      min_size=q * g, max_size=q * g)), dtype=np.float32).reshape(q, g)
+    for ties in ("pessimistic", "optimistic"):
+        aps, nds = brute_bounds(sim, rel, ties)
+        out = mir(sim, rel, ties=ties)
+        assert out["mAP"] == pytest.approx(_mean_pct(aps), abs=1e-9)
+        assert out["nDCG"] == pytest.approx(_mean_pct(nds), abs=1e-9)
+        ref = ref_bounds(sim, rel, ties)      # the reference used for larger cases
+        assert _mean_pct(ref[0]) == pytest.approx(_mean_pct(aps), abs=1e-12)
+        assert _mean_pct(ref[1]) == pytest.approx(_mean_pct(nds), abs=1e-12)
+    lo, hi = mir(sim, rel), mir(sim, rel, ties="optimistic")
+    assert lo["mAP"] <= hi["mAP"] + 1e-9 and lo["nDCG"] <= hi["nDCG"] + 1e-9
 
 
 def test_hand_computed_no_ties():
@@ -96,10 +224,10 @@ def test_matches_loop_definition_with_ties(ties, levels):
     sim = (rng.integers(0, levels, (q, g)) / levels).astype(np.float32)
     rel = epic_like(rng, q, g, n_verbs=3, n_nouns=4)
     rel[0] = 0.0                                  # an empty query
-    aps, nds = loop_mir(sim, rel, ties)
+    aps, nds = ref_bounds(sim, rel, ties)
     out = mir(sim, rel, ties=ties)
-    assert out["mAP"] == pytest.approx(100 * np.mean([a for a in aps if a is not None]), abs=1e-9)
-    assert out["nDCG"] == pytest.approx(100 * np.mean([n for n in nds if n is not None]), abs=1e-9)
+    assert out["mAP"] == pytest.approx(_mean_pct(aps), abs=1e-9)
+    assert out["nDCG"] == pytest.approx(_mean_pct(nds), abs=1e-9)
 
 
 @pytest.mark.parametrize("optimistic", [False, True])
@@ -126,7 +254,7 @@ def test_float64_and_torch_inputs():
     assert mir(sim, rel) == pytest.approx(want, abs=1e-9)
     assert mir(torch.from_numpy(sim), torch.from_numpy(rel)) == pytest.approx(want, abs=1e-9)
     s16 = sim.astype(np.float16)
-    aps, nds = loop_mir(s16.astype(np.float64), rel)
+    aps, nds = ref_bounds(s16.astype(np.float64), rel, "pessimistic")
     got = mir(torch.from_numpy(s16), rel.astype(np.float32))
     assert got["mAP"] == pytest.approx(100 * np.mean(aps), abs=1e-9)
     assert got["nDCG"] == pytest.approx(100 * np.mean(nds), abs=1e-9)
@@ -180,9 +308,8 @@ def test_gallery_permutation_invariance(data):
     a = mir(sim, rel, ties=ties)
     b = mir(sim[:, perm], rel[:, perm], ties=ties)
     assert a == pytest.approx(b, abs=1e-9)
-    aps, nds = loop_mir(sim, rel, ties)
-    defined = [x for x in aps if x is not None]
-    assert a["mAP"] == pytest.approx(100 * np.mean(defined) if defined else 0.0, abs=1e-9)
+    aps, nds = ref_bounds(sim, rel, ties)
+    assert a["mAP"] == pytest.approx(_mean_pct(aps), abs=1e-9)
 
 
 def _ulp_neighbours(rng, q, g):
@@ -228,7 +355,7 @@ def test_many_collisions_fall_back(ties):
     sim = _ulp_neighbours(rng, 10, 40)
     rel = epic_like(rng, 10, 40, 3, 3)
     assert _block_sparse(sim, rel, ties == "optimistic") is None
-    aps, nds = loop_mir(sim, rel, ties)
+    aps, nds = ref_bounds(sim, rel, ties)
     out = mir(sim, rel, ties=ties)
-    assert out["mAP"] == pytest.approx(100 * np.mean([a for a in aps if a is not None]), abs=1e-9)
-    assert out["nDCG"] == pytest.approx(100 * np.mean([n for n in nds if n is not None]), abs=1e-9)
+    assert out["mAP"] == pytest.approx(_mean_pct(aps), abs=1e-9)
+    assert out["nDCG"] == pytest.approx(_mean_pct(nds), abs=1e-9)

@@ -1,4 +1,4 @@
-"""NCL (Park et al. 2022): naive loops from eqs. 8-12, eq. 13, gradients, queues, bad input."""
+"""NCL (Park et al. 2022): naive loops from eqs. 4 and 7-12, eq. 13, gradients, queues, bad input."""
 
 import math
 

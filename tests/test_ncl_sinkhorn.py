@@ -1,4 +1,4 @@
-"""log_sinkhorn against a plain (non-log) Sinkhorn-Knopp written from NCL eqs. 9-10."""
+"""log_sinkhorn against a plain (non-log) Sinkhorn-Knopp written from NCL eqs. 7-9."""
 
 import math
 

@@ -98,6 +98,45 @@ def test_dn_sample_is_a_seeded_subset_of_num_samples_rows():
     assert np.array_equal(mu, again) and not np.array_equal(mu, other)
 
 
+def test_dn_paper_protocol_one_normaliser_per_seed():
+    """Sec. 4.2: means from 100 random validation rows, metrics averaged over 5 seeds."""
+    rows = np.eye(300)  # one-hot rows: a sample mean reveals which rows were drawn
+    runs = DistributionNormalization.fit_per_seed(rows, rows[::-1].copy(), lam=0.25, seeds=5, seed=2)
+    assert [r.seed for r in runs] == [2, 3, 4, 5, 6] and all(r.seeds == 1 for r in runs)
+    drawn = [frozenset(np.flatnonzero(r.mu_queries.numpy())) for r in runs]
+    assert all(len(d) == 100 for d in drawn) and len(set(drawn)) == 5
+    for r in runs:
+        single = DistributionNormalization(num_samples=100, seed=r.seed).fit(rows, rows[::-1].copy())
+        np.testing.assert_array_equal(r.mu_queries.numpy(), single.mu_queries.numpy())
+        np.testing.assert_array_equal(r.mu_gallery.numpy(), single.mu_gallery.numpy())
+
+
+@pytest.mark.parametrize("seeds, num_samples, seed", [(5, 7, 0), (3, 10, 11), (1, 4, 5)])
+def test_dn_seeds_average_the_per_seed_sample_means(seeds, num_samples, seed):
+    rng = np.random.default_rng(seeds)
+    q, g = rng.normal(size=(40, 6)), rng.normal(size=(35, 6))
+    avg = DistributionNormalization(num_samples=num_samples, seed=seed, seeds=seeds).fit(q, g)
+    runs = DistributionNormalization.fit_per_seed(q, g, num_samples=num_samples, seeds=seeds, seed=seed)
+    # float64 reference: the mean over seeds of each seed's sample mean (eq. 7's mu_x, mu_y)
+    ref_q = sum(r.mu_queries.numpy() for r in runs) / seeds
+    ref_g = sum(r.mu_gallery.numpy() for r in runs) / seeds
+    np.testing.assert_allclose(avg.mu_queries.numpy(), ref_q, atol=1e-12)
+    np.testing.assert_allclose(avg.mu_gallery.numpy(), ref_g, atol=1e-12)
+    back = DistributionNormalization.from_state_dict(avg.state_dict())
+    assert back.seeds == seeds
+    np.testing.assert_array_equal(back.mu_queries.numpy(), avg.mu_queries.numpy())
+    with pytest.raises(ValueError, match="seeds"):
+        DistributionNormalization(seeds=0)
+
+
+def test_dn_docstring_example_runs():
+    import doctest
+
+    import xmodal.normalize.dn as mod
+    result = doctest.testmod(mod, verbose=False)
+    assert result.attempted >= 5 and result.failed == 0
+
+
 # --- QB-Norm / IS / DSL ---------------------------------------------------------------
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -9,18 +9,16 @@ with ``IoU(A, B) = |A & B| / |A | B|`` over class-id sets. Every clip and senten
 one verb class, so the verb term is 1 when the verb classes agree and 0 otherwise; the
 noun term uses all noun classes (``all_noun_classes`` of a clip).
 
-The released test-sentence CSV holds only ``narration_id`` and ``narration``; a
-sentence's classes are those of the clip its ``narration_id`` names. In the released
-file the last rows' ``narration`` column is offset by one row against
-``narration_id`` (7 of 3,842 rows: the text of row ``r`` is the narration of the clip
-named on row ``r - 1``). We keep the sentence text (what a model encodes) and take its
-classes from the clip whose narration it is: (2) in the offset tail (the longest final
-run of rows whose text is the narration of the clip named on the row above, provided
-it holds a row whose own clip disagrees), the clip of the previous row's
-``narration_id``; elsewhere (1) the clip of its own ``narration_id`` if the narrations
-agree, else (3) the single class set of all clips carrying this narration; if no rule
-applies a ``ValueError`` is raised. (As released, the sentence list has no sentence
-with the exact classes of 1 of the 9,668 test clips: a "stir" clip.)
+The released test-sentence CSV holds only ``narration_id`` and ``narration``. The official
+sentence list (JPoSE's ``create_sentence_df``, used by the EPIC-100 MIR evaluation) trusts
+``narration_id``: each sentence's text AND classes are those of the clip it names. In the
+released file the ``narration`` column of the last rows is offset by one row against
+``narration_id`` (0-based rows 3835-3841; on row 3837 the two texts happen to agree), so the
+text column is not used for test sentences: ``repaired`` lists the rows whose released
+text differs from the named clip's narration (the clip's text is used). The result has
+3,842 rows, each the narration of a test clip (so every sentence has a clip of relevancy
+1); 6 narrations appear twice with different classes (e.g. ``stir``), as in the official
+list. A ``narration_id`` naming no clip raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -109,14 +107,15 @@ def epic_annotations(root: str | os.PathLike, split: str = "test") -> dict:
     Returns:
         dict with ``clip_narrations``, ``clip_verbs`` (int ``[C]``), ``clip_nouns``
         (list of tuples), ``sentences``, ``sentence_verbs``, ``sentence_nouns``,
-        ``repaired`` (indices of sentences whose classes came from rule 2 or 3 of the
-        module docstring).
+        ``sentence_ids`` (``narration_id`` per sentence), ``repaired`` (rows whose
+        released text differs from the clip their ``narration_id`` names; that clip's
+        narration is used, module docstring).
     """
     root = Path(root)
     cpath, spath = root / _CLIPS.format(split=split), root / _SENTENCES.format(split=split)
     clips = _read_csv(cpath, ("narration_id", "narration", "verb_class", "all_noun_classes"))
     sents = _read_csv(spath, ("narration_id", "narration"))
-    c_verbs, c_nouns, by_id, by_text = [], [], {}, {}
+    c_verbs, c_nouns, by_id = [], [], {}
     for r, row in enumerate(clips, start=2):
         verb = _class_list(row["verb_class"], cpath, r)
         if len(verb) != 1:
@@ -125,40 +124,26 @@ def epic_annotations(root: str | os.PathLike, split: str = "test") -> dict:
         c_verbs.append(verb[0])
         c_nouns.append(nouns)
         by_id[row["narration_id"]] = (row["narration"], verb[0], nouns)
-        by_text.setdefault(row["narration"], set()).add((verb[0], nouns))
     has_classes = "verb_class" in sents[0] and "noun_classes" in sents[0] if sents else False
-    s_verbs, s_nouns, repaired = [], [], []
-    if has_classes:
-        for j, row in enumerate(sents):
+    texts, s_verbs, s_nouns, repaired = [], [], [], []
+    for j, row in enumerate(sents):
+        if has_classes:
+            texts.append(row["narration"])
             s_verbs.append(_class_list(row["verb_class"], spath, j + 2)[0])
             s_nouns.append(_class_list(row["noun_classes"], spath, j + 2))
-    else:
-        texts = [row["narration"] for row in sents]
-        named = [by_id.get(row["narration_id"]) for row in sents]
-        own_ok = [c is not None and c[0] == t for c, t in zip(named, texts)]
-        # The offset tail: the longest final run of rows whose text is the narration of
-        # the clip named on the row above, if it contains a row that fails rule (1).
-        start = len(sents)
-        while start > 1 and named[start - 2] is not None and named[start - 2][0] == texts[start - 1]:
-            start -= 1
-        if all(own_ok[start:]):
-            start = len(sents)
-        for j, text in enumerate(texts):
-            if j >= start:
-                classes = named[j - 1][1:]
-                repaired.append(j)
-            elif own_ok[j]:
-                classes = named[j][1:]
-            elif len(by_text.get(text, ())) == 1:
-                classes = next(iter(by_text[text]))
-                repaired.append(j)
-            else:
-                raise ValueError(f"{spath}: row {j + 2}: cannot determine the classes of sentence {text!r} "
-                                 f"(narration_id {sents[j]['narration_id']!r})")
-            s_verbs.append(classes[0])
-            s_nouns.append(classes[1])
+            continue
+        clip = by_id.get(row["narration_id"])
+        if clip is None:
+            raise ValueError(f"{spath}: row {j + 2}: narration_id {row['narration_id']!r} names no clip "
+                             f"of {cpath.name}")
+        if clip[0] != row["narration"]:
+            repaired.append(j)
+        texts.append(clip[0])
+        s_verbs.append(clip[1])
+        s_nouns.append(clip[2])
     return {"clip_narrations": [row["narration"] for row in clips], "clip_verbs": np.array(c_verbs, np.int64),
-            "clip_nouns": c_nouns, "sentences": [row["narration"] for row in sents],
+            "clip_nouns": c_nouns, "sentences": texts,
+            "sentence_ids": [row["narration_id"] for row in sents],
             "sentence_verbs": np.array(s_verbs, np.int64), "sentence_nouns": s_nouns, "repaired": repaired}
 
 

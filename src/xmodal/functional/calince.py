@@ -1,8 +1,9 @@
 """Cali-NCE pieces (Zhao et al., "Cali-NCE: Boosting cross-modal video representation
 learning with calibrated alignment", CVPR-W 2023, eqs. 1-6), as pure tensor functions.
 
-* eq. 1 ``correspondence_loss``: cross-entropy of a 2-way correspondence head on
-  matched pairs (class 1) and shuffled mismatched pairs (class 0).
+* eq. 1 ``correspondence_loss``: per sample ``-log c_ii - log(1 - c_ij)`` (the two
+  binary cross-entropy terms SUMMED: matched pair class 1, shuffled pair class 0),
+  averaged over the batch.
 * eq. 2/6 ``calibrated_nce``: ``mean_i c_ii (NCE(v_i, t_i) + NCE(t_i, v_i))`` with
   ``c_ii`` the head's matching probability of pair ``i``.
 * eqs. 3-5 ``predictive_coding_loss``: ``||n(G_v(v)) - sg(n(t))||^2 + ||n(G_t(t)) - sg(n(v))||^2``
@@ -39,28 +40,44 @@ def derangement(n: int, *, generator: torch.Generator | None = None,
 
 def correspondence_loss(match_logits: torch.Tensor, mismatch_logits: torch.Tensor,
                         mismatch_valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. 1: ``-mean[log p(1 | v_i, t_i)] - mean[log p(0 | v_i, t_sigma(i))]`` over both sets.
+    """Eq. 1 (sec. 3.1): ``L_corr = -log c_ii - log(1 - c_ij)`` per sample, batch mean.
+
+    ``c = softmax(logits)[1]`` is the head's matching probability; ``c_ii`` that of the
+    matched pair ``(v_i, t_i)``, ``c_ij`` that of the mismatched pair ``(v_i, t_sigma(i))``.
+    The two terms are summed per sample (not averaged over ``2B`` terms), so with every
+    shuffled pair valid the result is ``mean_i(-log c_ii) + mean_i(-log(1 - c_ij))``.
+    Shuffled pairs marked invalid (same instance id: not a negative) are left out of the
+    second mean; with no valid shuffled pair (or ``B = 1``) it is 0.
 
     Args:
         match_logits: head logits ``[B, 2]`` of the matched pairs (target class 1).
-        mismatch_logits: head logits ``[B, 2]`` of the shuffled pairs (target class 0).
-        mismatch_valid: optional bool ``[B]``; False drops a shuffled pair that is in
-            fact a positive (same instance id).
+        mismatch_logits: head logits ``[B, 2]`` (or ``[0, 2]``) of the shuffled pairs
+            (target class 0).
+        mismatch_valid: optional bool ``[B]``; False drops a shuffled pair.
 
-    Returns:
-        the mean cross-entropy over all used pairs (a scalar).
+    Shape:
+        ``[B, 2], [B, 2]`` -> scalar.
+
+    Example:
+        >>> import torch
+        >>> logit = torch.log(torch.tensor([[0.2, 0.8]]))          # c = 0.8 on both pairs
+        >>> round(correspondence_loss(logit, logit).item(), 4)      # -log 0.8 - log 0.2
+        1.8326
     """
     pos = -F.log_softmax(match_logits, dim=1)[:, 1]
     neg = -F.log_softmax(mismatch_logits, dim=1)[:, 0]
-    if mismatch_valid is not None:
+    if mismatch_valid is not None and neg.numel():
         neg = neg[mismatch_valid]
-    return torch.cat([pos, neg]).mean()
+    return pos.mean() + (neg.mean() if neg.numel() else neg.sum())
 
 
 def calibrated_nce(video: torch.Tensor, text: torch.Tensor, weights: torch.Tensor, *,
                    temperature: Temperature = 0.05, ids: torch.Tensor | None = None,
                    normalize: bool = True) -> torch.Tensor:
     """Eq. 6 contrastive part: ``1/B sum_i c_ii (NCE(v_i, t_i) + NCE(t_i, v_i))``.
+
+    With ``weights = 1`` this is eq. 2's ``L_cont`` averaged over the batch (the
+    uncalibrated co-training term of sec. 3.4 / Table 1).
 
     ``NCE(v_i, t_i) = -log exp(s_ii / tau_i) / sum_k exp(s_ik / tau_i)`` (eq. 2), with
     same-id entries other than the pair removed from the denominator (``ids``).
@@ -94,9 +111,11 @@ def calibrated_nce(video: torch.Tensor, text: torch.Tensor, weights: torch.Tenso
 
 def predictive_coding_loss(pred_v: torch.Tensor, pred_t: torch.Tensor, video: torch.Tensor,
                            text: torch.Tensor) -> torch.Tensor:
-    """Eqs. 3-5: mean squared distance of normalised predictions to stop-gradient targets.
+    """Eqs. 3-5 (sec. 3.3): squared distance of normalised predictions to stop-gradient targets.
 
-    ``pred_v = G_v(v)`` predicts the text, ``pred_t = G_t(t)`` the video; per pair
+    ``pred_v = G_v(f_v)`` predicts the text, ``pred_t = G_t(f_t)`` the video, the heads
+    acting on the features ``f`` as they are (eqs. 4-5 normalise only the head's output
+    and the target); per pair
     ``||n(pred_v) - sg(n(t))||^2 + ||n(pred_t) - sg(n(v))||^2`` (``= 4 - 2 cos - 2 cos``),
     averaged over the batch.
 

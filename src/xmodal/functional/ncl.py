@@ -1,12 +1,15 @@
 """Normalized Contrastive Learning (NCL; Park et al., EMNLP 2022, eqs. 6-12).
 
 Per batch, the text x video similarities ``S = s / gamma`` are scaled by a few
-log-domain Sinkhorn-Knopp iterations (eqs. 8-10); the scalings give per-text and
-per-video biases (eq. 11) ``a_i = gamma log(alpha_i / sum alpha)`` and
+log-domain Sinkhorn-Knopp iterations (eqs. 7-9); the scalings give per-text and
+per-video biases (eqs. 10-11) ``a_i = gamma log(alpha_i / sum alpha)`` and
 ``b_j = gamma log(beta_j / sum beta)``, and the symmetric InfoNCE is taken on the
-normalised similarity (eq. 12) ``sim*_ij = a_i + b_j + <t_i, v_j>``. The biases are
-computed from detached similarities (the paper's alternating fixed point: they are
-constants for the gradient step).
+normalised similarity (eq. 12) ``sim*_ij = a_i + b_j + <t_i, v_j>`` (eq. 4: the mean of
+the two directions). The biases are computed from detached similarities (the
+paper's alternating fixed point: they are constants for the gradient step). With a
+learnable temperature the Sinkhorn scalings ``log alpha``, ``log beta`` are the
+constants: the logits are ``s_ij / gamma + (a_i + b_j) / sg(gamma)``, so ``gamma``
+receives the gradient of the kernel ``S = s / gamma`` that Sinkhorn scales (Fig. 4).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def scalar_temperature(value: float | torch.Tensor, name: str = "temperature") -
 
 def ncl_biases(sim: torch.Tensor, *, gamma: float, iters: int = 4,
                ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Text and video biases of NCL eq. 11 from a text x video similarity matrix.
+    """Text and video biases of NCL eqs. 10-11 from a text x video similarity matrix.
 
     Uniform marginals (``1/T`` per text, ``1/V`` per video) unless ``ids`` is given
     (square batch of pairs, several captions of one video): the Sinkhorn then runs
@@ -79,21 +82,24 @@ def ncl_biases(sim: torch.Tensor, *, gamma: float, iters: int = 4,
     return a, b
 
 
-def ncl_loss(video: torch.Tensor, text: torch.Tensor, *, temperature: float = 0.05,
+def ncl_loss(video: torch.Tensor, text: torch.Tensor, *, temperature: float | torch.Tensor = 0.05,
              sinkhorn_iters: int = 4, ids: torch.Tensor | None = None,
              normalize: bool = True, return_biases: bool = False,
              biases: tuple[torch.Tensor, torch.Tensor] | None = None):
     """NCL loss: symmetric InfoNCE on the Sinkhorn-normalised similarity (eq. 12).
 
-    ``L = (L_t2v + L_v2t) / 2`` with
+    ``L = (L_t2v + L_v2t) / 2`` (eq. 4) with
     ``L_t2v = -1/B sum_i log softmax_j((a_i + b_j + s_ij) / gamma)[i]`` (``a_i``
     cancels) and ``L_v2t`` the same over columns (``b_j`` cancels); ``gamma`` is the
-    temperature. With ``ids``, same-id entries other than the pair are removed from
+    temperature. A ``temperature`` tensor (0-d, e.g. a learnable one) carries its
+    gradient through ``s_ij / gamma``; the biases enter as the constants
+    ``(a_i + b_j) / sg(gamma)`` (module docstring). With ``ids``, same-id entries other than the pair are removed from
     the denominators (``-inf``), as in :func:`xmodal.functional.infonce.info_nce`.
 
     Args:
         video, text: ``[B, D]`` embeddings, row ``i`` of each forms pair ``i``.
-        temperature: float ``gamma > 0`` (one per batch; used by Sinkhorn and softmax).
+        temperature: ``gamma > 0``, a float or a one-element tensor (one per batch; used
+            by Sinkhorn, detached, and by the softmax).
         sinkhorn_iters: Sinkhorn-Knopp iterations (>= 1).
         ids: optional integer ``[B]`` instance ids.
         normalize: L2-normalise the embeddings first.
@@ -107,6 +113,7 @@ def ncl_loss(video: torch.Tensor, text: torch.Tensor, *, temperature: float = 0.
     """
     check_embeddings(video, text)
     gamma = scalar_temperature(temperature)
+    scale = temperature.reshape(()) if isinstance(temperature, torch.Tensor) else gamma
     n = video.shape[0]
     dtype = compute_dtype(video, text)
     v = prepare(video, dtype, normalize)
@@ -119,7 +126,9 @@ def ncl_loss(video: torch.Tensor, text: torch.Tensor, *, temperature: float = 0.
             a, b = ncl_biases(s.detach(), gamma=gamma, iters=sinkhorn_iters, ids=ids)
         else:
             a, b = (x.detach().to(s.dtype) for x in biases)
-        logits = (a[:, None] + b[None, :] + s) / gamma
+        if isinstance(scale, torch.Tensor):
+            scale = scale.to(device=s.device, dtype=s.dtype)
+        logits = s / scale + (a[:, None] + b[None, :]) / gamma
         if ids is not None:
             off = same_id_mask(ids, ids) & ~torch.eye(n, dtype=torch.bool, device=v.device)
             logits = logits.masked_fill(off, float("-inf"))

@@ -1,4 +1,4 @@
-"""Log-domain Sinkhorn-Knopp scaling (NCL, Park et al. EMNLP 2022, eqs. 8-10).
+"""Log-domain Sinkhorn-Knopp scaling (NCL, Park et al. EMNLP 2022, eqs. 7-9).
 
 Given scores ``S`` ``[K, N]`` and a temperature ``gamma``, find positive vectors
 ``alpha`` ``[K]`` and ``beta`` ``[N]`` such that the plan
@@ -41,7 +41,7 @@ def log_sinkhorn(scores: torch.Tensor, *, gamma: float, iters: int,
                  ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Sinkhorn-Knopp scaling of ``M = exp(scores / gamma)`` in the log domain.
 
-    Each iteration first rescales the rows, then the columns (NCL eqs. 9-10):
+    Each iteration first rescales the rows, then the columns (NCL eqs. 8-9; eq. 7: ``P = diag(alpha) M diag(beta)``):
     ``log alpha = log r - logsumexp_j(S_ij / gamma + log beta_j)`` and
     ``log beta = log c - logsumexp_i(S_ij / gamma + log alpha_i)``. After an
     iteration the column marginals are exact; the row marginals converge.

@@ -1,4 +1,5 @@
-"""CaliNCE module: calibrated contrastive loss with its correspondence head (Cali-NCE eqs. 1-6)."""
+"""CaliNCE module: calibrated contrastive loss with its correspondence head (Cali-NCE eqs. 1-6)
+and the uncalibrated co-training combinations of its Table 1."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from torch import nn
 
 from xmodal import dist
 from xmodal._validate import choice, float_matrix, positive_number
-from xmodal.functional._common import Temperature, check_ids, l2_normalize
+from xmodal.functional._common import Temperature, check_ids
 from xmodal.functional.calince import (calibrated_nce, correspondence_loss, derangement,
                                        predictive_coding_loss)
 from xmodal.losses._gather import embeddings
@@ -20,30 +21,41 @@ def _linear(in_dim: int | None, out_dim: int) -> nn.Module:
 
 
 class CaliNCE(nn.Module):
-    """Cali-NCE (Zhao et al., CVPR-W 2023, eqs. 1-6), with the co-training sum.
+    """Cali-NCE (Zhao et al., CVPR-W 2023, eq. 6) and the co-training sums of Table 1.
 
-    ``L = theta1 L_corr + theta2 L_cont + theta3 L_pred`` where
+    ``L = theta1 L_corr + theta2 L_cont + theta3 L_pred`` (sec. 3.4) where
 
-    * ``L_corr`` (eq. 1): the correspondence head ``C`` (``Linear -> ReLU -> Linear``
-      on the concatenation ``[f_v, f_t]``, 2-way softmax) is trained with
-      cross-entropy on the matched pairs (class 1) and on mismatched pairs
-      ``(v_i, t_sigma(i))`` (class 0), ``sigma`` a random derangement of the (global)
-      batch; shuffled pairs that share an instance id are dropped.
-    * ``L_cont`` (eq. 6): ``1/B sum_i c_ii (NCE(v_i, t_i) + NCE(t_i, v_i))`` with
-      ``c_ii = C(v_i, t_i)[1]``. ``c_ii`` is **detached** by default
-      (``detach_weight=True``): otherwise the head lowers the loss by driving
-      ``c_ii -> 0`` (the trivial solution); the head then learns only from ``L_corr``.
-    * ``L_pred`` (eqs. 3-5, optional, ``predictive_weight > 0``): linear heads
-      ``G_v``, ``G_t`` map the (normalised) embedding of one modality to a prediction
-      of the other's; predictions are normalised and compared with stop-gradient
-      targets (squared distance).
+    * ``L_corr`` (eq. 1, sec. 3.1): a correspondence head ``C`` (two-layer MLP
+      ``Linear -> ReLU -> Linear`` on ``[f_v, f_t]``, 2-way softmax, sec. 3.4) is trained
+      per sample with ``-log c_ii - log(1 - c_ij)`` on the matched pair and a mismatched
+      pair ``(v_i, t_sigma(i))``, ``sigma`` a random derangement of the (global) batch;
+      shuffled pairs that share an instance id are dropped.
+    * ``L_cont``: ``1/B sum_i w_i (NCE(v_i, t_i) + NCE(t_i, v_i))`` (eq. 2 summed over the
+      two directions). ``calibration=True`` is Cali-NCE (eq. 6): ``w_i = c_ii``, the head's
+      matching probability; ``calibration=False`` is plain co-training, ``w_i = 1``.
+    * ``L_pred`` (eqs. 3-5, sec. 3.3; ``predictive_weight > 0``): linear ``D x D`` heads
+      ``G_v``, ``G_t`` act on the embeddings as given (not normalised); their outputs are
+      normalised and compared with the normalised, stop-gradient embedding of the other
+      modality (squared distance).
 
-    Eq. 6's ``lambda1, lambda2`` are ``contrastive_weight`` (``theta2``) and
-    ``correspondence_weight`` (``theta1``).
+    Weights: ``correspondence_weight`` = ``theta1`` (eq. 6's ``lambda2``),
+    ``contrastive_weight`` = ``theta2`` (``lambda1``), ``predictive_weight`` =
+    ``theta3`` (the paper uses 1, 1 and 200). Table 1's rows: Contra. ``(cal=False,
+    corr=0)``; Corr. ``(cal=False, cont=0)``; Coding. ``(cal=False, cont=0, corr=0,
+    pred=200)``; Contra.+Corr. ``(cal=False)``; Contra.+Coding. ``(cal=False, corr=0,
+    pred=200)``; all three ``(cal=False, pred=200)``; Cali-NCE ``(cal=True)``.
+    ``calibration=True`` needs ``correspondence_weight > 0`` (eq. 6: ``L_corr`` is what
+    trains ``c_ii``; an untrained head would weight the NCE terms at random), so that
+    combination raises ``ValueError``. The head exists only when it is used
+    (``calibration`` or ``correspondence_weight > 0``).
 
-    Head inputs (``head_input``): ``"embeddings"`` (default) feeds the joint-space
-    embeddings (L2-normalised when ``normalize``) to ``C``; ``L_corr`` then also
-    trains the encoders. ``"inputs"`` feeds the frozen input features
+    ``c_ii`` is **detached** in ``L_cont`` by default (``detach_weight=True``, an xmodal
+    choice the paper leaves open): otherwise the head lowers the loss by driving
+    ``c_ii -> 0`` (the trivial solution) and learns from more than ``L_corr``.
+
+    Head inputs (``head_input``): ``"embeddings"`` (default, sec. 3.1: ``f_v``, ``f_t``
+    are the backbones' embeddings, given as they are, not normalised); ``L_corr`` then
+    also trains the encoders. ``"inputs"`` feeds the frozen input features
     ``video_input``, ``text_input`` (required in forward). Pass ``embed_dim`` /
     ``input_dims`` so the parameters exist at construction; otherwise lazy layers are
     used and one forward must run before the optimizer is built.
@@ -51,28 +63,45 @@ class CaliNCE(nn.Module):
     Shuffling: ``seed`` makes a private ``torch.Generator`` (reproducible, and equal on
     every rank so distributed ranks shuffle alike); ``seed=None`` uses torch's global
     RNG. ``B = 1``: no mismatched pair, ``L_corr`` uses the matched pair only.
-    ``last_terms`` holds the last step's components as floats
-    (``corr``, ``cont``, ``pred``, ``c_mean``, ``loss``).
+    ``last_terms`` holds the last step's unweighted terms as floats: ``"contrastive"``,
+    ``"correspondence"`` (eq. 1, batch mean of the per-sample sum; 0 without a head),
+    ``"predictive"``, ``"loss"`` and, with a head, ``"c_mean"`` (mean ``c_ii``).
 
     Shape:
         video, text ``[B, D]``; ``*_input`` ``[B, Dv]``, ``[B, Dt]``; ids ``[B]``; scalar out.
+
+    Example:
+        >>> import torch
+        >>> g = torch.Generator().manual_seed(0)
+        >>> v, t = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+        >>> loss = CaliNCE(embed_dim=16, calibration=False, predictive_weight=200.0, seed=0)
+        >>> out = loss(v, t)
+        >>> sorted(loss.last_terms)
+        ['c_mean', 'contrastive', 'correspondence', 'loss', 'predictive']
     """
 
     accepts: tuple[str, ...] = ("ids", "temperature", "video_input", "text_input")
 
-    def __init__(self, temperature: float = 0.05, *, contrastive_weight: float = 1.0,
-                 correspondence_weight: float = 1.0, predictive_weight: float = 0.0,
-                 hidden_dim: int = 256, embed_dim: int | None = None,
+    def __init__(self, temperature: float = 0.05, *, calibration: bool = True,
+                 contrastive_weight: float = 1.0, correspondence_weight: float = 1.0,
+                 predictive_weight: float = 0.0, hidden_dim: int = 256, embed_dim: int | None = None,
                  input_dims: tuple[int, int] | None = None, head_input: str = "embeddings",
                  detach_weight: bool = True, normalize: bool = True, seed: int | None = None) -> None:
         super().__init__()
         self.temperature = positive_number(temperature, "temperature")
+        self.calibration = bool(calibration)
         self.contrastive_weight = float(contrastive_weight)
         self.correspondence_weight = float(correspondence_weight)
         self.predictive_weight = float(predictive_weight)
         for name in ("contrastive_weight", "correspondence_weight", "predictive_weight"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not (value >= 0 and value < float("inf")):
+                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        if self.calibration and self.correspondence_weight == 0:
+            raise ValueError("correspondence_weight: calibration=True needs the correspondence loss "
+                             "(eq. 6) to train c_ii; use calibration=False for uncalibrated co-training")
+        if self.contrastive_weight == self.correspondence_weight == self.predictive_weight == 0:
+            raise ValueError("contrastive_weight, correspondence_weight, predictive_weight: all are 0")
         self.head_input = choice(head_input, "head_input", ("embeddings", "inputs"))
         self.detach_weight, self.normalize = bool(detach_weight), bool(normalize)
         in_dim = None
@@ -80,7 +109,9 @@ class CaliNCE(nn.Module):
             in_dim = 2 * int(embed_dim)
         elif head_input == "inputs" and input_dims is not None:
             in_dim = int(input_dims[0]) + int(input_dims[1])
-        self.head = nn.Sequential(_linear(in_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 2))
+        self.head = None
+        if self.calibration or self.correspondence_weight > 0:
+            self.head = nn.Sequential(_linear(in_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 2))
         self.predict_v = self.predict_t = None
         if self.predictive_weight > 0:
             if embed_dim is None:
@@ -91,52 +122,66 @@ class CaliNCE(nn.Module):
         self.last_terms: dict[str, float] = {}
 
     def _head_features(self, v, t, video_input, text_input):
+        """``(f_v, f_t)`` of the global batch: the gathered embeddings or input features."""
         if self.head_input == "embeddings":
-            return (l2_normalize(v), l2_normalize(t)) if self.normalize else (v, t)
+            return v, t
         feats = []
         for x, name in ((video_input, "video_input"), (text_input, "text_input")):
             if x is None:
                 raise ValueError(f"{name}: required with head_input='inputs'")
             x = float_matrix(x, name, device=v.device).detach()
-            if x.shape[0] != v.shape[0]:
-                raise ValueError(f"{name}: expected {v.shape[0]} rows, got {x.shape[0]}")
+            if x.shape[0] * dist.world_size() != v.shape[0]:
+                raise ValueError(f"{name}: expected {v.shape[0] // dist.world_size()} rows, got {x.shape[0]}")
             feats.append(dist.all_gather_no_grad(x))
         return feats
 
-    def forward(self, video, text, video_input=None, text_input=None, *, ids=None,
-                temperature: Temperature | None = None) -> torch.Tensor:
-        v, t = embeddings(video, text)
-        n_local = v.shape[0]
-        if ids is not None:
-            ids = dist.all_gather_no_grad(check_ids(torch.as_tensor(ids), n_local).to(v.device))
+    def _correspondence(self, v, t, video_input, text_input, ids):
+        """``(L_corr, c [B])`` of the global batch (eq. 1)."""
         fv, ft = self._head_features(v, t, video_input, text_input)
-        v, t = dist.all_gather_with_grad(v), dist.all_gather_with_grad(t)
-        if self.head_input == "embeddings":
-            fv, ft = dist.all_gather_with_grad(fv), dist.all_gather_with_grad(ft)
         n = v.shape[0]
         hd = self.head[-1].weight.dtype  # the head runs in its own dtype (float32 unless .double())
         fv, ft = fv.to(hd), ft.to(hd)
         match_logits = self.head(torch.cat([fv, ft], dim=1))
-        c = torch.softmax(match_logits.float() if hd != torch.float64 else match_logits, dim=1)[:, 1]
+        work = torch.float64 if hd == torch.float64 else torch.float32
+        c = torch.softmax(match_logits.to(work), dim=1)[:, 1]
         mismatch_logits, valid = match_logits[:0], None  # B = 1: matched pair only
         if n >= 2:
             sigma = derangement(n, generator=self.generator, device=v.device)
             valid = None if ids is None else ids[sigma] != ids
             mismatch_logits = self.head(torch.cat([fv, ft[sigma]], dim=1))
-        corr = correspondence_loss(match_logits.to(c.dtype), mismatch_logits.to(c.dtype), valid)
+        return correspondence_loss(match_logits.to(work), mismatch_logits.to(work), valid), c
+
+    def forward(self, video, text, video_input=None, text_input=None, *, ids=None,
+                temperature: Temperature | None = None) -> torch.Tensor:
+        v, t = embeddings(video, text)
+        if ids is not None:
+            ids = dist.all_gather_no_grad(check_ids(torch.as_tensor(ids), v.shape[0]).to(v.device))
+        v, t = dist.all_gather_with_grad(v), dist.all_gather_with_grad(t)
+        corr, c = v.new_zeros(()), None
+        if self.head is not None:
+            corr, c = self._correspondence(v, t, video_input, text_input, ids)
         tau = self.temperature if temperature is None else temperature
         if isinstance(tau, torch.Tensor) and tau.ndim == 1 and dist.world_size() > 1:
             tau = dist.all_gather_with_grad(tau) if tau.requires_grad else dist.all_gather_no_grad(tau)
-        weights = c.detach() if self.detach_weight else c
+        if self.calibration:
+            weights = c.detach() if self.detach_weight else c
+        else:
+            weights = torch.ones(v.shape[0], dtype=v.dtype, device=v.device)
         cont = calibrated_nce(v, t, weights, temperature=tau, ids=ids, normalize=self.normalize)
         pred = cont.new_zeros(())
         if self.predict_v is not None:
             pd = self.predict_v.weight.dtype
-            zv, zt = (l2_normalize(v), l2_normalize(t)) if self.normalize else (v, t)
-            pred = predictive_coding_loss(self.predict_v(zv.to(pd)), self.predict_t(zt.to(pd)), zv, zt)
-        loss = (self.correspondence_weight * corr + self.contrastive_weight * cont
-                + self.predictive_weight * pred)
-        self.last_terms = {"corr": float(corr.detach()), "cont": float(cont.detach()),
-                           "pred": float(pred.detach()), "c_mean": float(c.detach().mean()),
-                           "loss": float(loss.detach())}
+            pred = predictive_coding_loss(self.predict_v(v.to(pd)), self.predict_t(t.to(pd)), v, t)
+        loss = (self.correspondence_weight * corr.to(cont.dtype) + self.contrastive_weight * cont
+                + self.predictive_weight * pred.to(cont.dtype))
+        self.last_terms = {"contrastive": float(cont.detach()), "correspondence": float(corr.detach()),
+                           "predictive": float(pred.detach()), "loss": float(loss.detach())}
+        if c is not None:
+            self.last_terms["c_mean"] = float(c.detach().mean())
         return loss
+
+    def extra_repr(self) -> str:
+        return (f"temperature={self.temperature}, calibration={self.calibration}, "
+                f"contrastive_weight={self.contrastive_weight}, "
+                f"correspondence_weight={self.correspondence_weight}, "
+                f"predictive_weight={self.predictive_weight}, head_input={self.head_input!r}")

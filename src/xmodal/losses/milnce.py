@@ -16,6 +16,13 @@ class MILNCE(DirectionalTemperatures, nn.Module):
 
     See :func:`xmodal.functional.milnce.mil_nce`.
 
+    Batch: MIL-NCE needs several positives per anchor, i.e. ``K > 1`` captions of the same
+    video in one batch, row ``i`` holding ``(video of caption i, caption i)`` (the video's
+    embedding repeated on each of its ``K`` rows) and ``ids[i]`` the video's index. A
+    batch of one caption per video (or no ``ids``) makes it exactly InfoNCE. The trainer's
+    K-captions-per-video sampler builds such batches. With ``joint=True`` the loss is the
+    official HowTo100M code's (tested against it with ``K`` captions per video).
+
     Args:
         temperature: > 0; ``t2v_temperature``/``v2t_temperature``: per-direction values
             for text/video anchors.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -37,7 +39,7 @@ class NCL(nn.Module):
 
     Each step runs ``sinkhorn_iters`` log-domain Sinkhorn-Knopp iterations on the
     batch similarities ``S = s / temperature``, turns the scalings into detached
-    biases ``a_i`` (texts) and ``b_j`` (videos) (eq. 11) and applies the symmetric
+    biases ``a_i`` (texts) and ``b_j`` (videos) (eqs. 10-11) and applies the symmetric
     InfoNCE to ``a_i + b_j + <t_i, v_j>`` (eq. 12); see
     :func:`xmodal.functional.ncl.ncl_loss` (``ids``: Sinkhorn over distinct videos
     with marginals from the caption counts).
@@ -57,11 +59,20 @@ class NCL(nn.Module):
     global batch, so with DDP's gradient averaging the update equals the one of a
     single process on the concatenated batch.
 
+    Learnable temperature (``learnable=True``): as CLIP / CLIP4Clip, the backbone NCL
+    fine-tunes, ``logit_scale = log(1 / gamma)`` is a parameter, clamped in forward so
+    that ``1 / gamma <= max_logit_scale``; Sinkhorn uses its current (detached) value
+    and the gradient reaches it through ``s / gamma`` (see
+    :mod:`xmodal.functional.ncl`). ``.temperature`` is then a 0-d tensor with grad.
+
     Args:
-        temperature: ``gamma > 0``, the softmax and Sinkhorn temperature.
+        temperature: ``gamma > 0``, the softmax and Sinkhorn temperature (initial value
+            when learnable).
         sinkhorn_iters: Sinkhorn-Knopp iterations per batch (paper: 4).
         queue_size: rows kept in each query queue (paper: 16,384; 0: none).
         normalize: L2-normalise the embeddings.
+        learnable: learn the temperature through ``logit_scale`` (CLIP).
+        max_logit_scale: clamp of ``1 / gamma`` for the learnable temperature.
 
     Shape:
         video, text: ``[B, D]``; ids: ``[B]``; returns a scalar.
@@ -70,9 +81,16 @@ class NCL(nn.Module):
     accepts: tuple[str, ...] = ("ids", "temperature")
 
     def __init__(self, temperature: float = 0.05, sinkhorn_iters: int = 4,
-                 queue_size: int = 16384, normalize: bool = True) -> None:
+                 queue_size: int = 16384, normalize: bool = True, learnable: bool = False,
+                 max_logit_scale: float = 100.0) -> None:
         super().__init__()
-        self.temperature = positive_number(temperature, "temperature")
+        temperature = positive_number(temperature, "temperature")
+        self.max_logit_scale = positive_number(max_logit_scale, "max_logit_scale")
+        self.learnable = bool(learnable)
+        if self.learnable:
+            self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
+        else:
+            self._temperature = temperature
         for name, value, low in (("sinkhorn_iters", sinkhorn_iters, 1), ("queue_size", queue_size, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
@@ -82,6 +100,13 @@ class NCL(nn.Module):
         self.register_buffer("text_queue", torch.zeros(0, 0))
         self.register_buffer("video_queue", torch.zeros(0, 0))
         self.last_biases: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def temperature(self) -> float | torch.Tensor:
+        """The current temperature (a 0-d tensor with grad when learnable)."""
+        if self.learnable:
+            return 1.0 / self.logit_scale.clamp(max=math.log(self.max_logit_scale)).exp()
+        return self._temperature
 
     def forward(self, video: torch.Tensor, text: torch.Tensor, *, ids: torch.Tensor | None = None,
                 temperature: float | torch.Tensor | None = None) -> torch.Tensor:
@@ -118,5 +143,5 @@ class NCL(nn.Module):
         return self.text_queue.detach().clone(), self.video_queue.detach().clone()
 
     def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, sinkhorn_iters={self.sinkhorn_iters}, "
+        return (f"temperature={float(torch.as_tensor(self.temperature).detach()):g}, learnable={self.learnable}, sinkhorn_iters={self.sinkhorn_iters}, "
                 f"queue_size={self.queue_size}, normalize={self.normalize}")

@@ -15,11 +15,26 @@ Both are averaged over queries and reported in percent. Rows of ``sim`` are the 
 ``directions="both"`` also evaluates the transposed problem and averages the two, as the
 EPIC leaderboard does (vis->txt and txt->vis).
 
-Ties in ``sim`` (left to argsort's whims in the official code) are broken by relevancy:
-``ties="pessimistic"`` puts less relevant items first within a group of equal scores,
-``"optimistic"`` more relevant first. Items equal in both score and relevancy are
-interchangeable, so the result is exact and invariant to permuting the gallery. Without
-ties both equal the official code.
+Ties in ``sim`` (left to argsort's whims in the official code) are resolved so that the
+names are true bounds: ``ties="pessimistic"`` gives, per query and per metric, the
+minimum over every order of the tied items, ``"optimistic"`` the maximum (so
+pessimistic <= any tie-breaking, the official code's included, <= optimistic; the means
+over queries inherit this). Without ties both equal the official code.
+
+* nDCG: DCG weights ``1 / log2(k + 1)`` (0 beyond ``k_q``) do not increase with ``k``, so
+  (rearrangement inequality) less relevant first within each group of equal scores is
+  the worst order, more relevant first the best.
+* mAP: a tie group's order changes only the precision of its own hits (later hits see
+  the group's whole relevancy and length either way). Less relevant first is NOT always
+  the worst: an item of relevancy ``0 < r < 1`` placed before a hit lowers that hit's
+  precision ``C / k`` to ``(C + r) / (k + 1)`` only if ``r < C / k``. Exchange arguments
+  fix the rest: items of relevancy 0 go before all the group's hits (worst) or after
+  them (best); the other non-hits go in increasing (worst) or decreasing (best)
+  relevancy; only where the hits sit among them is left, an exact dynamic programme
+  over (non-hits placed, hits placed), ``O(#hits * #non-hits)`` per tie group. It runs
+  only for queries whose tie group mixes a hit with an item of relevancy other than 0
+  and 1 (detected per block); elsewhere less (more) relevant first is already the
+  worst (best) order for both metrics.
 
 A query with no item of relevancy 1 has no defined AP (the official code divides 0 by
 0), one with no item of relevancy > 0 no defined nDCG. ``empty="skip"`` (default)
@@ -327,6 +342,73 @@ def _block_exact(s: np.ndarray, r: np.ndarray, optimistic: bool):
     return _score(rel_sorted, pos, (r > 0).sum(1))
 
 
+def _mixed_tie_rows(s: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Rows holding a hit (relevancy 1) and an item of relevancy not in {0, 1} with
+    exactly equal scores (-0.0 == +0.0). Shape: s, r ``[b, G]`` -> sorted row indices."""
+    g = s.shape[1]
+    sf, rf = s.ravel(), r.ravel()
+    hit = np.flatnonzero(rf == 1)
+    if hit.size == 0:
+        return np.zeros(0, np.int64)
+    grd = np.flatnonzero((rf > 0) & (rf != 1))
+    if grd.size == 0:
+        return np.zeros(0, np.int64)
+    sh, sg = sf[hit], sf[grd]
+    uh = np.unique(sh)
+    pos = np.minimum(np.searchsorted(uh, sg), uh.size - 1)
+    match = uh[pos] == sg
+    if not match.any():
+        return np.zeros(0, np.int64)
+    kh = (hit // g) * uh.size + np.searchsorted(uh, sh)
+    rows_g = grd[match] // g
+    kg = rows_g * uh.size + pos[match]
+    return np.unique(rows_g[np.isin(kg, kh)])
+
+
+def _hits_extreme(a: float, n: int, hits: int, x: np.ndarray, optimistic: bool) -> float:
+    """Min (max) over the placements of ``hits`` hits among the sorted non-hits ``x`` of
+    the sum of the hits' precisions, ``a``/``n``: relevancy sum and count before them.
+
+    Hit ``j`` (1-based) after ``i`` non-hits has precision ``(a + P_i + j) / (n + i + j)``
+    (``P_i`` = sum of the first ``i``); placements are non-decreasing in ``i``.
+    """
+    pre = np.concatenate([[0.0], np.cumsum(x)])
+    i = np.arange(x.size + 1, dtype=np.float64)
+    acc = np.maximum.accumulate if optimistic else np.minimum.accumulate
+    best = np.zeros(x.size + 1)
+    for j in range(1, hits + 1):
+        best = acc(best) + (a + pre + j) / (n + i + j)
+    return float(best.max() if optimistic else best.min())
+
+
+def _ap_extreme_row(s: np.ndarray, r: np.ndarray, optimistic: bool) -> float:
+    """AP of one query under the worst (best) order of its tied items (module docstring).
+
+    Shape:
+        s, r: ``[G]`` -> AP (0 when no hit).
+    """
+    s = s.astype(np.float64) + 0.0          # -0.0 -> +0.0
+    r = r.astype(np.float64)
+    order = np.argsort(-s, kind="stable")
+    ss, rr = s[order], r[order]
+    starts = np.flatnonzero(np.concatenate([[True], ss[1:] != ss[:-1]]))
+    ends = np.append(starts[1:], ss.size)
+    cum = np.concatenate([[0.0], np.cumsum(rr)])
+    total, n1 = 0.0, 0
+    for lo, hi in zip(starts, ends):
+        grp = rr[lo:hi]
+        hits = int(np.count_nonzero(grp == 1))
+        if hits == 0:
+            continue
+        n1 += hits
+        zeros = int(np.count_nonzero(grp == 0))
+        x = np.sort(grp[(grp != 0) & (grp != 1)])
+        if optimistic:
+            x = x[::-1]
+        total += _hits_extreme(cum[lo], int(lo) + (0 if optimistic else zeros), hits, x, optimistic)
+    return total / n1 if n1 else 0.0
+
+
 def _mean(values: np.ndarray, defined: np.ndarray, empty: str, what: str) -> float:
     if not defined.all():
         if empty == "error":
@@ -364,6 +446,9 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
     else:
         parts = [one(start) for start in starts]
     ap, dcg, idcg, n1 = (np.concatenate(x) for x in zip(*parts))
+    for start in starts:   # mAP's worst / best order where a tie group mixes relevancies
+        for row in _mixed_tie_rows(sn[start:start + b], r[start:start + b]) + start:
+            ap[row] = _ap_extreme_row(sn[row], r[row], optimistic)
     ndcg = np.divide(dcg, idcg, out=np.zeros_like(dcg), where=idcg > 0)
     return _mean(ap, n1 > 0, empty, "mAP (relevancy == 1)"), _mean(ndcg, idcg > 0, empty, "nDCG (relevancy > 0)")
 
@@ -377,7 +462,8 @@ def mir(sim: Any, relevancy: Any, *, ties: str = "pessimistic", empty: str = "sk
         sim: similarity matrix (queries x gallery), float16/32/64, numpy or torch.
         relevancy: graded relevancy in [0, 1] of the same shape (EPIC: mean of the
             verb-class IoU and the noun-class IoU, in [0, 1]).
-        ties: "pessimistic" or "optimistic" (how equal scores are ordered; see module).
+        ties: "pessimistic" (per query and metric, the worst order of tied items: a
+            true lower bound) or "optimistic" (the best: an upper bound); see module.
         empty: what a query without relevant items gets: "skip", "zero" or "error".
         directions: "rows" (rows are the queries) or "both" (also columns as queries;
             "mAP"/"nDCG" are then the mean of the two, with per-direction values under

@@ -13,11 +13,17 @@ from xmodal.normalize._base import Normalizer, like_input, to_work
 
 
 class DistributionNormalization(Normalizer):
-    """DN: ``S(x, y) = (x - lam * mu_x) . (y - lam * mu_y)`` (eq. 7).
+    """DN: ``S(x, y) = (x - lam * mu_x) . (y - lam * mu_y)`` (eq. 7, sec. 3).
 
-    ``mu_x`` / ``mu_y`` are the means of a seeded random sample of
-    ``num_samples`` unlabeled queries and gallery items (all of them when fewer,
-    or when ``num_samples`` is None).
+    ``mu_x`` / ``mu_y`` are the means of a seeded random sample of ``num_samples``
+    unlabeled queries and gallery items (all of them when fewer, or when
+    ``num_samples`` is None). The paper's protocol (sec. 4.2; Tables 1-2) estimates each
+    mean from 100 random unlabeled VALIDATION samples and reports recalls averaged over 5
+    sampling seeds; test-set means appear only as the upper bound of the sec. 4.6.1
+    ablation (Table 5, "(test)"). For that protocol fit one normaliser per seed with
+    :meth:`fit_per_seed` and average the metrics. ``seeds > 1`` instead averages the
+    means of ``seeds`` samples (seeds ``seed .. seed + seeds - 1``; the average of the
+    per-seed means of :meth:`fit_per_seed`), a lower-variance estimate of one mean.
 
     DN acts on embeddings, not on a similarity matrix. Expanding the product,
     ``x.y - lam x.mu_y - lam mu_x.y + lam^2 mu_x.mu_y``: for ranking the gallery
@@ -32,29 +38,45 @@ class DistributionNormalization(Normalizer):
     Args:
         lam: the DN weight ``lambda`` (paper default 0.25; 0 disables).
         num_samples: sample size for each mean (paper: 100); None uses all rows.
-        seed: seed of the sampling.
-        oracle: True when the samples are the test queries (DN's own protocol
-            samples unlabeled test data); only reported by ``uses_test_queries``.
+        seed: seed of the sampling (the first one when ``seeds > 1``).
+        oracle: True when the samples are the test queries themselves (not the
+            paper's protocol, which samples validation data); only reported by
+            ``uses_test_queries``.
+        seeds: number of sampling seeds whose sample means are averaged (default 1).
+
+    Example:
+        >>> import torch
+        >>> from xmodal.normalize import DistributionNormalization
+        >>> g = torch.Generator().manual_seed(0)
+        >>> val_q, val_g = torch.randn(500, 8, generator=g), torch.randn(500, 8, generator=g)
+        >>> runs = DistributionNormalization.fit_per_seed(val_q, val_g, num_samples=100, seeds=5)
+        >>> len(runs), runs[0].seed, runs[4].seed
+        (5, 0, 4)
+        >>> avg = DistributionNormalization(num_samples=100, seeds=5).fit(val_q, val_g)
+        >>> bool(torch.allclose(avg.mu_queries, sum(r.mu_queries for r in runs) / 5))
+        True
     """
 
     name = "dn"
 
     def __init__(self, lam: float = 0.25, num_samples: int | None = 100, seed: int = 0,
-                 oracle: bool = False) -> None:
+                 oracle: bool = False, seeds: int = 1) -> None:
         self.oracle = bool(oracle)
         lam = float(lam)
         if not np.isfinite(lam):
             raise ValueError(f"lam: must be finite, got {lam!r}")
         if num_samples is not None:
             num_samples = int(positive_number(num_samples, "num_samples"))
-        self.lam, self.num_samples, self.seed = lam, num_samples, int(seed)
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
+        self.lam, self.num_samples, self.seed, self.seeds = lam, num_samples, int(seed), seeds
         self._mu_q: torch.Tensor | None = None
         self._mu_g: torch.Tensor | None = None
         self._bias: torch.Tensor | None = None
 
     def hparams(self) -> dict[str, Any]:
         return {"lam": self.lam, "num_samples": self.num_samples, "seed": self.seed,
-                "oracle": self.oracle}
+                "oracle": self.oracle, "seeds": self.seeds}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {}
@@ -64,12 +86,32 @@ class DistributionNormalization(Normalizer):
         return out
 
     def _sample_mean(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """Mean of the per-seed sample means (seed ``seed + k``, stream ``+ offset``)."""
         n = x.shape[0]
         if self.num_samples is None or self.num_samples >= n:
             return x.mean(0)
-        rng = np.random.default_rng(self.seed + offset)
-        rows = torch.from_numpy(np.sort(rng.choice(n, size=self.num_samples, replace=False)))
-        return x[rows.to(x.device)].mean(0)
+        means = []
+        for k in range(self.seeds):
+            rng = np.random.default_rng(self.seed + k + offset)
+            rows = torch.from_numpy(np.sort(rng.choice(n, size=self.num_samples, replace=False)))
+            means.append(x[rows.to(x.device)].mean(0))
+        return torch.stack(means).mean(0)
+
+    @classmethod
+    def fit_per_seed(cls, query_samples: Any, gallery_samples: Any, *, lam: float = 0.25,
+                     num_samples: int | None = 100, seeds: int = 5, seed: int = 0,
+                     oracle: bool = False) -> list["DistributionNormalization"]:
+        """The paper's protocol (sec. 4.2): one DN per sampling seed ``seed .. seed + seeds - 1``,
+        each fitted on ``num_samples`` random rows; evaluate each and average the metrics.
+
+        Shape:
+            query_samples ``[K, D]``, gallery_samples ``[N, D]`` -> a list of ``seeds``
+            fitted normalisers.
+        """
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
+        return [cls(lam=lam, num_samples=num_samples, seed=seed + k, oracle=oracle)
+                .fit(query_samples, gallery_samples) for k in range(seeds)]
 
     def fit(self, query_samples: Any, gallery_samples: Any) -> "DistributionNormalization":
         """Estimate ``mu_x`` and ``mu_y``; cache :meth:`gallery_bias` of ``gallery_samples``.
