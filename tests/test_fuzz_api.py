@@ -164,15 +164,11 @@ def test_sinkhorn_iters_bounded_and_named(iters):
     _named(exc, "iters")
 
 
-@pytest.mark.xfail(strict=True, reason="check belongs in normalize/dn.py (paper helper): "
-                   "lam must be a finite number >= 0; remove this marker after the merge")
 def test_dn_negative_lambda_rejected():
     with pytest.raises(ValueError, match="^lam"):
         DistributionNormalization(lam=-1)
 
 
-@pytest.mark.xfail(strict=True, reason="check belongs in normalize/dn.py (paper helper): transform "
-                   "names the argument whose dimension differs from the fitted means; remove after merge")
 def test_dn_transform_other_dimension_named():
     dn = DistributionNormalization().fit(np.ones((4, 3), np.float32), np.ones((5, 3), np.float32))
     with pytest.raises(ValueError, match="^queries"):

@@ -63,8 +63,8 @@ class DistributionNormalization(Normalizer):
                  oracle: bool = False, seeds: int = 1) -> None:
         self.oracle = bool(oracle)
         lam = float(lam)
-        if not np.isfinite(lam):
-            raise ValueError(f"lam: must be finite, got {lam!r}")
+        if not np.isfinite(lam) or lam < 0:
+            raise ValueError(f"lam: must be a finite number >= 0, got {lam!r}")
         if num_samples is not None:
             num_samples = int(positive_number(num_samples, "num_samples"))
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
@@ -134,6 +134,12 @@ class DistributionNormalization(Normalizer):
         if self._mu_q is None:
             raise ValueError("DistributionNormalization: call fit(query_samples, gallery_samples) first")
 
+    def _dims(self, x: torch.Tensor, name: str, mu: torch.Tensor) -> torch.Tensor:
+        """``x`` if its embedding size is the fitted means' (else a ValueError naming ``name``)."""
+        if x.ndim != 2 or x.shape[1] != mu.shape[0]:
+            raise ValueError(f"{name}: embedding size {tuple(x.shape)[1:]} != {mu.shape[0]} of the fitted means")
+        return x
+
     def _gallery_bias(self, g: torch.Tensor) -> torch.Tensor:
         return -self.lam * (g @ self._mu_q.to(g.device, g.dtype))
 
@@ -156,13 +162,13 @@ class DistributionNormalization(Normalizer):
     def gallery_bias(self, gallery: Any) -> Any:
         """Per-gallery bias ``-lam * mu_x . y_j`` ``[N]`` (the rank-relevant part of DN)."""
         self._check_fitted()
-        g = to_work(gallery, "gallery")
+        g = self._dims(to_work(gallery, "gallery"), "gallery", self._mu_q)
         return like_input(self._gallery_bias(g), gallery)
 
     def query_term(self, queries: Any) -> Any:
         """Per-query term ``-lam x_i . mu_y + lam^2 mu_x . mu_y`` ``[Q]`` (rank-irrelevant)."""
         self._check_fitted()
-        q = to_work(queries, "queries")
+        q = self._dims(to_work(queries, "queries"), "queries", self._mu_g)
         mu_g, mu_q = self._mu_g.to(q.device, q.dtype), self._mu_q.to(q.device, q.dtype)
         return like_input(-self.lam * (q @ mu_g) + self.lam ** 2 * (mu_q @ mu_g), queries)
 
@@ -173,8 +179,8 @@ class DistributionNormalization(Normalizer):
             queries ``[Q, D]``, gallery ``[N, D]`` -> same shapes.
         """
         self._check_fitted()
-        q = to_work(queries, "queries")
-        g = to_work(gallery, "gallery")
+        q = self._dims(to_work(queries, "queries"), "queries", self._mu_q)
+        g = self._dims(to_work(gallery, "gallery"), "gallery", self._mu_g)
         q2 = q - self.lam * self._mu_q.to(q.device, q.dtype)
         g2 = g - self.lam * self._mu_g.to(g.device, g.dtype)
         return like_input(q2, queries), like_input(g2, gallery)
