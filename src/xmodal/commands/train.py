@@ -127,7 +127,7 @@ def format_summary(summary: dict) -> str:
     for split in ("val", "test"):
         if split not in summary:
             continue
-        lines.append(f"{split:5s} {'normaliser':10s} | t2v R@1   R@5  R@10  MdR    MnR | v2t R@1   R@5  R@10  MdR    MnR")
+        lines.append(f"{split:5s} {'normaliser':16s} | t2v R@1   R@5  R@10  MdR    MnR | v2t R@1   R@5  R@10  MdR    MnR")
         for name, m in summary[split].items():
             cells = []
             for d in ("t2v", "v2t"):
@@ -135,11 +135,11 @@ def format_summary(summary: dict) -> str:
                 cells.append(f"{r['R@1']:7.2f} {r['R@5']:5.1f} {r['R@10']:5.1f} {r['MdR']:4.0f} {r['MnR']:6.1f}")
             mark = "*" if name == summary["normalizer"] else (
                 "+" if name in summary.get("uses_test_queries", ()) else " ")
-            lines.append(f"      {name + mark:10s} | {cells[0]} | {cells[1]}")
+            lines.append(f"      {name + mark:16s} | {cells[0]} | {cells[1]}")
         for name, m in summary.get("oracle", {}).get(split, {}).items():
             cells = [f"{m[d]['R@1']:7.2f} {m[d]['R@5']:5.1f} {m[d]['R@10']:5.1f} {m[d]['MdR']:4.0f} "
                      f"{m[d]['MnR']:6.1f}" for d in ("t2v", "v2t")]
-            lines.append(f"      {name + '+':10s} | {cells[0]} | {cells[1]}")
+            lines.append(f"      {name + '+':16s} | {cells[0]} | {cells[1]}")
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")
