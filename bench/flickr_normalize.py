@@ -104,7 +104,7 @@ def train(data, *, dim: int, epochs: int, patience: int, seed: int, lr: float, b
 
 
 def evaluate_direction(queries, gallery, positives, train_bank, temperature, ks=(1, 5, 10), iters=4):
-    from xmodal.commands.normalize import build_and_fit
+    from xmodal.testtime import fit_normalizer
     from xmodal.metrics import normalization_error, retrieval
 
     q, g, bank = queries.numpy(), gallery.numpy(), train_bank.numpy()
@@ -123,8 +123,8 @@ def evaluate_direction(queries, gallery, positives, train_bank, temperature, ks=
         if method is None:
             out, uses_test = sim, False
         else:
-            norm = build_and_fit(method, q, g, kw.get("bank"), oracle=kw.get("oracle", False),
-                                 temperature=temperature, iters=iters)
+            norm = fit_normalizer(method, q, g, kw.get("bank"), oracle=kw.get("oracle", False),
+                                  temperature=temperature, iters=iters)
             out, uses_test = norm(sim), norm.uses_test_queries
         m = retrieval(out, positives, ks=ks)
         m["norm_err"] = normalization_error(out, temperature)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.models import TwoTower, atomic_save, build_model, load_model, model_payload
+from xmodal.models import TwoTower, build_model, load_model, model_payload
+from xmodal.runs import atomic_save
+from xmodal.testtime import TestTime, fit_test_time
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,14 +83,21 @@ def test_checkpoint_round_trip(tmp_path):
     v, t = _features()
     model.fit_standardization(torch.from_numpy(v), torch.from_numpy(t))
     model.temperature = 0.07
-    model.test_time = {"normalizer": "dn", "text_bank": torch.ones(2, 8)}
+    g = torch.Generator().manual_seed(1)
+    tt = fit_test_time(["none", "dn", "sinkhorn"], text_bank=torch.randn(20, 8, generator=g),
+                       video_bank=torch.randn(20, 8, generator=g), temperature=0.07)
+    tt.selected = "dn"
+    model.test_time = tt
     atomic_save({"model": model_payload(model)}, tmp_path / "model.pt")
     assert not list(tmp_path.glob(".*tmp*"))
     for path in (tmp_path, tmp_path / "model.pt"):
         loaded = load_model(path)
         assert isinstance(loaded, TwoTower)
         assert loaded.temperature == pytest.approx(0.07)
-        assert loaded.test_time["normalizer"] == "dn"
+        assert isinstance(loaded.test_time, TestTime)
+        assert loaded.test_time.selected == "dn" and loaded.test_time.names == ("none", "dn", "sinkhorn")
+        for name in ("none", "dn", "sinkhorn"):  # the stored state gives the same scores
+            torch.testing.assert_close(loaded.similarity(t, v, name), model.similarity(t, v, name))
         torch.testing.assert_close(loaded.encode_video(v), model.encode_video(v))
         torch.testing.assert_close(loaded.encode_text(t), model.encode_text(t))
     with pytest.raises(FileNotFoundError, match="path"):

@@ -36,7 +36,7 @@ def tiny_config(**sections):
 
 
 def _weights(path):
-    return torch.load(path, weights_only=False)["model"]["state_dict"]
+    return torch.load(path, weights_only=True)["model"]["state_dict"]
 
 
 def _assert_same_weights(a, b, **tol):
@@ -136,8 +136,8 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path, case):
     torch.manual_seed(12345)
     resumed = train(cfg, tmp_path / "killed")
     _assert_same_weights(_weights(tmp_path / "full" / "model.pt"), _weights(tmp_path / "killed" / "model.pt"))
-    ck_full = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
-    ck_res = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)
+    ck_full = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=True)
+    ck_res = torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)
     for k, v in ck_full["loss"].items():
         assert torch.equal(v, ck_res["loss"][k]), k
     assert full["val"] == resumed["val"]
@@ -188,8 +188,8 @@ def test_ddp_two_processes_equal_single_process_for_one_epoch(tmp_path):
     # import the test module afresh)
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(ddp)), nprocs=2, join=True)
     _assert_same_weights(_weights(single / "model.pt"), _weights(ddp / "model.pt"), rtol=1e-5, atol=1e-6)
-    a = torch.load(single / "checkpoint.pt", weights_only=False)["loss"]
-    b = torch.load(ddp / "checkpoint.pt", weights_only=False)["loss"]
+    a = torch.load(single / "checkpoint.pt", weights_only=True)["loss"]
+    b = torch.load(ddp / "checkpoint.pt", weights_only=True)["loss"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 

@@ -39,11 +39,13 @@ def as_tensor(x: Any, name: str, *, dtype: torch.dtype | None = None,
 
 
 def float_matrix(x: Any, name: str, *, ndim: int = 2, dtype: torch.dtype | None = None,
-                 device: torch.device | str | None = None, allow_empty: bool = False) -> torch.Tensor:
-    """A finite floating tensor with ``ndim`` dimensions (ints are promoted to float32)."""
+                 device: torch.device | str | None = None, allow_empty: bool = False,
+                 finite: bool = True) -> torch.Tensor:
+    """A floating tensor with ``ndim`` dimensions (ints are promoted to float32), finite
+    unless ``finite=False`` (the caller checks finiteness later, in one sync with others)."""
     t = as_tensor(x, name, device=device)
-    if t.dtype == torch.bool:
-        raise TypeError(f"{name}: expected floating values, got bool")
+    if t.dtype == torch.bool or t.is_complex():
+        raise TypeError(f"{name}: expected floating values, got {t.dtype}")
     if not t.is_floating_point():
         t = t.to(torch.float32)
     if dtype is not None:
@@ -52,15 +54,44 @@ def float_matrix(x: Any, name: str, *, ndim: int = 2, dtype: torch.dtype | None 
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name}: empty input, shape {tuple(t.shape)}")
-    check_finite(t, name)
+    if finite:
+        check_finite(t, name)
     return t
 
 
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Exact NaN/inf test of any number of tensors in ONE host sync: one float sum per
+    tensor, stacked; only a non-finite sum (a NaN/inf entry, or an overflow of finite
+    values) falls back to the element-wise check.
+
+    >>> all_finite(torch.ones(3), torch.tensor([1.0, float("nan")]))
+    False
+    """
+    ts = [t for t in tensors if (t.is_floating_point() or t.is_complex()) and t.numel()]
+    if not ts:
+        return True
+    with torch.no_grad():
+        dev = ts[0].device
+        sums = torch.stack([t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+                            .to(device=dev, dtype=torch.float32) for t in ts])
+        if bool(torch.isfinite(sums).all()):
+            return True
+        return all(bool(torch.isfinite(t).all()) for t in ts)
+
+
 def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise ``ValueError`` if ``t`` holds NaN or inf."""
-    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+    """Raise ``ValueError`` naming ``name`` if ``t`` holds NaN or inf (one host sync when clean)."""
+    if not all_finite(t):
         n_bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name}: contains {n_bad} NaN/inf value(s)")
+
+
+def check_all_finite(named: dict[str, torch.Tensor]) -> None:
+    """:func:`check_finite` of several tensors in one host sync; the error names the first bad one."""
+    if all_finite(*named.values()):
+        return
+    for name, t in named.items():
+        check_finite(t, name)
 
 
 def positive_number(v: Any, name: str) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -21,8 +22,22 @@ from typing import Any, Iterable
 import yaml
 
 KNOWN_LOSSES = ("infonce", "ntxent", "maxmargin", "mimaxmargin", "milnce", "dcl", "crossclr", "ncl", "calince")
-MARGIN_LOSSES = ("maxmargin", "mimaxmargin")
 NORMALIZER_NAMES = ("none", "dn", "sinkhorn", "ncl", "qbnorm", "is", "dsl")
+SAMPLINGS = ("captions", "videos", "k_captions")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``3e-4`` (no dot, YAML 1.2 style) as a float, so a
+    quoted ``"0.05"`` is the only way to get a string and can be refused."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
 @dataclass(frozen=True)
@@ -108,16 +123,19 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class TestTimeConfig:
-    """Test-time normalisers tried on the validation split; the best (by
-    ``train.metric``) is stored in the checkpoint. ``sinkhorn`` uses a bank of
-    ``bank_size`` training queries, ``ncl`` the NCL loss's own query queues."""
+    """Test-time normalisers fitted once at the end of training and tried on the
+    validation split; the best (by ``train.metric``) is selected (``xmodal.testtime``).
+    ``sinkhorn`` uses a bank of ``bank_size`` training queries, ``ncl`` the NCL loss's own
+    query queues (dropped for losses without one). ``oracle``: also report Sinkhorn
+    biases fitted on the evaluated queries themselves (``sinkhorn_oracle``; never selected)."""
 
-    normalizers: tuple = ("none", "dn", "sinkhorn", "qbnorm")
+    normalizers: tuple = ("none", "dn", "sinkhorn", "ncl", "qbnorm")
     bank_size: int = 5000
     dn_lam: float = 0.25
     qb_k: int = 1
     qb_beta: float = 20.0
     sinkhorn_iters: int = 4
+    oracle: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,7 +143,9 @@ class TrainConfig:
     seed: int = 0
     epochs: int = 20
     batch_size: int = 256
-    sampling: str = "captions"    # captions: every caption once per epoch; videos: one caption per video
+    sampling: str = "captions"    # captions: every caption once per epoch; videos: one caption per video;
+    #                               k_captions: each video once with captions_per_video of its captions (MIL-NCE)
+    captions_per_video: int = 4   # K of k_captions; must divide batch_size
     metric: str = "rsum"          # early-stopping metric on val: rsum | r1 (mean of t2v/v2t R@1)
     patience: int = 5             # epochs without improvement before stopping; 0 = never
     device: str = "auto"          # auto | cpu | cuda
@@ -211,11 +231,6 @@ def _coerce(v: Any, f: dataclasses.Field, where: str) -> Any:
     if isinstance(default, float) or (default is None and where.split(".")[-1] in ("temperature", "margin")):
         if v is None and where in _OPTIONAL_NUMBERS:
             return None
-        if isinstance(v, str):  # PyYAML reads "3e-4" (no dot) as a string
-            try:
-                v = float(v)
-            except ValueError:
-                pass
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"{where}: expected a number, got {v!r}")
         return float(v)
@@ -240,6 +255,15 @@ def _one_of(v: str, where: str, options: Iterable[str]) -> None:
     options = tuple(options)
     if v not in options:
         raise ValueError(f"{where}: unknown value {v!r}; expected one of {', '.join(options)}")
+
+
+def _scheduled(loss: str) -> str | None:
+    """The quantity the loss declares as scheduled (``temperature``/``margin``/None)."""
+    try:
+        from xmodal.losses import loss_spec
+    except ImportError:
+        return "margin" if "margin" in loss else "temperature"
+    return loss_spec(loss).keyword
 
 
 def known_losses() -> tuple[str, ...]:
@@ -286,6 +310,10 @@ def validate(cfg: Config) -> None:
         _positive(lo.temperature, "loss.temperature")
     if lo.margin is not None:
         _nonneg(lo.margin, "loss.margin")
+    for key, value in lo.kwargs.items():
+        if any(word in str(key) for word in ("temperature", "margin")) and value is not None and (
+                isinstance(value, (bool, str)) or not isinstance(value, (int, float))):
+            raise ValueError(f"loss.kwargs.{key}: expected a number, got {value!r}")
     o = cfg.optim
     _one_of(o.name, "optim.name", ("adam", "adamw", "radam"))
     _positive(o.lr, "optim.lr")
@@ -303,7 +331,7 @@ def validate(cfg: Config) -> None:
     _one_of(s.classes, "schedule.classes", ("labels", "kmeans"))
     if s.k < 1:
         raise ValueError(f"schedule.k: must be >= 1, got {s.k}")
-    if lo.name not in MARGIN_LOSSES and lo.temperature is not None and s.kind != "constant" \
+    if _scheduled(lo.name) != "margin" and lo.temperature is not None and s.kind != "constant" \
             and s.alpha / 2 >= lo.temperature:
         raise ValueError(f"schedule.alpha: {s.alpha} would drive the temperature {lo.temperature} to <= 0 "
                          f"(it moves within temperature +- alpha/2)")
@@ -326,7 +354,12 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"train.{name}: must be >= 1, got {getattr(tr, name)}")
     if tr.batch_size < 2:
         raise ValueError("train.batch_size: contrastive losses need at least 2 pairs per batch")
-    _one_of(tr.sampling, "train.sampling", ("captions", "videos"))
+    _one_of(tr.sampling, "train.sampling", SAMPLINGS)
+    if tr.captions_per_video < 1:
+        raise ValueError(f"train.captions_per_video: must be >= 1, got {tr.captions_per_video}")
+    if tr.sampling == "k_captions" and tr.batch_size % tr.captions_per_video:
+        raise ValueError(f"train.captions_per_video: {tr.captions_per_video} must divide train.batch_size "
+                         f"({tr.batch_size})")
     _one_of(tr.metric, "train.metric", ("rsum", "r1"))
     _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
     if tr.patience < 0:
@@ -344,7 +377,7 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[list[str], Any]]:
         if len(path) < 2:
             raise ValueError(f"override {item!r}: expected section.key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _yaml_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         out.append((path, value))
@@ -353,7 +386,7 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[list[str], Any]]:
 
 def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
     """A copy of the nested dict ``d`` with ``section.key=value`` overrides applied."""
-    d = yaml.safe_load(yaml.safe_dump(d)) or {}
+    d = _yaml_load(yaml.safe_dump(d)) or {}
     for path, value in parse_overrides(overrides):
         node = d
         for p in path[:-1]:
@@ -374,9 +407,12 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         if not p.is_file():
             raise FileNotFoundError(f"config: {path} not found")
         try:
-            d = yaml.safe_load(p.read_text()) or {}
+            d = _yaml_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ValueError(f"config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"config: {path} must hold a mapping of sections at the top level, "
+                             f"got a {type(d).__name__}")
     return from_dict(apply_overrides(d, overrides))
 
 

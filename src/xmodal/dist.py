@@ -105,3 +105,39 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
         return t
     _dist.all_reduce(t)
     return t / world_size()
+
+
+def init_from_env(*, cuda: bool = False) -> bool:
+    """Initialise the process group when launched by ``torchrun`` (``WORLD_SIZE`` > 1):
+    nccl when ``cuda`` (binding ``LOCAL_RANK``'s GPU), else gloo. Returns whether a
+    process group is active (one that was already initialised counts)."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or is_distributed():
+        return is_distributed()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _dist.init_process_group("nccl" if cuda else "gloo")
+    return True
+
+
+def shutdown() -> None:
+    """Barrier, then destroy the process group (a gloo group torn down while a peer still
+    communicates aborts that peer). No-op when not distributed."""
+    if is_distributed():
+        _dist.barrier()
+        _dist.destroy_process_group()
+
+
+def average_gradients(params) -> None:
+    """DDP's gradient averaging over ranks, done explicitly (see the module docstring).
+
+    A parameter without a gradient on this rank contributes zeros (its ``.grad`` is set).
+    """
+    if world_size() == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        _dist.all_reduce(p.grad)
+        p.grad.div_(world_size())

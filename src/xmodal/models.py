@@ -30,6 +30,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from xmodal._validate import as_tensor, choice, check_finite
+from xmodal.runs import atomic_save, load_checkpoint  # noqa: F401  (atomic_save: former home)
+from xmodal.testtime import TestTime
 
 TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
 CHECKPOINT_NAMES = ("model.pt", "checkpoint.pt")
@@ -132,8 +134,9 @@ class TwoTower(nn.Module):
             test-time biases); the trainer sets it from the loss after training.
 
     Attributes:
-        test_time: dict describing the test-time normaliser selected on the
-            validation split and its query banks (see :mod:`xmodal.train`).
+        test_time: the :class:`~xmodal.testtime.TestTime` of a trained run: the
+            normalisers fitted at the end of training and the one selected on
+            validation (assigning a dict converts it).
     """
 
     def __init__(self, video: TowerSpec, text: TowerSpec, temperature: float = 0.05) -> None:
@@ -143,7 +146,20 @@ class TwoTower(nn.Module):
         self.video_tower = Tower(video)
         self.text_tower = Tower(text)
         self.register_buffer("_temperature", torch.tensor(float(temperature)))
-        self.test_time: dict[str, Any] = {"normalizer": "none"}
+        self.test_time = TestTime(temperature=float(temperature))
+
+    @property
+    def test_time(self) -> TestTime:
+        return self._test_time
+
+    @test_time.setter
+    def test_time(self, value: TestTime | dict | None) -> None:
+        if isinstance(value, TestTime):
+            self._test_time = value
+        elif value is None or isinstance(value, dict):
+            self._test_time = TestTime.from_state_dict(value)
+        else:
+            raise TypeError(f"test_time: expected a TestTime, got {type(value).__name__}")
 
     @property
     def temperature(self) -> float:
@@ -198,6 +214,34 @@ class TwoTower(nn.Module):
             self.train(was_training)
         return torch.cat(out) if out else x.new_zeros(0, tower.spec.out_dim)
 
+    def similarity(self, text_features: Any, video_features: Any, normalizer: str = "selected", *,
+                   direction: str = "t2v", video_mask: Any = None, batch_size: int = 8192) -> torch.Tensor:
+        """Retrieval scores of raw input features under the run's test-time normaliser.
+
+        Raw features -> the run's heads -> cosine scores -> the stored normaliser of
+        :attr:`test_time` (fitted once at the end of training, never refitted; bank-based
+        gallery biases are computed against this gallery, see :mod:`xmodal.testtime`).
+
+        Args:
+            text_features: ``[T, Dt]``.
+            video_features: ``[V, Dv]`` or ``[V, F, Dv]``.
+            normalizer: ``"selected"`` (chosen on val when training), ``"none"`` or a fitted name.
+            direction: ``"t2v"`` (texts query videos, ``[T, V]``) or ``"v2t"`` (``[V, T]``;
+                the transpose for ``none``/``dn``, its own gallery biases otherwise).
+            video_mask: optional bool ``[V, F]`` (True = real frame).
+
+        Shape:
+            ``[T, V]`` (``direction="t2v"``) or ``[V, T]``, on the model's device.
+
+        >>> m = build_model(video_dim=6, text_dim=4, dim=3)
+        >>> m.similarity(torch.randn(5, 4), torch.randn(2, 6), normalizer="none").shape
+        torch.Size([5, 2])
+        """
+        text = self.encode_text(text_features, batch_size=batch_size)
+        video = (self.encode_video(video_features, batch_size=batch_size) if video_mask is None
+                 else self.encode_video(video_features, mask=video_mask, batch_size=batch_size))
+        return self.test_time.similarity(text, video, normalizer, direction=direction)
+
     def fit_standardization(self, video: torch.Tensor, text: torch.Tensor) -> None:
         """Measure input mean/std on training features (stored as buffers)."""
         self.video_tower.standardize.fit(video)
@@ -228,25 +272,16 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
 def model_payload(model: TwoTower) -> dict:
     """What a checkpoint stores about the model (plain tensors and dicts)."""
     return {"architecture": model.architecture(), "state_dict": model.state_dict(),
-            "test_time": model.test_time}
+            "test_time": model.test_time.state_dict()}
 
 
 def model_from_payload(payload: dict) -> TwoTower:
     arch = payload["architecture"]
     model = TwoTower(TowerSpec(**arch["video"]), TowerSpec(**arch["text"]))
     model.load_state_dict(payload["state_dict"])
-    model.test_time = payload.get("test_time") or {"normalizer": "none"}
+    model.test_time = TestTime.from_state_dict(payload.get("test_time"))
     model.eval()
     return model
-
-
-def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same directory, then ``os.replace``:
-    a kill mid-write never leaves a truncated checkpoint behind."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> TwoTower:
@@ -258,6 +293,11 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
 
     Returns:
         A :class:`TwoTower` in eval mode with ``temperature`` and ``test_time`` set.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: the file is corrupt, truncated, not an xmodal checkpoint, or holds
+            Python objects that could run code (refused: loading is weights-only).
     """
     p = Path(path)
     if p.is_dir():
@@ -269,10 +309,12 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
             raise FileNotFoundError(f"path: no {' or '.join(CHECKPOINT_NAMES)} in {path}")
     elif not p.is_file():
         raise FileNotFoundError(f"path: {path} does not exist")
-    payload = torch.load(p, map_location=map_location, weights_only=False)
-    if not isinstance(payload, dict) or "model" not in payload:
-        raise ValueError(f"path: {p} is not an xmodal checkpoint")
-    return model_from_payload(payload["model"])
+    payload = load_checkpoint(p, map_location=map_location)
+    try:
+        return model_from_payload(payload["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"path: {p} is not a loadable xmodal model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise ValueError(f"--threads: must be >= 1, got {args.threads}")
+    if args.epochs is not None and args.epochs < 1:
+        raise ValueError(f"--epochs: must be >= 1, got {args.epochs}")
     torch.set_num_threads(args.threads)
     datasets = _list(args.datasets, "--datasets")
     for d in datasets:
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         datasets = ["synthetic"]
         objectives = args.objectives and objectives or ["infonce", "ncl", "crossclr", "calince"]
-        epochs = epochs or 6
+        epochs = 6 if epochs is None else epochs
         synthetic = {"num_train": 800, "num_val": 300, "num_test": 300}
     if args.noise:
         noise = tuple(sorted({0.0, *_list(args.noise, "--noise", float)}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 NAME = "train"
 HELP = "train a two-tower head on pre-extracted features (YAML config + overrides)"
@@ -71,7 +72,7 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     merged.set_ = list(args.set_) + list(rest.set_)
     merged.no_resume = args.no_resume or rest.no_resume
     merged.quiet = args.quiet or rest.quiet
-    merged.threads = rest.threads or args.threads
+    merged.threads = rest.threads if rest.threads is not None else args.threads
     if merged.threads is not None and merged.threads < 1:
         raise ValueError(f"--threads: must be >= 1, got {merged.threads}")
     merged.plots = args.plots and rest.plots
@@ -84,6 +85,7 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from xmodal import dist
     from xmodal.config import load_config
     from xmodal.train import init_distributed_from_env, train
 
@@ -94,21 +96,18 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     started = init_distributed_from_env(cfg.train.device)
-    from xmodal import dist
-
     rank = dist.rank()
     try:
         summary = train(cfg, args.out, resume=not args.no_resume, progress=False if args.quiet else None)
-        if started:
-            import torch.distributed as tdist
-
-            # Destroying a gloo group while a peer still communicates aborts the process.
-            tdist.barrier()
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        # a full disk or an unwritable run directory: one line, not a traceback
+        print(f"xmodal train: error: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     finally:
         if started:
-            import torch.distributed as tdist
-
-            tdist.destroy_process_group()
+            dist.shutdown()
     if rank != 0:
         return 0
     if args.plots:
@@ -128,14 +127,22 @@ def format_summary(summary: dict) -> str:
     for split in ("val", "test"):
         if split not in summary:
             continue
-        lines.append(f"{split:5s} {'normaliser':10s} | t2v R@1   R@5  R@10  MdR    MnR | v2t R@1   R@5  R@10  MdR    MnR")
+        lines.append(f"{split:5s} {'normaliser':16s} | t2v R@1   R@5  R@10  MdR    MnR | v2t R@1   R@5  R@10  MdR    MnR")
         for name, m in summary[split].items():
             cells = []
             for d in ("t2v", "v2t"):
                 r = m[d]
                 cells.append(f"{r['R@1']:7.2f} {r['R@5']:5.1f} {r['R@10']:5.1f} {r['MdR']:4.0f} {r['MnR']:6.1f}")
-            mark = "*" if name == summary["normalizer"] else " "
-            lines.append(f"      {name + mark:10s} | {cells[0]} | {cells[1]}")
+            mark = "*" if name == summary["normalizer"] else (
+                "+" if name in summary.get("uses_test_queries", ()) else " ")
+            lines.append(f"      {name + mark:16s} | {cells[0]} | {cells[1]}")
+        for name, m in summary.get("oracle", {}).get(split, {}).items():
+            cells = [f"{m[d]['R@1']:7.2f} {m[d]['R@5']:5.1f} {m[d]['R@10']:5.1f} {m[d]['MdR']:4.0f} "
+                     f"{m[d]['MnR']:6.1f}" for d in ("t2v", "v2t")]
+            lines.append(f"      {name + '+':16s} | {cells[0]} | {cells[1]}")
+    if summary.get("oracle") or summary.get("uses_test_queries"):
+        lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
+                     "not deployable; never selected)")
     return "\n".join(lines)
 
 

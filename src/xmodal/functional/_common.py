@@ -14,6 +14,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from xmodal._validate import all_finite  # noqa: F401  (re-exported: its former home)
+
 Temperature = float | torch.Tensor
 
 
@@ -29,18 +31,13 @@ def full_precision(device: torch.device) -> Iterator[None]:
         yield
 
 
-def all_finite(t: torch.Tensor) -> bool:
-    """Exact NaN/inf test: one sum (fast); only a non-finite sum (a NaN/inf entry, or an
-    overflow of finite values) falls back to the element-wise check."""
-    with torch.no_grad():
-        if bool(torch.isfinite(t.sum(dtype=torch.float32 if t.dtype != torch.float64 else None))):
-            return True
-        return bool(torch.isfinite(t).all())
-
-
 def check_embeddings(video: torch.Tensor, text: torch.Tensor,
                      names: tuple[str, str] = ("video", "text")) -> None:
-    """Validate a pair of ``[B, D]`` embedding batches (floating, finite, same shape)."""
+    """Validate a pair of ``[B, D]`` embedding batches (floating, finite, same shape).
+
+    The finiteness of both is tested in one host sync (:func:`xmodal._validate.all_finite`):
+    the only sync of a loss forward with float temperatures.
+    """
     for t, name in zip((video, text), names):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -50,11 +47,12 @@ def check_embeddings(video: torch.Tensor, text: torch.Tensor,
             raise ValueError(f"{name}: expected shape [B, D], got {tuple(t.shape)}")
         if t.shape[0] == 0 or t.shape[1] == 0:
             raise ValueError(f"{name}: empty batch, shape {tuple(t.shape)}")
-        if not all_finite(t):
-            raise ValueError(f"{name}: contains NaN/inf values")
     if video.shape != text.shape:
         raise ValueError(f"{names[0]} and {names[1]}: batch shapes differ, "
                          f"{tuple(video.shape)} vs {tuple(text.shape)}")
+    if not all_finite(video, text):
+        bad = names[0] if not all_finite(video) else names[1]
+        raise ValueError(f"{bad}: contains NaN/inf values")
 
 
 def prepare(x: torch.Tensor, dtype: torch.dtype, normalize: bool) -> torch.Tensor:
@@ -95,10 +93,13 @@ def per_sample(value: Temperature, n: int, name: str, *, like: torch.Tensor,
                              f"got shape {tuple(value.shape)}")
         check = t.detach()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        check = torch.tensor([float(value)])
-        t = torch.full((n,), float(value), device=like.device, dtype=like.dtype)
+        f = scalar_or_per_sample(float(value), n, name, like=like, allow_zero=allow_zero)  # no tensor, no sync
+        return torch.full((n,), f, device=like.device, dtype=like.dtype)
     else:
         raise TypeError(f"{name}: expected a float or a tensor, got {type(value).__name__}")
+    ok = torch.isfinite(check) & ((check >= 0) if allow_zero else (check > 0))
+    if bool(ok.all()):  # one host sync when valid
+        return t
     if not bool(torch.isfinite(check).all()):
         raise ValueError(f"{name}: contains NaN/inf")
     bad = (check < 0) if allow_zero else (check <= 0)

@@ -81,6 +81,7 @@ class CaliNCE(nn.Module):
     """
 
     accepts: tuple[str, ...] = ("ids", "temperature", "video_input", "text_input")
+    scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, *, calibration: bool = True,
                  contrastive_weight: float = 1.0, correspondence_weight: float = 1.0,

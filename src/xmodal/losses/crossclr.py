@@ -66,6 +66,7 @@ class CrossCLR(nn.Module):
     """
 
     accepts: tuple[str, ...] = ("ids", "temperature", "video_input", "text_input")
+    scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.03, intra_weight: float = 0.8,
                  prune_threshold: float | None = 0.9, weight_scale: float | None = 0.0035,

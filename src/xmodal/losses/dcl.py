@@ -28,6 +28,7 @@ class DebiasedContrastive(DirectionalTemperatures, nn.Module):
     """
 
     accepts = ("ids", "temperature")
+    scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, tau_plus: float = 0.1, *,
                  t2v_temperature: float | None = None, v2t_temperature: float | None = None,

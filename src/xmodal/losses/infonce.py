@@ -42,6 +42,7 @@ class InfoNCE(nn.Module):
     """
 
     accepts = ("ids", "temperature")
+    scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, learnable: bool = False, *,
                  t2v_temperature: float | None = None, v2t_temperature: float | None = None,

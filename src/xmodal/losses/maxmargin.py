@@ -31,6 +31,7 @@ class MaxMargin(nn.Module):
     """
 
     accepts = ("ids", "margin")
+    scheduled = "margin"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, margin: float = 0.2, hardest: bool = False, *, normalize: bool = True,
                  negative_reduction: str = "mean", gather: bool = True,

@@ -29,6 +29,7 @@ class MIMaxMargin(nn.Module):
     """
 
     accepts = ("relevancy", "margin")
+    scheduled = "margin"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, margin: float = 0.2, *, threshold: float = 0.5, normalize: bool = True,
                  gather: bool = True, local_loss: bool = False) -> None:

@@ -79,6 +79,7 @@ class NCL(nn.Module):
     """
 
     accepts: tuple[str, ...] = ("ids", "temperature")
+    scheduled = "temperature:per_step"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, sinkhorn_iters: int = 4,
                  queue_size: int = 16384, normalize: bool = True, learnable: bool = False,

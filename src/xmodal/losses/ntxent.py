@@ -27,6 +27,7 @@ class NTXent(DirectionalTemperatures, nn.Module):
     """
 
     accepts = ("ids", "temperature")
+    scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, *, t2v_temperature: float | None = None,
                  v2t_temperature: float | None = None, normalize: bool = True,

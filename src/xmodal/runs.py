@@ -1,0 +1,223 @@
+"""Run directories: safe checkpoint reads, atomic writes, a writer lock, stale-file cleanup.
+
+Everything the trainer writes into a run directory goes through this module, so the
+failure modes of a run directory have one home:
+
+- :func:`load_checkpoint` reads with ``torch.load(..., weights_only=True)``: a file
+  whose pickle names any Python callable (a code-execution payload) is refused, never
+  run; corrupt, truncated and foreign files give one ``ValueError`` naming the file.
+- :func:`atomic_save` / :func:`atomic_write_text` write a temporary file and
+  ``os.replace`` it; a full disk raises ``OSError(ENOSPC, "no space left on device
+  ...")`` naming the file, and the temporary file is removed.
+- :class:`RunLock` (``DIR/.lock``): one writer per run directory. A second writer
+  fails at once naming the run and the holder's pid. The lock is an ``flock`` on the
+  file, released by the kernel when its process dies, so the lock of a dead process
+  is simply taken over.
+- :func:`remove_stale_temporaries`: ``.NAME.tmpPID`` files left by killed saves.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LOCK_NAME = ".lock"
+_TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*")
+
+
+class RunDirError(ValueError):
+    """A run directory cannot be used (locked, not a directory, unreadable checkpoint)."""
+
+
+class DivergedError(ValueError):
+    """The training loss became NaN/inf."""
+
+
+def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict:
+    """Read a checkpoint written by ``xmodal train`` without executing code from it.
+
+    Args:
+        path: the ``.pt`` file.
+        map_location: as ``torch.load``.
+
+    Returns:
+        The checkpoint dict (tensors, numbers, strings, lists and dicts only).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file names a Python object other than tensors and plain
+            containers (refused: unpickling it could run code), is corrupt or truncated,
+            or is not an xmodal checkpoint. The message names the file.
+
+    >>> import tempfile, torch
+    >>> d = tempfile.mkdtemp()
+    >>> atomic_save({"model": {"w": torch.ones(2)}}, f"{d}/model.pt")
+    >>> load_checkpoint(f"{d}/model.pt")["model"]["w"]
+    tensor([1., 1.])
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path: {p} does not exist")
+    try:
+        obj = torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        msg = str(exc)
+        if "Unsupported global" in msg:
+            what = msg.split("Unsupported global:", 1)[1].split(" was not", 1)[0].strip()
+            raise RunDirError(f"{p}: refused to load: it contains a Python object ({what}) that could run "
+                              f"code when unpickled; xmodal only reads weights-only checkpoints") from None
+        raise RunDirError(f"{p}: not a readable checkpoint (corrupt or not a torch file)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError,
+            AttributeError, TypeError) as exc:
+        why = "empty or truncated" if isinstance(exc, EOFError) else "corrupt or truncated"
+        raise RunDirError(f"{p}: not a readable checkpoint ({why})") from None
+    if not isinstance(obj, dict) or "model" not in obj:
+        raise RunDirError(f"{p}: not an xmodal checkpoint (no 'model' entry)")
+    return obj
+
+
+def _no_space(path: Path) -> OSError:
+    return OSError(errno.ENOSPC, f"no space left on device while writing {path}")
+
+
+def _write_failed(exc: BaseException, path: Path) -> OSError | None:
+    """The ``OSError`` to raise for a failed write, or None to re-raise ``exc``."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return _no_space(path)
+    if isinstance(exc, RuntimeError) and "write" in str(exc).lower():
+        # torch's zip writer reports ENOSPC as "file write failed"
+        try:
+            full = shutil.disk_usage(path.parent).free < (1 << 20)
+        except OSError:
+            full = False
+        return _no_space(path) if full else OSError(errno.EIO, f"failed writing {path}: {exc}")
+    return None
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def atomic_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file in the same directory, then ``os.replace``:
+    a kill mid-write never leaves a truncated checkpoint behind.
+
+    Raises:
+        OSError: ``ENOSPC`` "no space left on device while writing PATH" on a full disk.
+    """
+    path = Path(path)
+    tmp = _tmp(path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        tmp.unlink(missing_ok=True)
+        err = _write_failed(exc, path)
+        if err is None:
+            raise
+        raise err from None
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
+    path = Path(path)
+    tmp = _tmp(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        err = _write_failed(exc, path)
+        if err is None:
+            raise
+        raise err from None
+
+
+def remove_stale_temporaries(out: str | os.PathLike) -> list[Path]:
+    """Delete ``.checkpoint.pt.tmp*`` (and log/model/metrics) temporaries of killed saves.
+
+    Call with the run's :class:`RunLock` held: no other writer can own them then.
+    """
+    removed = []
+    for pattern in _TMP_PATTERNS:
+        for p in Path(out).glob(pattern):
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def prepare_run_dir(out: str | os.PathLike) -> Path:
+    """Create ``out`` (a directory); a path that is a file raises ``RunDirError``."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise RunDirError(f"out: {p} exists and is not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirError(f"out: a parent of {p} is a file, not a directory") from None
+    except NotADirectoryError:
+        raise RunDirError(f"out: a parent of {p} is a file, not a directory") from None
+    return p
+
+
+def _pid_of(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+class RunLock:
+    """Exclusive writer lock of a run directory (``DIR/.lock`` holding the writer's pid).
+
+    Usable as a context manager. A second :meth:`acquire` (another process, or another
+    open in this one) raises :class:`RunDirError` at once, naming the run and the pid.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with RunLock(d):
+    ...     RunLock(d).acquire()
+    Traceback (most recent call last):
+    ...
+    xmodal.runs.RunDirError: out: run directory ... is in use by process ... (lock file .../.lock)
+    """
+
+    def __init__(self, out: str | os.PathLike) -> None:
+        self.out = Path(out)
+        self.path = self.out / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise RunDirError(f"out: run directory {self.out} is in use by process {_pid_of(self.path)} "
+                              f"(lock file {self.path})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays (unlinking would race)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()

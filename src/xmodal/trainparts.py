@@ -1,0 +1,116 @@
+"""Wiring pieces of the trainer: config -> loss / optimiser / LR / device, the loss's
+forward keywords from its declaration, and state helpers for exact resume."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from xmodal import dist
+from xmodal.config import Config
+
+
+def build_loss_from_config(cfg: Config, *, video_dim: int | None = None, text_dim: int | None = None
+                           ) -> nn.Module:
+    """The loss of ``cfg.loss``, from its declaration (:func:`xmodal.losses.loss_spec`):
+    ``temperature`` or ``margin`` goes to the loss that schedules it, ``learnable`` when
+    set, the model-derived keywords the loss registered (``embed_dim``, ``input_dims``,
+    ``seed``) unless ``kwargs`` sets them, ``kwargs`` always."""
+    from xmodal.losses import build_loss, loss_spec
+
+    lc = cfg.loss
+    spec = loss_spec(lc.name)
+    kwargs: dict[str, Any] = {}
+    if spec.keyword == "temperature" and lc.temperature is not None:
+        kwargs["temperature"] = lc.temperature
+    if lc.margin is not None:
+        if spec.keyword != "margin":
+            raise ValueError(f"loss.margin: loss {lc.name!r} has no margin")
+        kwargs["margin"] = lc.margin
+    if lc.learnable:
+        kwargs["learnable"] = True
+    known = {"embed_dim": cfg.model.dim, "seed": cfg.train.seed,
+             "input_dims": (video_dim, text_dim) if video_dim and text_dim else None}
+    kwargs.update({k: known[k] for k in spec.model_kwargs if known[k] is not None})
+    kwargs.update(lc.kwargs)
+    try:
+        return build_loss(lc.name, **kwargs)
+    except TypeError as exc:
+        if lc.learnable and "learnable" in str(exc):
+            raise ValueError(f"loss.learnable: loss {lc.name!r} has no learnable temperature") from None
+        raise ValueError(f"loss.kwargs: {exc}") from None
+
+
+def generator_states(module: nn.Module) -> dict[str, torch.Tensor]:
+    """States of the private ``torch.Generator`` s a loss keeps (not in its state_dict)."""
+    return {f"{name}.{attr}" if name else attr: g.get_state()
+            for name, m in module.named_modules() for attr, g in vars(m).items()
+            if isinstance(g, torch.Generator)}
+
+
+def set_generator_states(module: nn.Module, states: dict[str, torch.Tensor]) -> None:
+    for key, state in states.items():
+        name, _, attr = key.rpartition(".")
+        getattr(module.get_submodule(name) if name else module, attr).set_state(state)
+
+
+def make_optimizer(cfg: Config, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    o = cfg.optim
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "radam": torch.optim.RAdam}[o.name]
+    return cls(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+
+
+def cosine_lr(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
+    """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to
+    ``min_ratio * base_lr`` at ``total_steps`` (nanoGPT)."""
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device: 'cuda' requested but no GPU is available")
+    return torch.device(name)
+
+
+def init_distributed_from_env(device: str = "auto") -> bool:
+    """:func:`xmodal.dist.init_from_env` with nccl for a GPU ``train.device``, else gloo."""
+    return dist.init_from_env(cuda=resolve_device(device).type == "cuda")
+
+
+average_gradients = dist.average_gradients  # former home
+
+
+def loss_extras(loss: nn.Module, *, ids: torch.Tensor, video_in: torch.Tensor, text_in: torch.Tensor,
+                scheduled: float | torch.Tensor | None, keyword: str) -> dict[str, Any]:
+    """The optional forward keywords this loss declares in ``accepts``."""
+    accepts = getattr(loss, "accepts", ())
+    extra: dict[str, Any] = {}
+    if "ids" in accepts:
+        extra["ids"] = ids
+    if "video_input" in accepts:
+        extra["video_input"] = video_in.mean(1) if video_in.ndim == 3 else video_in
+    if "text_input" in accepts:
+        extra["text_input"] = text_in
+    if "relevancy" in accepts:
+        extra["relevancy"] = (ids[:, None] == ids[None, :]).float()
+    if scheduled is not None and keyword in accepts:
+        extra[keyword] = scheduled.to(video_in.device) if isinstance(scheduled, torch.Tensor) else scheduled
+    return extra
+
+
+def load_module_state(module: nn.Module, state: dict) -> None:
+    """``load_state_dict`` that also restores buffers whose size changes in training
+    (the growing query queues of NCL / CrossCLR start empty)."""
+    for name, buf in list(module.named_buffers()):
+        if name in state and state[name].shape != buf.shape:
+            owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+            setattr(owner, name.rpartition(".")[2], state[name].clone().to(buf.device))
+    module.load_state_dict(state)
