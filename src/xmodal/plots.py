@@ -130,7 +130,7 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
         written.append(plot_schedule(steps, values, run_dir / "schedule.png", label=plan.keyword,
                                      class_counts=plan.class_counts, class_values=plan.class_values))
     val = splits["val"]
-    text, video = model.encode_text(val.text), model.encode_video(val.video)
+    text, video = model.encode_text(val.text), model.encode_video(*val.video_input())
     tt = model.test_time
     masses = {}
     for name in [n for n in tt.get("val", {"none": None})]:

@@ -23,6 +23,7 @@ single-process step on the global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from xmodal import dist
+from xmodal.data import inputs as video_inputs  # h-data: frame masks / several experts
 from xmodal.config import MARGIN_LOSSES, Config, save_config, to_dict
 from xmodal.models import TwoTower, atomic_save, build_model, model_payload
 
@@ -57,16 +59,16 @@ def load_splits(cfg: Config) -> dict:
     else:
         splits = {"train": xdata.load_paired_split(d.root, d.train_split),
                   "val": xdata.load_paired_split(d.root, d.val_split)}
-        if d.test_split and Path(d.root, f"{d.test_split}_caption_features.npy").is_file():
+        if d.test_split and not xdata.layout.missing_files(d.root, d.test_split):  # h-data: layout names
             splits["test"] = xdata.load_paired_split(d.root, d.test_split)
     train = splits["train"]
     if d.max_train_texts and train.num_texts > d.max_train_texts:
         keep = np.sort(np.random.default_rng(cfg.train.seed).choice(train.num_texts, d.max_train_texts,
                                                                      replace=False))
-        train = type(train)(video=train.video, text=train.text[keep], text_to_video=train.text_to_video[keep],
-                            video_labels=train.video_labels,
-                            text_labels=None if train.text_labels is None else train.text_labels[keep],
-                            name=train.name)
+        # h-data: dataclasses.replace keeps the frame mask, experts and names
+        train = dataclasses.replace(train, text=train.text[keep], text_to_video=train.text_to_video[keep],
+                                    text_labels=None if train.text_labels is None else train.text_labels[keep],
+                                    captions=None)
     if d.noise > 0:
         train = shuffle_pairs(train, d.noise, seed=cfg.train.seed)
     splits["train"] = train
@@ -81,8 +83,7 @@ def shuffle_pairs(split, fraction: float, *, seed: int):
     idx = rng.choice(m, int(round(fraction * m)), replace=False)
     t2v = split.text_to_video.copy()
     t2v[idx] = split.text_to_video[rng.permutation(idx)]
-    return type(split)(video=split.video, text=split.text, text_to_video=t2v, video_labels=split.video_labels,
-                       text_labels=split.text_labels, captions=split.captions, name=split.name)
+    return dataclasses.replace(split, text_to_video=t2v)  # h-data: keeps masks / experts
 
 
 def epoch_batches(epoch: int, *, seed: int, text_to_video: np.ndarray, batch_size: int,
@@ -330,7 +331,8 @@ def average_gradients(params: list[nn.Parameter]) -> None:
 @torch.no_grad()
 def embed_split(model: TwoTower, split, batch_size: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """(text embeddings ``[M, D]``, video embeddings ``[N, D]``), L2-normalised, float32."""
-    return model.encode_text(split.text, batch_size), model.encode_video(split.video, batch_size)
+    return (model.encode_text(split.text, batch_size),
+            model.encode_video(*split.video_input(), batch_size=batch_size))  # h-data: + mask / experts
 
 
 def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray) -> dict:
@@ -399,7 +401,7 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
     tt: dict[str, Any] = {
         "text_bank": model.encode_text(train.text[ti]).cpu(),
-        "video_bank": model.encode_video(train.video[vi]).cpu(),
+        "video_bank": model.encode_video(*train.video_input(vi)).cpu(),
         "temperature": model.temperature,
         "kwargs": {"dn": {"lam": tc.dn_lam},
                    "sinkhorn": {"temperature": model.temperature, "iters": tc.sinkhorn_iters},
@@ -488,11 +490,12 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
                         kind=cfg.model.kind, text_kind=cfg.model.text_kind or None, dim=cfg.model.dim,
                         width=cfg.model.width, depth=cfg.model.depth, dropout=cfg.model.dropout,
                         layers=cfg.model.layers, heads=cfg.model.heads, hidden=cfg.model.hidden,
-                        temperature=cfg.loss.temperature or 0.05)
-    video_all = torch.as_tensor(np.asarray(train_split.video, dtype=np.float32))
+                        temperature=cfg.loss.temperature or 0.05,
+                        experts=train_split.expert_dims(), fusion=cfg.model.fusion)  # h-data
+    video_all, mask_all = video_inputs.video_tensors(train_split)  # h-data: (features, mask), dicts w/ experts
     text_all = torch.as_tensor(np.asarray(train_split.text, dtype=np.float32))
     if cfg.model.standardize:
-        model.fit_standardization(video_all, text_all)
+        model.fit_standardization(video_all, text_all, video_mask=mask_all)
     model.to(device)
     loss_fn = build_loss_from_config(cfg, video_dim=train_split.video.shape[-1],
                                      text_dim=train_split.text.shape[-1]).to(device)
@@ -549,12 +552,13 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
             mine = batch[dist.rank() * local_bs:(dist.rank() + 1) * local_bs]
             ids_np = t2v_np[mine]
             text_in = text_all[mine].to(device)
-            video_in = video_all[ids_np].to(device)
+            video_in, mask_in = video_inputs.take(video_all, mask_all, ids_np, device)  # h-data
             ids = torch.as_tensor(ids_np, device=device)
             with amp:
-                v = model.forward_video(video_in)
+                v = model.forward_video(video_in, mask_in)
                 t = model.forward_text(text_in)
-            extra = loss_extras(loss_fn, ids=ids, video_in=video_in, text_in=text_in,
+            extra = loss_extras(loss_fn, ids=ids, video_in=video_inputs.pooled(video_in, mask_in),  # h-data
+                                text_in=text_in,
                                 scheduled=plan(step, mine), keyword=plan.keyword)
             loss = loss_fn(v.float(), t.float(), **extra)
             optimizer.zero_grad(set_to_none=True)
