@@ -81,7 +81,16 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
     for name in expert_masks:
         if name not in experts:
             out.append(f"{lab(f'video_mask.{name}')}: a mask for expert {name!r}, which has no features")
-    if n is not None and not out:
+    def usable(x: Any, m: Any, frame_only: bool) -> bool:
+        if m is None:
+            return True
+        ok = [x.shape[:2]] if x.ndim == 3 else []
+        return isinstance(m, np.ndarray) and m.dtype == np.bool_ and (
+            m.shape in ok or (not frame_only and m.shape == x.shape[:1]))
+
+    if n is not None and usable(video, video_mask, True) and all(
+            isinstance(v, np.ndarray) and v.ndim in (2, 3) and v.shape[0] == n and usable(v, expert_masks.get(k), False)
+            for k, v in experts.items()):
         present = present_rows(video_mask, n).copy()
         for name in experts:
             present |= present_rows(expert_masks.get(name), n)
