@@ -91,8 +91,8 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     for name, path in layout.expert_files(root, split).items():
         read(f"experts.{name}", path, f"video.{name}")
         read(f"expert_masks.{name}", layout.expert_mask_file(root, split, name), f"video_mask.{name}")
-    if all(k in out for k in ("video", "text", "text_to_video")):
-        problems += split_problems(out["video"], out["text"], out["text_to_video"],
+    if any(k in out for k in ("video", "text", "text_to_video")):
+        problems += split_problems(out.get("video"), out.get("text"), out.get("text_to_video"),
                                    video_mask=out.get("video_mask"), experts=out["experts"],
                                    expert_masks=out["expert_masks"], video_labels=out.get("video_labels"),
                                    text_labels=out.get("text_labels"), labels=labels, uncaptioned=uncaptioned)

@@ -69,7 +69,8 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
     labels = labels or {}
     lab = lambda role: labels.get(role, role)  # noqa: E731
     experts, expert_masks = experts or {}, expert_masks or {}
-    out = _feature_problems(video, lab("video"), None, video_mask, lab("video_mask"), True)
+    # None (a file that is missing, reported elsewhere): the checks needing it are skipped.
+    out = [] if video is None else _feature_problems(video, lab("video"), None, video_mask, lab("video_mask"), True)
     n = video.shape[0] if isinstance(video, np.ndarray) and video.ndim in (2, 3) else None
     for name, feats in experts.items():
         try:
@@ -99,14 +100,18 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
             what = "no real frame" if not experts else "no real frame in any expert"
             out.append(f"{lab('video_mask')}: {empty.size} video(s) have {what} (rows {empty[:5].tolist()}"
                        f"{' ...' if empty.size > 5 else ''}); drop them or unmask a frame")
-    if not isinstance(text, np.ndarray) or text.ndim != 2:
+    if text is None:
+        t = None
+    elif not isinstance(text, np.ndarray) or text.ndim != 2:
         out.append(f"{lab('text')}: expected an array [T, Dt], got {_shape(text)}")
         t = None
     else:
         t = text.shape[0]
         out += _feature_problems(text, lab("text"), None, None, "", True)
     t2v = np.asarray(text_to_video)
-    if t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
+    if text_to_video is None:
+        pass
+    elif t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
         out.append(f"{lab('text_to_video')}: expected a 1-d integer array, got shape {t2v.shape} dtype {t2v.dtype}")
     else:
         if t is not None and t2v.shape[0] != t:
