@@ -134,7 +134,7 @@ def test_the_commands_of_docs_your_data_run(tmp_path, one_thread):
     assert blocks and "xmodal data import" in blocks[0] and "xmodal train" in blocks[0]
     _example(tmp_path, n_train=40, n_val=10)
     (tmp_path / "configs").mkdir()
-    shutil.copy(ROOT / "configs" / "your_data.yaml", tmp_path / "configs")
+    shutil.copy(ROOT / "configs" / "synthetic.yaml", tmp_path / "configs")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     prelude = f'set -e\nxmodal() {{ "{sys.executable}" -m xmodal "$@"; }}\n'
     for block in blocks:
