@@ -85,7 +85,9 @@ def test_bad_values_name_the_field(overrides, field):
 def test_missing_data_files_name_the_split(tmp_path):
     (tmp_path / "train_caption_features.npy").write_bytes(b"")
     (tmp_path / "train_caption_to_image.npy").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"data.val_split: missing file .*dev_caption_features.npy"):
+    (tmp_path / "train_image_features.npy").write_bytes(b"")  # h-data: the check now asks for every required file
+    with pytest.raises(ValueError, match=r"data.val_split: missing file\(s\) .*dev_video_features.npy .*"
+                                         r"dev_text_features.npy \(or dev_caption_features.npy\)"):
         from_dict({"data": {"name": "paired", "root": str(tmp_path), "val_split": "dev"}})
 
 

@@ -56,14 +56,14 @@ def test_does_not_keep_a_view_of_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("case, match", [
-    ("missing_video", "dev_image_features.npy: file not found"),
-    ("missing_text", "dev_caption_features.npy: file not found"),
-    ("missing_map", "dev_caption_to_image.npy: file not found"),
-    ("video_1d", "dev_image_features.npy: expected a 2-d or 3-d array"),
-    ("text_3d", "dev_caption_features.npy: expected a 2-d array"),
+    ("missing_video", r"dev_video_features.npy \(or dev_image_features.npy\): file not found"),
+    ("missing_text", r"dev_text_features.npy \(or dev_caption_features.npy\): file not found"),
+    ("missing_map", r"dev_text_to_video.npy \(or dev_caption_to_video.npy, dev_caption_to_image.npy\): file not"),
+    ("video_1d", r"dev_image_features.npy: expected an array \[N, D\] or \[N, F, D\]"),
+    ("text_3d", r"dev_caption_features.npy: expected an array \[T, Dt\]"),
     ("count_mismatch", "dev_caption_to_image.npy: 7 entries but dev_caption_features.npy has 8"),
-    ("out_of_range", r"dev_caption_to_image.npy: caption -> item indices must lie in \[0, 4\)"),
-    ("negative", r"dev_caption_to_image.npy: caption -> item indices"),
+    ("out_of_range", r"dev_caption_to_image.npy: values must lie in \[0, 4\)"),
+    ("negative", r"dev_caption_to_image.npy: values must lie in"),
     ("float_map", "dev_caption_to_image.npy: expected a 1-d integer array"),
     ("nan", "dev_caption_features.npy: contains 1 NaN/inf"),
     ("inf", "dev_image_features.npy: contains 2 NaN/inf"),

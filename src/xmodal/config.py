@@ -72,6 +72,7 @@ class ModelConfig:
     heads: int = 8
     hidden: int = 512
     standardize: bool = True
+    fusion: str = "gated"         # several video experts: concat | gated (Collaborative Experts)
 
 
 @dataclass(frozen=True)
@@ -288,13 +289,15 @@ def validate(cfg: Config) -> None:
         root = Path(d.root)
         if not root.is_dir():
             raise ValueError(f"data.root: directory {d.root!r} not found (relative to {Path.cwd()})")
+        from xmodal.data.layout import missing_files  # h-data: the one list of layout names
+
         for split_field in ("train_split", "val_split"):
-            split = getattr(d, split_field)
-            for suffix in ("caption_features.npy", "caption_to_image.npy"):
-                if not (root / f"{split}_{suffix}").is_file():
-                    raise ValueError(f"data.{split_field}: missing file {root / f'{split}_{suffix}'}")
+            missing = missing_files(root, getattr(d, split_field))
+            if missing:
+                raise ValueError(f"data.{split_field}: missing file(s) in {root}: {'; '.join(missing)}")
     m = cfg.model
     _one_of(m.kind, "model.kind", ("linear", "mlp", "meanp", "transformer"))
+    _one_of(m.fusion, "model.fusion", ("concat", "gated"))
     if m.text_kind:
         _one_of(m.text_kind, "model.text_kind", ("linear", "mlp", "meanp", "transformer"))
     for name in ("dim", "width", "depth", "layers", "heads", "hidden"):

@@ -18,11 +18,9 @@ __all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_no
 def embed_split(model, split, batch_size: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """(text embeddings ``[M, D]``, video embeddings ``[N, D]``), L2-normalised, float32.
 
-    A split with a ``video_mask`` (bool ``[N, F]``) passes it to ``encode_video``.
+    The split's frame mask and experts (``split.video_input()``) go to ``encode_video``.
     """
-    mask = getattr(split, "video_mask", None)
-    video = (model.encode_video(split.video, batch_size=batch_size) if mask is None
-             else model.encode_video(split.video, mask=mask, batch_size=batch_size))
+    video = model.encode_video(*split.video_input(), batch_size=batch_size)
     return model.encode_text(split.text, batch_size=batch_size), video
 
 

@@ -34,6 +34,8 @@ from xmodal.runs import atomic_save, load_checkpoint  # noqa: F401  (atomic_save
 from xmodal.testtime import TestTime
 
 TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
+FUSIONS = ("concat", "gated")
+MAIN_EXPERT = "video"  # the key of the main video features among several experts
 CHECKPOINT_NAMES = ("model.pt", "checkpoint.pt")
 
 
@@ -62,9 +64,14 @@ class Standardize(nn.Module):
         self.register_buffer("std", torch.ones(dim))
 
     @torch.no_grad()
-    def fit(self, features: torch.Tensor) -> "Standardize":
-        """Set statistics from training features ``[N, D]`` or ``[N, F, D]`` (all rows/frames)."""
-        flat = features.reshape(-1, features.shape[-1]).to(torch.float64)
+    def fit(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> "Standardize":
+        """Set statistics from training features ``[N, D]`` or ``[N, F, D]``: all rows and
+        frames, or only those where ``mask`` (``[N]`` or ``[N, F]``) is True, so padded
+        frames and missing experts never enter the statistics."""
+        flat = features if mask is None else features[mask.to(torch.bool)]
+        flat = flat.reshape(-1, features.shape[-1]).to(torch.float64)
+        if flat.shape[0] == 0:
+            raise ValueError("features: no real rows or frames to measure the standardisation on")
         self.mean.copy_(flat.mean(0).to(self.mean.dtype))
         self.std.copy_(flat.std(0, unbiased=False).clamp_min(1e-6).to(self.std.dtype))
         return self
@@ -73,11 +80,35 @@ class Standardize(nn.Module):
         return (x - self.mean) / self.std
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the frame axis of the real frames (CLIP4Clip meanP with padding).
+
+    Padded values are replaced (``masked_fill``), never multiplied by zero, so NaN or
+    huge values in padded frames cannot leak in. A row without real frames gives 0.
+
+    Shape:
+        - x: ``[N, F, D]``; mask: ``[N, F]`` bool, True = real frame
+        - output: ``[N, D]``
+
+    >>> x = torch.tensor([[[1.0], [3.0], [1e30]]])
+    >>> masked_mean(x, torch.tensor([[True, True, False]]))
+    tensor([[2.]])
+    """
+    if mask is None:
+        return x.mean(1)
+    total = x.masked_fill(~mask[..., None], 0.0).sum(1)
+    return total / mask.sum(1, keepdim=True).clamp_min(1).to(x.dtype)
+
+
 class Tower(nn.Module):
     """One modality's head: standardise -> (pool frames) -> project.
 
+    ``mask`` (bool ``[N, F]``, True = real frame) makes padded frames invisible:
+    they are zeroed before anything else, excluded from the meanP average and from
+    the transformer's attention (``src_key_padding_mask``) and pooling.
+
     Shape:
-        - input: ``[N, Din]`` or ``[N, F, Din]``
+        - input: ``[N, Din]`` or ``[N, F, Din]``; mask: ``[N, F]``
         - output: ``[N, out_dim]`` (not normalised)
     """
 
@@ -109,7 +140,14 @@ class Tower(nn.Module):
         else:  # linear, meanp
             self.net = nn.Linear(spec.in_dim, spec.out_dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.ndim == 2:
+            mask = None  # one vector per row: nothing to pad
+        elif mask is not None:
+            x = x.masked_fill(~mask[..., None], 0.0)
+            # A row with no real frame (an expert missing for that video; the fusion head
+            # discards its output) attends to its zeros, so no softmax is over -inf only.
+            mask = mask | ~mask.any(1, keepdim=True)
         x = self.standardize(x)
         if self.spec.kind == "transformer":
             if x.ndim == 2:
@@ -117,11 +155,76 @@ class Tower(nn.Module):
             if x.shape[1] > self.spec.max_frames:
                 raise ValueError(f"features: {x.shape[1]} frames, the model supports at most "
                                  f"{self.spec.max_frames}")
-            h = self.encoder(self.inp(self.drop(x)) + self.pos[: x.shape[1]])
-            return self.net(h.mean(1))
+            h = self.encoder(self.inp(self.drop(x)) + self.pos[: x.shape[1]],
+                             src_key_padding_mask=None if mask is None else ~mask)
+            return self.net(masked_mean(h, mask))
         if x.ndim == 3:  # meanP (and frame-averaged input for linear/mlp)
-            x = x.mean(1)
+            x = masked_mean(x, mask)
         return self.net(self.drop(x))
+
+
+class ExpertFusion(nn.Module):
+    """Several video experts into one embedding (Collaborative Experts, Liu et al. 2019;
+    Mixture-of-Embedding-Experts, Miech et al. 2018).
+
+    Each expert ``e`` has its own :class:`Tower` (its own dim, frames and mask) giving
+    ``y_e`` ``[N, D]``. ``fusion``:
+
+    - ``concat``: ``W [y_1; ...; y_E] + b``, a missing expert's block is zero.
+    - ``gated``: a gated embedding unit per expert (CE sec. 3.1 / MEE eq. 1),
+      ``u_e = normalize(y_e * sigmoid(W_e y_e + b_e))``, mixed with weights
+      ``w = softmax_e(a_e . y_e + c_e)`` over the experts present for that video
+      (missing ones are ``masked_fill(-inf)``: they contribute nothing and the
+      remaining weights renormalise, MEE sec. 3.2), output ``sum_e w_e u_e``.
+      Deviation: CE/MEE condition the weights on the text query; here they depend on
+      the video only, so retrieval stays one dot product of two embeddings.
+
+    Shape:
+        - features: ``{name: [N, De] or [N, Fe, De]}``; masks: ``{name: [N] or [N, Fe]}``
+        - output: ``[N, D]``
+    """
+
+    def __init__(self, specs: dict[str, TowerSpec], fusion: str = "gated") -> None:
+        super().__init__()
+        choice(fusion, "model.fusion", FUSIONS)
+        dims = {s.out_dim for s in specs.values()}
+        if len(specs) < 2 or len(dims) != 1:
+            raise ValueError(f"experts: need at least two experts with one out_dim, got {len(specs)} / {dims}")
+        self.fusion = fusion
+        self.names = list(specs)
+        self.spec = specs[self.names[0]]
+        self.towers = nn.ModuleDict({k: Tower(s) for k, s in specs.items()})
+        d = self.spec.out_dim
+        if fusion == "gated":
+            self.gates = nn.ModuleDict({k: nn.Linear(d, d) for k in specs})
+            self.scores = nn.ModuleDict({k: nn.Linear(d, 1) for k in specs})
+        else:
+            self.proj = nn.Linear(len(specs) * d, d)
+
+    def forward(self, features: dict[str, torch.Tensor], masks: dict[str, torch.Tensor] | None = None
+                ) -> torch.Tensor:
+        masks = masks or {}
+        outs, present = [], []
+        for name in self.names:
+            x, m = features[name], masks.get(name)
+            here = torch.ones(x.shape[0], dtype=torch.bool, device=x.device) if m is None else (
+                m if m.ndim == 1 else m.any(1))
+            # Whatever a missing expert's row holds (zeros, NaN) is replaced before any arithmetic.
+            x = x.masked_fill(~here.view(-1, *([1] * (x.ndim - 1))), 0.0)
+            present.append(here)
+            outs.append(self.towers[name](x, m if m is not None and m.ndim == 2 else None))
+        here = torch.stack(present, 1)  # [N, E]
+        if not bool(here.any(1).all()):
+            raise ValueError("mask: some videos have no expert present (every expert masked)")
+        if self.fusion == "concat":
+            blocks = [y.masked_fill(~p[:, None], 0.0) for y, p in zip(outs, present)]
+            return self.proj(torch.cat(blocks, 1))
+        units = torch.stack([F.normalize(y * torch.sigmoid(self.gates[k](y)), dim=-1)
+                             for k, y in zip(self.names, outs)], 1)  # [N, E, D]
+        logits = torch.cat([self.scores[k](y) for k, y in zip(self.names, outs)], 1)  # [N, E]
+        weights = torch.softmax(logits.masked_fill(~here, float("-inf")), dim=1)
+        units = units.masked_fill(~here[..., None], 0.0)  # no 0 * (whatever a missing expert gave)
+        return (weights[..., None] * units).sum(1)
 
 
 class TwoTower(nn.Module):
@@ -139,11 +242,14 @@ class TwoTower(nn.Module):
             validation (assigning a dict converts it).
     """
 
-    def __init__(self, video: TowerSpec, text: TowerSpec, temperature: float = 0.05) -> None:
+    def __init__(self, video: TowerSpec, text: TowerSpec, temperature: float = 0.05, *,
+                 experts: dict[str, TowerSpec] | None = None, fusion: str = "gated") -> None:
         super().__init__()
         if video.out_dim != text.out_dim:
             raise ValueError(f"model: video and text out_dim differ ({video.out_dim} vs {text.out_dim})")
-        self.video_tower = Tower(video)
+        # One expert keeps the plain Tower (and its state_dict keys); several get a fusion head.
+        self.video_tower: Tower | ExpertFusion = (
+            ExpertFusion({MAIN_EXPERT: video, **experts}, fusion) if experts else Tower(video))
         self.text_tower = Tower(text)
         self.register_buffer("_temperature", torch.tensor(float(temperature)))
         self.test_time = TestTime(temperature=float(temperature))
@@ -160,6 +266,11 @@ class TwoTower(nn.Module):
             self._test_time = TestTime.from_state_dict(value)
         else:
             raise TypeError(f"test_time: expected a TestTime, got {type(value).__name__}")
+
+    @property
+    def experts(self) -> list[str]:
+        """Names of the video experts (``["video", ...]``); empty for one expert."""
+        return list(self.video_tower.names) if isinstance(self.video_tower, ExpertFusion) else []
 
     @property
     def temperature(self) -> float:
@@ -184,35 +295,124 @@ class TwoTower(nn.Module):
         p = tower.standardize.mean
         return x.to(device=p.device, dtype=p.dtype)
 
-    def forward_video(self, features: torch.Tensor) -> torch.Tensor:
-        """Unnormalised video embeddings (trainer path: no validation, keeps grad)."""
-        return self.video_tower(features)
+    def _prepare_one(self, features: Any, mask: Any, tower: Tower, name: str, mask_name: str,
+                     row_mask_ok: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = as_tensor(features, name)
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: expected floating features, got {x.dtype}")
+        d = tower.spec.in_dim
+        if x.ndim not in (2, 3) or x.shape[-1] != d:
+            raise ValueError(f"{name}: expected [N, {d}] or [N, F, {d}], got shape {tuple(x.shape)}")
+        p = tower.standardize.mean
+        if mask is None:
+            check_finite(x, name)
+            return x.to(device=p.device, dtype=p.dtype), None
+        m = as_tensor(mask, mask_name)
+        if m.dtype != torch.bool:
+            raise TypeError(f"{mask_name}: expected a bool mask (True = real frame), got {m.dtype}")
+        shapes = ([tuple(x.shape[:2])] if x.ndim == 3 else []) + ([tuple(x.shape[:1])] if row_mask_ok else [])
+        if tuple(m.shape) not in shapes:
+            raise ValueError(f"{mask_name}: expected shape {' or '.join(map(str, map(list, shapes))) or 'none'} "
+                             f"for {name} of shape {tuple(x.shape)}, got {tuple(m.shape)}")
+        m = m.to(x.device)
+        check_finite(x[m], name)  # padded frames / missing experts may hold anything
+        return x.to(device=p.device, dtype=p.dtype), m.to(p.device)
+
+    def _prepare_video(self, features: Any, mask: Any) -> tuple[Any, Any]:
+        """Validated video input on the model's device: ``(tensor, mask)`` or dicts."""
+        tower = self.video_tower
+        if not isinstance(tower, ExpertFusion):
+            if isinstance(features, dict) or isinstance(mask, dict):
+                raise TypeError("features: this model has one video expert; pass an array, not a dict")
+            x, m = self._prepare_one(features, mask, tower, "features", "mask", False)
+            if m is not None:
+                empty = torch.nonzero(~m.any(1)).flatten()
+                if len(empty):
+                    raise ValueError(f"mask: {len(empty)} video(s) have no real frame (rows "
+                                     f"{empty[:5].tolist()}); every video needs at least one")
+            return x, m
+        if not isinstance(features, dict) or set(features) != set(tower.names):
+            got = sorted(features) if isinstance(features, dict) else type(features).__name__
+            raise ValueError(f"features: expected a dict with the experts {tower.names}, got {got}")
+        mask = {} if mask is None else mask
+        if not isinstance(mask, dict) or not set(mask) <= set(tower.names):
+            raise ValueError(f"mask: expected a dict over the experts {tower.names} (or None)")
+        xs, ms = {}, {}
+        for k in tower.names:
+            xs[k], mk = self._prepare_one(features[k], mask.get(k), tower.towers[k], f"features[{k!r}]",
+                                          f"mask[{k!r}]", True)
+            if mk is not None:
+                ms[k] = mk
+        sizes = {k: x.shape[0] for k, x in xs.items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"features: experts have different numbers of videos {sizes}")
+        n = next(iter(sizes.values()))
+        here = torch.zeros(n, dtype=torch.bool, device=next(iter(xs.values())).device)
+        for k in tower.names:
+            if k not in ms:
+                here[:] = True
+            else:
+                here |= ms[k] if ms[k].ndim == 1 else ms[k].any(1)
+        if not bool(here.all()):
+            empty = torch.nonzero(~here).flatten()
+            raise ValueError(f"mask: {len(empty)} video(s) have no expert present (rows {empty[:5].tolist()})")
+        return xs, ms
+
+    def forward_video(self, features: Any, mask: Any = None) -> torch.Tensor:
+        """Unnormalised video embeddings (trainer path: tensors on the model's device,
+        keeps grad). ``features``/``mask`` as :meth:`encode_video`."""
+        if isinstance(self.video_tower, ExpertFusion):
+            return self.video_tower(features, mask)
+        if mask is not None and features.ndim == 3 and not bool(mask.any(1).all()):
+            raise ValueError("mask: some videos have no real frame; every video needs at least one")
+        return self.video_tower(features, mask)
 
     def forward_text(self, features: torch.Tensor) -> torch.Tensor:
         return self.text_tower(features)
 
-    def encode_video(self, features: Any, batch_size: int = 8192) -> torch.Tensor:
+    def encode_video(self, features: Any, mask: Any = None, *, batch_size: int = 8192) -> torch.Tensor:
         """L2-normalised video embeddings (eval mode, no grad).
 
+        Args:
+            features: ``[N, Dv]`` or ``[N, F, Dv]`` (numpy or torch); with several experts
+                a dict ``{"video": ..., EXPERT: ...}``.
+            mask: optional bool ``[N, F]``, True = real frame (padded frames never change
+                an embedding; NaN/inf there is ignored). With experts a dict of
+                ``[N]`` (expert present) or ``[N, Fe]`` masks; a missing key = all real.
+            batch_size: videos per forward pass.
+
+        Raises:
+            ValueError: a video with no real frame (or no expert present), shapes, NaN/inf.
+
         Shape:
-            - features: ``[N, Dv]`` or ``[N, F, Dv]`` (numpy or torch)
+            - features: ``[N, Dv]`` or ``[N, F, Dv]``; mask: ``[N, F]``
             - output: ``[N, D]`` on the model's device
+
+        >>> m = build_model(video_dim=3, text_dim=2, kind="meanp", dim=4)
+        >>> x = torch.randn(2, 5, 3)
+        >>> mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+        >>> junk = x.clone(); junk[~mask] = 1e6
+        >>> torch.allclose(m.encode_video(x, mask), m.encode_video(junk, mask))
+        True
         """
-        return self._encode(self._prepare(features, "features", self.video_tower), self.video_tower, batch_size)
+        x, m = self._prepare_video(features, mask)
+        n = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
+        return self._encode_rows(lambda sl: self.video_tower(_rows(x, sl), _rows(m, sl)), n, batch_size)
 
     def encode_text(self, features: Any, batch_size: int = 8192) -> torch.Tensor:
         """L2-normalised text embeddings. Shape: ``[N, Dt]`` -> ``[N, D]``."""
-        return self._encode(self._prepare(features, "features", self.text_tower), self.text_tower, batch_size)
+        x = self._prepare(features, "features", self.text_tower)
+        return self._encode_rows(lambda sl: self.text_tower(x[sl]), x.shape[0], batch_size)
 
     @torch.no_grad()
-    def _encode(self, x: torch.Tensor, tower: Tower, batch_size: int) -> torch.Tensor:
+    def _encode_rows(self, fn: Any, n: int, batch_size: int) -> torch.Tensor:
         was_training = self.training
         self.eval()
         try:
-            out = [F.normalize(tower(x[i:i + batch_size]).float(), dim=-1) for i in range(0, len(x), batch_size)]
+            out = [F.normalize(fn(slice(i, i + batch_size)).float(), dim=-1) for i in range(0, n, batch_size)]
         finally:
             self.train(was_training)
-        return torch.cat(out) if out else x.new_zeros(0, tower.spec.out_dim)
+        return torch.cat(out) if out else self._temperature.new_zeros(0, self.dim)
 
     def similarity(self, text_features: Any, video_features: Any, normalizer: str = "selected", *,
                    direction: str = "t2v", video_mask: Any = None, batch_size: int = 8192) -> torch.Tensor:
@@ -242,23 +442,57 @@ class TwoTower(nn.Module):
                  else self.encode_video(video_features, mask=video_mask, batch_size=batch_size))
         return self.test_time.similarity(text, video, normalizer, direction=direction)
 
-    def fit_standardization(self, video: torch.Tensor, text: torch.Tensor) -> None:
-        """Measure input mean/std on training features (stored as buffers)."""
-        self.video_tower.standardize.fit(video)
+    def fit_standardization(self, video: Any, text: torch.Tensor, video_mask: Any = None) -> None:
+        """Measure input mean/std on training features (stored as buffers); only real
+        frames and present experts count (``video``/``video_mask`` as :meth:`encode_video`)."""
+        tower = self.video_tower
+        if isinstance(tower, ExpertFusion):
+            masks = video_mask or {}
+            for k in tower.names:
+                tower.towers[k].standardize.fit(torch.as_tensor(video[k]), _as_mask(masks.get(k)))
+        else:
+            tower.standardize.fit(torch.as_tensor(video), _as_mask(video_mask))
         self.text_tower.standardize.fit(text)
 
     def architecture(self) -> dict:
-        return {"video": asdict(self.video_tower.spec), "text": asdict(self.text_tower.spec)}
+        tower = self.video_tower
+        if isinstance(tower, ExpertFusion):
+            return {"video": asdict(tower.towers[MAIN_EXPERT].spec), "text": asdict(self.text_tower.spec),
+                    "experts": {k: asdict(tower.towers[k].spec) for k in tower.names if k != MAIN_EXPERT},
+                    "fusion": tower.fusion}
+        return {"video": asdict(tower.spec), "text": asdict(self.text_tower.spec)}
+
+    @classmethod
+    def from_architecture(cls, arch: dict) -> "TwoTower":
+        """An untrained model of the architecture :meth:`architecture` describes."""
+        experts = {k: TowerSpec(**v) for k, v in (arch.get("experts") or {}).items()}
+        return cls(TowerSpec(**arch["video"]), TowerSpec(**arch["text"]), experts=experts or None,
+                   fusion=arch.get("fusion", "gated"))
+
+
+def _rows(x: Any, sl: slice) -> Any:
+    """Rows ``sl`` of a tensor, of each tensor of a dict, or None."""
+    if x is None:
+        return None
+    return {k: v[sl] for k, v in x.items()} if isinstance(x, dict) else x[sl]
+
+
+def _as_mask(m: Any) -> torch.Tensor | None:
+    return None if m is None else torch.as_tensor(m).to(torch.bool)
 
 
 def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int = 256, width: int = 1024,
                 depth: int = 1, dropout: float = 0.0, layers: int = 2, heads: int = 8, hidden: int = 512,
-                text_kind: str | None = None, temperature: float = 0.05) -> TwoTower:
+                text_kind: str | None = None, temperature: float = 0.05, experts: dict[str, int] | None = None,
+                fusion: str = "gated") -> TwoTower:
     """A :class:`TwoTower` from explicit keywords.
 
     ``kind`` sets the video tower; the text tower uses ``text_kind`` (default: the
     same kind, with frame pooling kinds mapped to ``linear`` since texts have no frames).
+    ``experts`` (``{name: input dim}``) adds further video experts, each with a tower
+    of ``kind``, fused by ``fusion`` (``concat`` or ``gated``, see :class:`ExpertFusion`).
     """
+    choice(fusion, "model.fusion", FUSIONS)
     choice(kind, "model.kind", TOWER_KINDS)
     if text_kind is None:
         text_kind = "linear" if kind in ("meanp", "transformer") else kind
@@ -266,7 +500,9 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     common = dict(out_dim=dim, width=width, depth=depth, dropout=dropout, layers=layers, heads=heads,
                   hidden=hidden)
     return TwoTower(TowerSpec(kind=kind, in_dim=video_dim, **common),
-                    TowerSpec(kind=text_kind, in_dim=text_dim, **common), temperature=temperature)
+                    TowerSpec(kind=text_kind, in_dim=text_dim, **common), temperature=temperature,
+                    experts={k: TowerSpec(kind=kind, in_dim=d, **common) for k, d in (experts or {}).items()} or None,
+                    fusion=fusion)
 
 
 def model_payload(model: TwoTower) -> dict:
@@ -277,7 +513,7 @@ def model_payload(model: TwoTower) -> dict:
 
 def model_from_payload(payload: dict) -> TwoTower:
     arch = payload["architecture"]
-    model = TwoTower(TowerSpec(**arch["video"]), TowerSpec(**arch["text"]))
+    model = TwoTower.from_architecture(arch)  # h-data: also rebuilds several experts + fusion head
     model.load_state_dict(payload["state_dict"])
     model.test_time = TestTime.from_state_dict(payload.get("test_time"))
     model.eval()

@@ -225,12 +225,8 @@ def plot_fn_fp(results: dict[str, dict], path: str | Path, title: str = "",
 
 def t2v_similarity(model: Any, split: Any, name: str) -> torch.Tensor:
     """Text -> video similarities ``[T, V]`` of ``split`` under the run's normaliser ``name``."""
-    if hasattr(model, "similarity"):
-        return torch.as_tensor(model.similarity(split.text, split.video, normalizer=name))
-    from xmodal.train import normalized_similarities
-
-    text, video = model.encode_text(split.text), model.encode_video(split.video)
-    return normalized_similarities(name, model.test_time, text, video)[0]
+    video, mask = split.video_input()
+    return torch.as_tensor(model.similarity(split.text, video, normalizer=name, video_mask=mask))
 
 
 def mass_analysis(model: Any, split: Any, *, bins: int = 8) -> dict[str, Any]:

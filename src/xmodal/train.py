@@ -40,6 +40,7 @@ from torch import nn
 
 from xmodal import dist
 from xmodal.config import Config, save_config, to_dict
+from xmodal.data import inputs as video_inputs
 from xmodal.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noqa: F401  (former home)
                              retrieval_metrics, score)
 from xmodal.models import TwoTower, build_model, model_payload
@@ -70,7 +71,7 @@ def load_splits(cfg: Config) -> dict:
     else:
         splits = {"train": xdata.load_paired_split(d.root, d.train_split),
                   "val": xdata.load_paired_split(d.root, d.val_split)}
-        if d.test_split and Path(d.root, f"{d.test_split}_caption_features.npy").is_file():
+        if d.test_split and not xdata.layout.missing_files(d.root, d.test_split):
             splits["test"] = xdata.load_paired_split(d.root, d.test_split)
     train = splits["train"]
     if d.max_train_texts and train.num_texts > d.max_train_texts:
@@ -104,9 +105,7 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     g = np.random.default_rng([seed, 4242])
     ti = np.sort(g.choice(train.num_texts, min(tc.bank_size, train.num_texts), replace=False))
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
-    mask = getattr(train, "video_mask", None)
-    video_bank = (model.encode_video(train.video[vi]) if mask is None
-                  else model.encode_video(train.video[vi], mask=mask[vi]))
+    video_bank = model.encode_video(*train.video_input(vi))
     ncl_bank = loss.query_bank() if hasattr(loss, "query_bank") else None
     return fit_test_time(tc.normalizers, text_bank=model.encode_text(train.text[ti]), video_bank=video_bank,
                          ncl_bank=ncl_bank, temperature=model.temperature, iters=tc.sinkhorn_iters,
@@ -204,11 +203,12 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                         kind=cfg.model.kind, text_kind=cfg.model.text_kind or None, dim=cfg.model.dim,
                         width=cfg.model.width, depth=cfg.model.depth, dropout=cfg.model.dropout,
                         layers=cfg.model.layers, heads=cfg.model.heads, hidden=cfg.model.hidden,
-                        temperature=cfg.loss.temperature or 0.05)
-    video_all = torch.as_tensor(np.asarray(train_split.video, dtype=np.float32))
+                        temperature=cfg.loss.temperature or 0.05,
+                        experts=train_split.expert_dims(), fusion=cfg.model.fusion)
+    video_all, mask_all = video_inputs.video_tensors(train_split)  # (features, mask); dicts with experts
     text_all = torch.as_tensor(np.asarray(train_split.text, dtype=np.float32))
     if cfg.model.standardize:
-        model.fit_standardization(video_all, text_all)
+        model.fit_standardization(video_all, text_all, video_mask=mask_all)
     model.to(device)
     loss_fn = build_loss_from_config(cfg, video_dim=train_split.video.shape[-1],
                                      text_dim=train_split.text.shape[-1]).to(device)
@@ -256,12 +256,12 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             mine = batch[dist.rank() * local_bs:(dist.rank() + 1) * local_bs]
             ids_np = t2v_np[mine]
             text_in = text_all[mine].to(device)
-            video_in = video_all[ids_np].to(device)
+            video_in, mask_in = video_inputs.take(video_all, mask_all, ids_np, device)
             ids = torch.as_tensor(ids_np, device=device)
             with amp:
-                v = model.forward_video(video_in)
+                v = model.forward_video(video_in, mask_in)
                 t = model.forward_text(text_in)
-            extra = loss_extras(loss_fn, ids=ids, video_in=video_in, text_in=text_in,
+            extra = loss_extras(loss_fn, ids=ids, video_in=video_inputs.pooled(video_in, mask_in), text_in=text_in,
                                 scheduled=plan(step, mine), keyword=plan.keyword)
             loss = loss_fn(v.float(), t.float(), **extra)
             value = float(loss.detach())  # the step's one host sync

@@ -1,12 +1,8 @@
-"""Loader for the paired-split directory layout (that of ``../shared/data/flickr8k``).
+"""Loader for the paired-split directory layout (:mod:`xmodal.data.layout`,
+``docs/your_data.md``); ``../shared/data/flickr8k`` uses its Flickr8k aliases.
 
-A split ``S`` in directory ``root`` consists of::
-
-    S_image_features.npy  or  S_video_features.npy   [N, Dv] or [N, F, Dv] float
-    S_caption_features.npy                            [M, Dt] float
-    S_caption_to_image.npy  or  S_caption_to_video.npy  [M] int, row of each caption's item
-    S_captions.tsv        (optional) header + one row per caption, caption text last column
-    S_image_labels.npy / S_video_labels.npy, S_caption_labels.npy  (optional) int class ids
+:func:`inspect_split` reads everything it can and lists every problem; the loader
+raises them all in one ``ValueError``, ``xmodal data check`` prints them.
 """
 
 from __future__ import annotations
@@ -14,10 +10,12 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from xmodal.data.types import PairedSplit
+from xmodal.data import layout
+from xmodal.data.types import PairedSplit, split_problems
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -30,38 +28,6 @@ def _load_npy(path: Path) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"{path}: expected a single .npy array, got {type(arr).__name__}")
     return arr
-
-
-def _first_existing(root: Path, names: list[str]) -> Path:
-    for name in names:
-        if (root / name).is_file():
-            return root / name
-    raise ValueError(f"{root / names[0]}: file not found (also looked for {', '.join(names[1:])})")
-
-
-def _features(path: Path, ndims: tuple[int, ...]) -> np.ndarray:
-    arr = _load_npy(path)
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise ValueError(f"{path}: expected floating features, got dtype {arr.dtype}")
-    if arr.ndim not in ndims:
-        want = " or ".join(f"{d}-d" for d in ndims)
-        raise ValueError(f"{path}: expected a {want} array, got shape {arr.shape}")
-    if arr.shape[0] == 0 or arr.shape[-1] == 0:
-        raise ValueError(f"{path}: empty array, shape {arr.shape}")
-    arr = arr.astype(np.float32)  # always a fresh array (float16 storage -> float32)
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        raise ValueError(f"{path}: contains {int(bad.sum())} NaN/inf value(s)")
-    return arr
-
-
-def _labels(path: Path, n: int) -> np.ndarray | None:
-    if not path.is_file():
-        return None
-    arr = _load_npy(path)
-    if arr.shape != (n,) or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{path}: expected {n} integer labels, got shape {arr.shape} dtype {arr.dtype}")
-    return arr.astype(np.int64)
 
 
 def read_captions(path: str | os.PathLike) -> list[str]:
@@ -90,49 +56,101 @@ def _read_captions(path: Path) -> list[str]:
         return [line.rstrip("\r\n") for line in f]
 
 
-def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = True) -> PairedSplit:
-    """Load split ``split`` of a paired-split directory (module docstring layout).
-
-    Args:
-        root: the directory, e.g. ``"../shared/data/flickr8k"``.
-        split: the split prefix, e.g. ``"train"`` or ``"dev"``.
-        captions: read ``{split}_captions.tsv`` when present.
+def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
+                  uncaptioned: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Read split ``split`` of ``root`` without raising on its content.
 
     Returns:
-        A :class:`PairedSplit` with float32 features (float16 storage is upcast),
-        ``text_to_video`` int64, and labels/captions when their files exist.
-
-    Raises:
-        ValueError: naming the file, for a missing file, a corrupt ``.npy``, wrong
-            shapes, mismatched counts, caption -> item indices out of range, or
-            NaN/inf features.
+        ``(arrays, problems)``: ``arrays`` holds what could be read (keys ``video``,
+        ``text``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
+        ``video_labels``, ``text_labels``, ``captions``, ``video_names``; float
+        features as float32 copies); ``problems`` lists every problem found, one
+        message each, naming the file.
     """
     root = Path(root)
     if not isinstance(split, str) or not split:
         raise ValueError(f"split: expected a non-empty string, got {split!r}")
     if not root.is_dir():
         raise ValueError(f"{root}: data directory not found")
-    vpath = _first_existing(root, [f"{split}_image_features.npy", f"{split}_video_features.npy"])
-    video = _features(vpath, (2, 3))
-    tpath = root / f"{split}_caption_features.npy"
-    text = _features(tpath, (2,))
-    mpath = _first_existing(root, [f"{split}_caption_to_image.npy", f"{split}_caption_to_video.npy"])
-    t2v = _load_npy(mpath)
-    if t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
-        raise ValueError(f"{mpath}: expected a 1-d integer array, got shape {t2v.shape} dtype {t2v.dtype}")
-    if t2v.shape[0] != text.shape[0]:
-        raise ValueError(f"{mpath}: {t2v.shape[0]} entries but {tpath.name} has {text.shape[0]} captions")
-    if t2v.size and (t2v.min() < 0 or t2v.max() >= video.shape[0]):
-        raise ValueError(f"{mpath}: caption -> item indices must lie in [0, {video.shape[0]}) "
-                         f"({vpath.name} rows), got range [{t2v.min()}, {t2v.max()}]")
-    item = "image" if vpath.name.endswith("_image_features.npy") else "video"
-    video_labels = _labels(root / f"{split}_{item}_labels.npy", video.shape[0])
-    text_labels = _labels(root / f"{split}_caption_labels.npy", text.shape[0])
-    caps = None
-    cpath = root / f"{split}_captions.tsv"
-    if captions and cpath.is_file():
-        caps = read_captions(cpath)
-        if len(caps) != text.shape[0]:
-            raise ValueError(f"{cpath}: {len(caps)} captions but {tpath.name} has {text.shape[0]} rows")
-    return PairedSplit(video=video, text=text, text_to_video=t2v.astype(np.int64), video_labels=video_labels,
-                       text_labels=text_labels, captions=caps, name=f"{root.name}/{split}")
+    problems = [f"{root / m}: file not found" for m in layout.missing_files(root, split)]
+    out: dict[str, Any] = {"experts": {}, "expert_masks": {}}
+    labels: dict[str, str] = {}
+
+    def read(key: str, path: Path | None, label: str) -> None:
+        if path is None:
+            return
+        labels[label] = path.name
+        try:
+            arr = _load_npy(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            return
+        if np.issubdtype(arr.dtype, np.floating):
+            arr = arr.astype(np.float32)  # a fresh array: float16 storage -> float32
+        if key.startswith("experts.") or key.startswith("expert_masks."):
+            group, name = key.split(".", 1)
+            out[group][name] = arr
+        else:
+            out[key] = arr
+
+    for role in ("video", "video_mask", "text", "text_to_video", "video_labels", "text_labels"):
+        read(role, layout.find(root, split, role), role)
+    for name, path in layout.expert_files(root, split).items():
+        read(f"experts.{name}", path, f"video.{name}")
+        read(f"expert_masks.{name}", layout.expert_mask_file(root, split, name), f"video_mask.{name}")
+    if any(k in out for k in ("video", "text", "text_to_video")):
+        problems += split_problems(out.get("video"), out.get("text"), out.get("text_to_video"),
+                                   video_mask=out.get("video_mask"), experts=out["experts"],
+                                   expert_masks=out["expert_masks"], video_labels=out.get("video_labels"),
+                                   text_labels=out.get("text_labels"), labels=labels, uncaptioned=uncaptioned)
+    for role, key, count_key in (("text_names", "captions", "text"), ("video_names", "video_names", "video")):
+        path = layout.find(root, split, role)
+        if not names or path is None:
+            continue
+        try:
+            values = read_captions(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if path.suffix == ".txt":
+            values = [v for v in values if v.strip()] if role == "video_names" else values
+        n = out[count_key].shape[0] if isinstance(out.get(count_key), np.ndarray) and out[count_key].ndim else None
+        if n is not None and len(values) != n:
+            what = "captions" if role == "text_names" else "names"
+            problems.append(f"{path}: {len(values)} {what} but {labels.get(count_key, count_key)} has {n} rows")
+        else:
+            out[key] = values
+    return out, problems
+
+
+def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = True) -> PairedSplit:
+    """Load split ``split`` of a paired-split directory (:mod:`xmodal.data.layout`).
+
+    Args:
+        root: the directory, e.g. ``"../shared/data/flickr8k"``.
+        split: the split prefix, e.g. ``"train"`` or ``"dev"``.
+        captions: read ``{split}_texts.tsv`` / ``{split}_captions.tsv`` (and the video
+            names) when present.
+
+    Returns:
+        A :class:`PairedSplit` with float32 features (float16 storage is upcast),
+        ``text_to_video`` int64, the frame mask, further experts, labels and names
+        when their files exist.
+
+    Raises:
+        ValueError: listing every problem at once, each naming its file: missing
+            files, corrupt ``.npy``, wrong shapes or dtypes, mismatched counts, ids out
+            of range, NaN/inf in real frames, videos without any real frame.
+    """
+    arrays, problems = inspect_split(root, split, names=captions)
+    if problems:
+        raise ValueError("; ".join(problems))
+    labels = arrays.get("video_labels")
+    return PairedSplit(video=arrays["video"], text=arrays["text"],
+                       text_to_video=arrays["text_to_video"].astype(np.int64),
+                       video_labels=None if labels is None else labels.astype(np.int64),
+                       text_labels=None if arrays.get("text_labels") is None
+                       else arrays["text_labels"].astype(np.int64),
+                       captions=arrays.get("captions"), name=f"{Path(root).name}/{split}",
+                       video_mask=arrays.get("video_mask"), experts=arrays["experts"],
+                       expert_masks=arrays["expert_masks"], video_names=arrays.get("video_names"))

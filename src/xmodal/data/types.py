@@ -3,8 +3,134 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from xmodal.data.layout import MAIN_EXPERT, check_expert_name
+
+
+def _shape(x: Any) -> str:
+    return str(getattr(x, "shape", type(x).__name__))
+
+
+def present_rows(mask: np.ndarray | None, n: int) -> np.ndarray:
+    """bool ``[N]``: videos for which an expert with this mask exists (``None``: all;
+    ``[N]`` mask: itself; ``[N, F]`` frame mask: at least one real frame)."""
+    if mask is None:
+        return np.ones(n, dtype=bool)
+    return mask if mask.ndim == 1 else mask.any(1)
+
+
+def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: str,
+                      frame_mask_only: bool) -> list[str]:
+    """Problems of one video feature array and its mask (``n``: expected rows)."""
+    if not isinstance(x, np.ndarray) or x.ndim not in (2, 3):
+        return [f"{label}: expected an array [N, D] or [N, F, D], got {_shape(x)}"]
+    out = []
+    if not np.issubdtype(x.dtype, np.floating):
+        out.append(f"{label}: expected floating features, got dtype {x.dtype}")
+    if 0 in x.shape:
+        out.append(f"{label}: empty array, shape {x.shape}")
+    if n is not None and x.shape[0] != n:
+        out.append(f"{label}: {x.shape[0]} rows, expected {n} (one per video)")
+    real = None
+    if mask is not None:
+        ok_shapes = [x.shape[:2]] if x.ndim == 3 else []
+        if not frame_mask_only:
+            ok_shapes.append(x.shape[:1])
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+            out.append(f"{mask_label}: expected a bool array, got {getattr(mask, 'dtype', type(mask).__name__)}")
+        elif mask.shape not in ok_shapes:
+            want = " or ".join(f"[{', '.join(map(str, s))}]" for s in ok_shapes) or "none (features have no frames)"
+            out.append(f"{mask_label}: expected shape {want}, got {list(mask.shape)}")
+        else:
+            real = mask
+    if not out and np.issubdtype(x.dtype, np.floating):
+        # Padded frames and missing experts may hold anything: only real values must be finite.
+        vals = x if real is None else x[real]
+        bad = int((~np.isfinite(vals)).sum())
+        if bad:
+            out.append(f"{label}: contains {bad} NaN/inf value(s)" + (" in real frames" if real is not None else ""))
+    return out
+
+
+def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any = None,
+                   experts: dict | None = None, expert_masks: dict | None = None,
+                   video_labels: Any = None, text_labels: Any = None, labels: dict | None = None,
+                   uncaptioned: bool = False) -> list[str]:
+    """Every problem of a split's arrays, one message each, naming the array.
+
+    ``labels`` maps role names (``video``, ``video_mask``, ``text``, ``text_to_video``,
+    ``video_labels``, ``text_labels``, ``video.EXPERT``, ``video_mask.EXPERT``) to the
+    names used in messages (file names for the loader, argument names otherwise).
+    ``uncaptioned``: also report videos that no text points to.
+    """
+    labels = labels or {}
+    lab = lambda role: labels.get(role, role)  # noqa: E731
+    experts, expert_masks = experts or {}, expert_masks or {}
+    # None (a file that is missing, reported elsewhere): the checks needing it are skipped.
+    out = [] if video is None else _feature_problems(video, lab("video"), None, video_mask, lab("video_mask"), True)
+    n = video.shape[0] if isinstance(video, np.ndarray) and video.ndim in (2, 3) else None
+    for name, feats in experts.items():
+        try:
+            check_expert_name(name)
+        except ValueError as exc:
+            out.append(str(exc))
+        out += _feature_problems(feats, lab(f"video.{name}"), n, expert_masks.get(name),
+                                 lab(f"video_mask.{name}"), False)
+    for name in expert_masks:
+        if name not in experts:
+            out.append(f"{lab(f'video_mask.{name}')}: a mask for expert {name!r}, which has no features")
+    def usable(x: Any, m: Any, frame_only: bool) -> bool:
+        if m is None:
+            return True
+        ok = [x.shape[:2]] if x.ndim == 3 else []
+        return isinstance(m, np.ndarray) and m.dtype == np.bool_ and (
+            m.shape in ok or (not frame_only and m.shape == x.shape[:1]))
+
+    if n is not None and usable(video, video_mask, True) and all(
+            isinstance(v, np.ndarray) and v.ndim in (2, 3) and v.shape[0] == n and usable(v, expert_masks.get(k), False)
+            for k, v in experts.items()):
+        present = present_rows(video_mask, n).copy()
+        for name in experts:
+            present |= present_rows(expert_masks.get(name), n)
+        empty = np.flatnonzero(~present)
+        if empty.size:
+            what = "no real frame" if not experts else "no real frame in any expert"
+            out.append(f"{lab('video_mask')}: {empty.size} video(s) have {what} (rows {empty[:5].tolist()}"
+                       f"{' ...' if empty.size > 5 else ''}); drop them or unmask a frame")
+    if text is None:
+        t = None
+    elif not isinstance(text, np.ndarray) or text.ndim != 2:
+        out.append(f"{lab('text')}: expected an array [T, Dt], got {_shape(text)}")
+        t = None
+    else:
+        t = text.shape[0]
+        out += _feature_problems(text, lab("text"), None, None, "", True)
+    t2v = np.asarray(text_to_video)
+    if text_to_video is None:
+        pass
+    elif t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
+        out.append(f"{lab('text_to_video')}: expected a 1-d integer array, got shape {t2v.shape} dtype {t2v.dtype}")
+    else:
+        if t is not None and t2v.shape[0] != t:
+            out.append(f"{lab('text_to_video')}: {t2v.shape[0]} entries but {lab('text')} has {t} rows")
+        if n is not None and t2v.size and (t2v.min() < 0 or t2v.max() >= n):
+            bad = int(((t2v < 0) | (t2v >= n)).sum())
+            out.append(f"{lab('text_to_video')}: values must lie in [0, {n}) (rows of {lab('video')}), "
+                       f"got range [{t2v.min()}, {t2v.max()}] ({bad} out of range)")
+        elif n is not None and uncaptioned:
+            lonely = np.flatnonzero(np.bincount(t2v, minlength=n) == 0)
+            if lonely.size:
+                out.append(f"{lab('text_to_video')}: {lonely.size} video(s) have no text (rows "
+                           f"{lonely[:5].tolist()}{' ...' if lonely.size > 5 else ''})")
+    for role, arr, count in (("video_labels", video_labels, n), ("text_labels", text_labels, t)):
+        if arr is not None and count is not None:
+            a = np.asarray(arr)
+            if a.shape != (count,) or not np.issubdtype(a.dtype, np.integer):
+                out.append(f"{lab(role)}: expected {count} integer labels, got shape {a.shape} dtype {a.dtype}")
+    return out
 
 
 @dataclass
@@ -19,6 +145,12 @@ class PairedSplit:
         text_labels: optional int class id per text ``[M]``.
         captions: optional raw caption strings, ``len == M``.
         name: free-form name, e.g. ``"flickr8k/dev"``.
+        video_mask: optional bool ``[N, F]``, True = real frame (padded frames never
+            change an embedding).
+        experts: optional further experts ``{name: [N, De] or [N, Fe, De]}``.
+        expert_masks: optional ``{name: bool [N] or [N, Fe]}``; an all-False row means
+            the expert is missing for that video.
+        video_names: optional name per video, ``len == N``.
 
     Shape:
         - video: ``[N, Dv]`` or ``[N, F, Dv]``
@@ -33,35 +165,81 @@ class PairedSplit:
     text_labels: np.ndarray | None = None
     captions: list[str] | None = None
     name: str = field(default="")
+    video_mask: np.ndarray | None = None
+    experts: dict[str, np.ndarray] = field(default_factory=dict)
+    expert_masks: dict[str, np.ndarray] = field(default_factory=dict)
+    video_names: list[str] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.video, np.ndarray) or self.video.ndim not in (2, 3):
-            raise ValueError(f"video: expected an array [N, Dv] or [N, F, Dv], got "
-                             f"{getattr(self.video, 'shape', type(self.video).__name__)}")
-        if not isinstance(self.text, np.ndarray) or self.text.ndim != 2:
-            raise ValueError(f"text: expected an array [M, Dt], got "
-                             f"{getattr(self.text, 'shape', type(self.text).__name__)}")
         t2v = np.asarray(self.text_to_video)
-        if t2v.ndim != 1 or t2v.shape[0] != self.text.shape[0]:
-            raise ValueError(f"text_to_video: expected shape [{self.text.shape[0]}], got {t2v.shape}")
-        if not np.issubdtype(t2v.dtype, np.integer):
+        if t2v.ndim == 1 and t2v.size and not np.issubdtype(t2v.dtype, np.integer):
             raise TypeError(f"text_to_video: expected integers, got {t2v.dtype}")
-        if t2v.size and (t2v.min() < 0 or t2v.max() >= self.video.shape[0]):
-            raise ValueError(f"text_to_video: values must lie in [0, {self.video.shape[0]}), "
-                             f"got range [{t2v.min()}, {t2v.max()}]")
+        self.experts = dict(self.experts or {})
+        self.expert_masks = dict(self.expert_masks or {})
+        problems = split_problems(self.video, self.text, t2v, video_mask=self.video_mask, experts=self.experts,
+                                  expert_masks=self.expert_masks, video_labels=self.video_labels,
+                                  text_labels=self.text_labels,
+                                  labels={f"video.{k}": f"experts[{k!r}]" for k in self.experts}
+                                  | {f"video_mask.{k}": f"expert_masks[{k!r}]" for k in self.expert_masks})
+        if problems:
+            raise ValueError("; ".join(problems))
         self.text_to_video = t2v.astype(np.int64, copy=False)
         if self.video_labels is not None:
             self.video_labels = np.asarray(self.video_labels)
-            if self.video_labels.shape != (self.video.shape[0],):
-                raise ValueError(f"video_labels: expected shape [{self.video.shape[0]}], "
-                                 f"got {self.video_labels.shape}")
         if self.text_labels is not None:
             self.text_labels = np.asarray(self.text_labels)
-            if self.text_labels.shape != (self.text.shape[0],):
-                raise ValueError(f"text_labels: expected shape [{self.text.shape[0]}], "
-                                 f"got {self.text_labels.shape}")
         if self.captions is not None and len(self.captions) != self.text.shape[0]:
             raise ValueError(f"captions: expected {self.text.shape[0]} strings, got {len(self.captions)}")
+        if self.video_names is not None and len(self.video_names) != self.video.shape[0]:
+            raise ValueError(f"video_names: expected {self.video.shape[0]} names, got {len(self.video_names)}")
+
+    @classmethod
+    def from_arrays(cls, *, video: Any, text: Any, text_to_video: Any, video_mask: Any = None,
+                    experts: dict | None = None, expert_masks: dict | None = None, **kwargs: Any) -> "PairedSplit":
+        """A split from in-memory arrays (numpy or torch, any float dtype); copies them
+        (float32 features, bool masks, int64 ``text_to_video``), never keeps the caller's memory.
+
+        Args:
+            video: ``[N, Dv]`` or ``[N, F, Dv]``.
+            text: ``[T, Dt]``.
+            text_to_video: ``[T]`` integer row of each text's video.
+            video_mask: optional bool ``[N, F]``, True = real frame.
+            experts, expert_masks: optional further experts (see the class attributes).
+            **kwargs: ``video_labels``, ``text_labels``, ``captions``, ``name``, ``video_names``.
+
+        Raises:
+            ValueError: every problem at once (shapes, NaN/inf in real frames, ids out
+                of range, videos without any real frame), naming the argument.
+
+        >>> import numpy as np
+        >>> s = PairedSplit.from_arrays(video=np.ones((2, 3, 4)), text=np.ones((3, 5)),
+        ...                             text_to_video=[0, 1, 1],
+        ...                             video_mask=np.array([[1, 1, 0], [1, 0, 0]], bool))
+        >>> s.video.dtype, s.video_mask.sum(1).tolist()
+        (dtype('float32'), [2, 1])
+        """
+        def arr(x: Any, name: str, dtype: Any) -> np.ndarray:
+            if hasattr(x, "detach"):
+                x = x.detach().cpu().numpy()
+            a = np.array(x)  # always a copy
+            if a.dtype == object:
+                raise TypeError(f"{name}: expected a numeric array, got objects")
+            if dtype is bool and a.dtype != np.bool_:
+                raise TypeError(f"{name}: expected a bool mask, got {a.dtype}")
+            if dtype is float:
+                if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+                    raise TypeError(f"{name}: expected floating features, got {a.dtype}")
+                a = a.astype(np.float32)
+            return a
+
+        t2v = arr(text_to_video, "text_to_video", None)
+        if t2v.size and not np.issubdtype(t2v.dtype, np.integer):
+            raise TypeError(f"text_to_video: expected integers, got {t2v.dtype}")
+        return cls(video=arr(video, "video", float), text=arr(text, "text", float), text_to_video=t2v,
+                   video_mask=None if video_mask is None else arr(video_mask, "video_mask", bool),
+                   experts={k: arr(v, f"experts[{k!r}]", float) for k, v in (experts or {}).items()},
+                   expert_masks={k: arr(v, f"expert_masks[{k!r}]", bool) for k, v in (expert_masks or {}).items()},
+                   **kwargs)
 
     @property
     def num_videos(self) -> int:
@@ -79,6 +257,23 @@ class PairedSplit:
     @property
     def has_frames(self) -> bool:
         return self.video.ndim == 3
+
+    def expert_dims(self) -> dict[str, int]:
+        """``{expert: input dim}`` of the further experts (empty for one expert)."""
+        return {k: int(v.shape[-1]) for k, v in self.experts.items()}
+
+    def video_input(self, rows: Any = None) -> tuple[Any, Any]:
+        """``(features, mask)`` as the model's ``encode_video``/``forward_video`` take them,
+        for all videos or ``rows``: arrays for one expert, ``{name: array}`` dicts (the main
+        features under ``"video"``) with several. Views when ``rows`` is None."""
+        def pick(a: np.ndarray | None) -> np.ndarray | None:
+            return a if a is None or rows is None else a[rows]
+
+        if not self.experts:
+            return pick(self.video), pick(self.video_mask)
+        feats = {MAIN_EXPERT: pick(self.video)} | {k: pick(v) for k, v in self.experts.items()}
+        masks = {MAIN_EXPERT: pick(self.video_mask)} | {k: pick(self.expert_masks.get(k)) for k in self.experts}
+        return feats, {k: m for k, m in masks.items() if m is not None}
 
     def subset(self, video_rows) -> "PairedSplit":
         """The split restricted to ``video_rows`` (in that order) and all their texts.
@@ -106,4 +301,8 @@ class PairedSplit:
             text_labels=None if self.text_labels is None else self.text_labels[keep].copy(),
             captions=None if self.captions is None else [self.captions[i] for i in keep],
             name=self.name,
+            video_mask=None if self.video_mask is None else self.video_mask[rows].copy(),
+            experts={k: v[rows].copy() for k, v in self.experts.items()},
+            expert_masks={k: v[rows].copy() for k, v in self.expert_masks.items()},
+            video_names=None if self.video_names is None else [self.video_names[i] for i in rows],
         )

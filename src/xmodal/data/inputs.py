@@ -1,0 +1,50 @@
+"""Video inputs as the trainer feeds them to a model: frame masks and several experts.
+
+A video input is ``(features, mask)``: a tensor ``[N, Dv]`` / ``[N, F, Dv]`` and an
+optional bool ``[N, F]`` mask, or, with several experts, dicts keyed by expert name
+(``"video"`` for the main features). These helpers index and move both together,
+so the training loop never looks inside.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from xmodal.data.layout import MAIN_EXPERT
+
+
+def _map(x: Any, fn: Any) -> Any:
+    if x is None:
+        return None
+    return {k: fn(v) for k, v in x.items()} if isinstance(x, dict) else fn(x)
+
+
+def video_tensors(split: Any) -> tuple[Any, Any]:
+    """All videos of a :class:`~xmodal.data.PairedSplit` as CPU tensors: float32
+    features, bool masks (dicts with several experts)."""
+    feats, mask = split.video_input()
+    return (_map(feats, lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32))),
+            _map(mask, lambda a: torch.as_tensor(np.asarray(a, dtype=bool))))
+
+
+def take(features: Any, mask: Any, rows: Any, device: torch.device | str) -> tuple[Any, Any]:
+    """``(features[rows], mask[rows])`` on ``device`` (tensors or dicts of tensors)."""
+    idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
+    return _map(features, lambda t: t[idx].to(device)), _map(mask, lambda t: t[idx].to(device))
+
+
+def pooled(features: Any, mask: Any) -> torch.Tensor:
+    """The main expert's input features, frame-averaged over real frames: ``[N, Dv]``
+    (what losses that read raw inputs, CrossCLR / Cali-NCE, take as ``video_input``)."""
+    from xmodal.models import masked_mean
+
+    x = features[MAIN_EXPERT] if isinstance(features, dict) else features
+    m = mask.get(MAIN_EXPERT) if isinstance(mask, dict) else mask
+    if x.ndim == 2:
+        return x if m is None or m.ndim == 2 else x.masked_fill(~m[:, None], 0.0)
+    if m is not None and m.ndim == 1:
+        return x.masked_fill(~m[:, None, None], 0.0).mean(1)
+    return masked_mean(x if m is None else x.masked_fill(~m[..., None], 0.0), m)
