@@ -65,20 +65,21 @@ def reference_scores(model, text_features, video_features, name):
     y = model.encode_video(video_features).double()
     if name == "none":
         return (x @ y.T).numpy()
-    kw = tt["kwargs"][name]
+    hp = tt.hparams
     if name == "dn":
         def sample_mean(bank, seed):  # DN: mean of 100 seeded samples (Zhou et al. 2023, eq. 7)
             bank = bank.double().numpy()
-            if kw.get("num_samples", 100) is None or len(bank) <= 100:
+            if len(bank) <= 100:
                 return bank.mean(0)
             rows = np.sort(np.random.default_rng(seed).choice(len(bank), 100, replace=False))
             return bank[rows].mean(0)
-        lam = kw["lam"]
-        mu_x, mu_y = sample_mean(tt["text_bank"], 0), sample_mean(tt["video_bank"], 1)
+        lam = hp["lam"]
+        text_bank, video_bank = tt.banks["train"]
+        mu_x, mu_y = sample_mean(text_bank, 0), sample_mean(video_bank, 1)
         xs, ys = x.numpy() - lam * mu_x, y.numpy() - lam * mu_y
         return np.array([[float(xi @ yj) for yj in ys] for xi in xs])
-    bank = tt["ncl_text_bank" if name == "ncl" else "text_bank"]
-    bias = SinkhornBias(kw["temperature"], iters=kw["iters"]).fit(bank.double(), y).bias
+    bank = tt.banks["ncl" if name == "ncl" else "train"][0]
+    bias = SinkhornBias(tt.temperature, iters=hp["iters"]).fit(bank.double(), y).bias
     return (x @ y.T + bias[None, :]).numpy()
 
 
@@ -115,7 +116,7 @@ def test_index_query_equals_brute_force(run_dir, feats, tmp_path, capsys, name):
 def test_index_selected_and_refusals(run_dir, feats, tmp_path, capsys):
     paths, _ = feats
     model = xmodal.load_model(run_dir)
-    selected = model.test_time["normalizer"]
+    selected = model.test_time.selected
     out = tmp_path / "idx"
     assert main(["index", "--run", str(run_dir), "--video-features", paths["video"], "--out", str(out)]) == 0
     meta = json.loads((out / "meta.json").read_text())
@@ -172,7 +173,7 @@ def test_eval_run_matches_similarity_then_text_video(run_dir, feats, capsys, nam
                  paths["text"], "--text-to-video", paths["t2v"], "--normalizer", name, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     model = xmodal.load_model(run_dir)
-    resolved = model.test_time["normalizer"] if name == "selected" else name
+    resolved = model.test_time.selected if name == "selected" else name
     if resolved == "qbnorm":
         from xmodal.commands._runs import run_similarity
         sim = run_similarity(model, split.text, split.video, "qbnorm")

@@ -145,33 +145,23 @@ class BiasedIndex:
 
 
 # ----------------------------------------------------------------------------- trained runs
-def _test_time(model: Any) -> dict:
-    """The run's test-time record as a dict (a plain dict today; a typed object with
-    ``to_dict()``/``as_dict()`` is accepted too)."""
+def _test_time(model: Any):
+    """The run's :class:`xmodal.testtime.TestTime` (``model.test_time``)."""
+    from xmodal.testtime import TestTime
+
     tt = getattr(model, "test_time", None)
     if isinstance(tt, dict):
-        return tt
-    for meth in ("to_dict", "as_dict"):
-        if callable(getattr(tt, meth, None)):
-            return getattr(tt, meth)()
-    raise ValueError("model: has no test-time record (was it written by 'xmodal train'?)")
+        tt = TestTime.from_state_dict(tt)
+    if not isinstance(tt, TestTime):
+        raise ValueError("model: has no test-time record (was it written by 'xmodal train'?)")
+    return tt
 
 
 def selected_normalizer(model: Any, normalizer: str = "selected") -> str:
-    """Resolve ``"selected"`` to the name the run chose on val; check other names exist."""
+    """Resolve ``"selected"`` to the name the run chose on val; check other names were fitted."""
     if not isinstance(normalizer, str):
         raise TypeError(f"normalizer: expected a string, got {type(normalizer).__name__}")
-    tt = _test_time(model)
-    name = str(tt.get("normalizer", "none")) if normalizer == "selected" else normalizer.lower()
-    if name == "none":
-        return name
-    if name == "ncl" and "ncl_text_bank" not in tt:
-        raise ValueError("normalizer: this run has no NCL query bank (trained without the NCL loss)")
-    known = set(tt.get("kwargs", {})) | {"none"}
-    if name not in known:
-        raise ValueError(f"normalizer: unknown option {normalizer!r}; this run has "
-                         f"{', '.join(['selected', *sorted(known)])}")
-    return name
+    return _test_time(model).resolve(normalizer)
 
 
 @torch.no_grad()
@@ -196,8 +186,6 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
     Shape:
         video_embeddings ``[N, D]`` -> gallery ``[N, D]``, bias ``[N]``, query_shift ``[D]``.
     """
-    from xmodal.normalize import build_normalizer
-
     name = selected_normalizer(model, normalizer)
     video = float_matrix(video_embeddings, "video_embeddings")
     out: dict[str, Any] = {"normalizer": name, "gallery": video, "bias": None, "query_shift": None}
@@ -207,15 +195,18 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
         raise ValueError(f"normalizer: {name!r} depends on each query's scores against the whole "
                          f"gallery and cannot be folded into an index; use one of "
                          f"{', '.join(FOLDABLE)} (or 'xmodal eval --run' for exact metrics)")
+    from xmodal.testtime import _METHODS, fit_normalizer
+
     tt = _test_time(model)
-    kw = dict(tt.get("kwargs", {}).get(name, {}))
-    bank_t = torch.as_tensor(tt["ncl_text_bank" if name == "ncl" else "text_bank"]).to(video)
     if name == "dn":
-        bank_v = torch.as_tensor(tt["video_bank"]).to(video)
-        dn = build_normalizer("dn", **kw).fit(bank_t, bank_v)
-        _, gallery = dn.transform(bank_t[:1], video)
-        out.update(gallery=gallery, query_shift=dn.lam * dn.mu_queries.to(video))
+        from xmodal.normalize import DistributionNormalization
+
+        dn = DistributionNormalization.from_state_dict(tt.dn)
+        out.update(gallery=video - dn.lam * dn.mu_gallery.to(video), query_shift=dn.lam * dn.mu_queries.to(video))
         return out
-    sink = build_normalizer("sinkhorn", **kw).fit(bank_t, video)
+    bank = _METHODS[name][1]
+    if bank not in tt.banks:
+        raise ValueError(f"normalizer: {name!r} needs the {bank!r} query bank, which this run lacks")
+    sink = fit_normalizer(name, video, video, tt.banks[bank][0].to(video), **tt._hp())
     out["bias"] = sink.bias.to(video)
     return out

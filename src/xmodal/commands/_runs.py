@@ -38,17 +38,5 @@ def checkpoint_file(path: str) -> Path:
 @torch.no_grad()
 def run_similarity(model: Any, text_features: Any, video_features: Any,
                    normalizer: str = "selected") -> torch.Tensor:
-    """``model.similarity(text_features, video_features, normalizer=...)`` ``[T, V]``.
-
-    Stand-in until ``model.similarity`` (API.md) lands: the trainer's own test-time
-    path, :func:`xmodal.train.normalized_similarities`, on the run's embeddings.
-    """
-    if hasattr(model, "similarity"):
-        return torch.as_tensor(model.similarity(text_features, video_features, normalizer=normalizer))
-    from xmodal.index import selected_normalizer
-    from xmodal.train import normalized_similarities
-
-    name = selected_normalizer(model, normalizer)
-    text, video = model.encode_text(text_features), model.encode_video(video_features)
-    sim, _, _ = normalized_similarities(name, model.test_time, text, video)
-    return torch.as_tensor(sim)
+    """``model.similarity(text_features, video_features, normalizer=...)`` ``[T, V]`` (API.md)."""
+    return torch.as_tensor(model.similarity(text_features, video_features, normalizer=normalizer))

@@ -147,7 +147,8 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
         sim = run_similarity(model, tf, vf, normalizer=args.normalizer)
         res = metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t, block_size=args.block_size)
         return res, "retrieval", {"texts": sim.shape[0], "videos": sim.shape[1], "v2t": args.v2t,
-                                  "scores": f"run {args.run}: heads -> cosine -> normaliser {name}"}
+                                  "scores": f"run {args.run}: heads -> cosine -> normaliser {name} (t2v scores; "
+                                            "v2t ranks their transpose, as metrics.text_video)"}
     if mode == "embeddings":
         q, g = load_npy(args.queries, "--queries"), load_npy(args.gallery, "--gallery")
         if args.l2:
