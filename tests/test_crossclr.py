@@ -1,5 +1,6 @@
-"""CrossCLR (Zolfaghari et al. 2021): naive loops from eqs. 3-7, reduction to InfoNCE,
-the documented deviations from Algorithm 2's pseudo-code, gradients, numerics."""
+"""CrossCLR (Zolfaghari et al. 2021) against references written here: eqs. 3-8 as explicit
+loops (sets of sec. 3.2 / Alg. 1, B.1 max-normalisation, Alg. 2 weights), Algorithm 2's
+pseudo-code transcribed (with the documented deviations patched in, and literally), in float64."""
 
 import math
 
@@ -7,57 +8,104 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xmodal.functional.crossclr import connectivity, crossclr_loss
+from xmodal.functional.crossclr import (connectivity, connectivity_weights, crossclr_loss,
+                                        influence_scores)
 from xmodal.losses.infonce import InfoNCE
 
 
-def naive_connectivity(inp, bank=None):
-    x = [r / r.norm() for r in inp]
-    q = x if bank is None else [r / r.norm() for r in bank]
-    c = [sum(float(a @ b) for b in q) / len(q) for a in x]
-    if bank is None:
-        m = max(abs(v) for v in c)
-        c = [v / m for v in c]
-    return c
+def cos(a, b):
+    return float(a @ b / (a.norm() * b.norm()))
 
 
-def naive_crossclr(zx, zy, x_in, y_in, tau, lam, gamma, kappa, banks=(None, None), ids=None,
-                   k_pos=0, beta=1.0):
-    """Eqs. 3-7 with explicit loops; w_i = exp(C_i / kappa), weighted mean per direction."""
+def naive_connectivity(rows):
+    """Eq. 4 over the set ``rows``; the sample itself is not its own neighbour (Alg. 2 mask)."""
+    m = len(rows)
+    return [sum(cos(rows[k], rows[j]) for j in range(m) if j != k) / (m - 1) for k in range(m)]
+
+
+def naive_crossclr(zx, zy, x_in, y_in, *, tau, lam, gamma, kappa, banks=(None, None),
+                   qembs=(None, None), qids=None, ids=None, k_pos=0, beta=0.15,
+                   weight_norm="sum", prune_norm="max", intra_mode="delta"):
     n = zx.shape[0]
     zx, zy = F.normalize(zx, dim=1), F.normalize(zy, dim=1)
     taus = [tau] * n if isinstance(tau, float) else [float(x) for x in tau]
-    ids = list(range(n)) if ids is None else [int(i) for i in ids]
-    cx, cy = naive_connectivity(x_in, banks[0]), naive_connectivity(y_in, banks[1])
+    bid = list(range(n)) if ids is None else [int(i) for i in ids]
 
-    def one_direction(za, zb, a_in, ca, cb):
-        infl_a = [gamma is not None and c > gamma for c in ca]
-        infl_b = [gamma is not None and c > gamma for c in cb]
-        w = [1.0 if kappa is None else math.exp(c / kappa) for c in ca]
+    def influential(a_in, bank):
+        c = naive_connectivity(list(a_in) + ([] if bank is None else list(bank)))
+        top = max(abs(v) for v in c)
+        scores = c if prune_norm == "none" else [v / top for v in c]  # appendix B.1
+        return c[:n], [gamma is not None and s > gamma for s in scores]
+
+    def direction(za, zb, a_in, bank, qemb):
+        c, infl = influential(a_in, bank)  # I_x of the ANCHOR's modality prunes every negative
+        if kappa is None:
+            w = [1.0] * n
+        elif weight_norm == "sum":  # Alg. 2: norm_w(prox) = prox / sum(prox)
+            w = [math.exp(v / sum(c) / kappa) for v in c]
+        else:  # eq. 5
+            w = [math.exp(v / kappa) for v in c]
+        qe = None if qemb is None else F.normalize(qemb, dim=1)
         losses = []
         for i in range(n):
-            delta = lambda a, b: torch.exp(a @ b / taus[i])  # noqa: E731
-            others = [k for k in range(n) if k != i and ids[k] != ids[i]]
-            cands = [k for k in others if infl_b[k] or gamma is None]
-            sim_in = {k: float(F.normalize(a_in[i], dim=0) @ F.normalize(a_in[k], dim=0)) for k in cands}
-            extra = sorted(cands, key=lambda k: -sim_in[k])[:k_pos]
-            num = delta(za[i], zb[i]) + sum(beta * delta(za[i], zb[k]) for k in extra)
-            den = num
-            den = den + sum(delta(za[i], zb[k]) for k in others if k not in extra and not infl_b[k])
-            den = den + sum(lam * delta(za[i], za[k]) for k in others if k not in extra and not infl_a[k])
-            losses.append(-torch.log(num / den))
-        return sum(wi * li for wi, li in zip(w, losses)) / sum(w)
+            def d(p, q):
+                return math.exp(float(p @ q) / taus[i])
 
-    return (one_direction(zx, zy, x_in, cx, cy) + one_direction(zy, zx, y_in, cy, cx)) / 2
+            def d_intra(p, q):
+                return lam * d(p, q) if intra_mode == "delta" else math.exp(lam * float(p @ q) / taus[i])
+            others = [k for k in range(n) if k != i and bid[k] != bid[i]]
+            cands = [k for k in others if gamma is None or infl[k]]  # topK(I_x)
+            extra = sorted(cands, key=lambda k: -cos(a_in[i], a_in[k]))[:k_pos]
+            num = d(za[i], zb[i]) + beta * sum(d(za[i], zb[k]) for k in extra)
+            den = d(za[i], zb[i]) + sum(d(za[i], zb[k]) for k in others
+                                        if not infl[k] and k not in extra)
+            if lam > 0:
+                den += sum(d_intra(za[i], za[k]) for k in others if not infl[k] and k not in extra)
+                for m in range(0 if qe is None else len(qe)):
+                    same = ids is not None and qids is not None and int(qids[m]) == bid[i]
+                    if not infl[n + m] and not same:
+                        den += d_intra(za[i], qe[m])
+            losses.append(-math.log(num / den))
+        if weight_norm == "none":
+            return sum(a * b for a, b in zip(w, losses)) / n
+        return sum(a * b for a, b in zip(w, losses)) / sum(w)
+
+    return (direction(zx, zy, x_in, banks[0], qembs[0])
+            + direction(zy, zx, y_in, banks[1], qembs[1])) / 2
+
+
+def alg2_patched(emb_v, emb_t, in_v, in_t, t, threshold, lam, t_w, intra="logit"):
+    """Algorithm 2 line by line, with deviations 1-3 patched: diagonal -inf instead of ``*mask``,
+    the positive column kept, ``lambda`` in the concatenation and ``t_w = kappa`` in the weights."""
+    b = emb_v.shape[0]
+    eye = torch.eye(b, dtype=torch.bool)
+    emb_v, emb_t = F.normalize(emb_v, dim=1), F.normalize(emb_t, dim=1)
+    in_v, in_t = F.normalize(in_v, dim=1), F.normalize(in_t, dim=1)  # eq. 4: cosine
+
+    def half(e_a, e_b, in_a):
+        l_ab = e_a @ e_b.T / t
+        l_aa = (e_a @ e_a.T / t).masked_fill(eye, -math.inf)
+        prox = ((in_a @ in_a.T) * (1 - eye.double())).mean(1)
+        scores = prox / prox.max()
+        keep = scores <= threshold
+        l_aa_p = l_aa.masked_fill(~keep[None, :], -math.inf)
+        l_ab_p = l_ab.masked_fill(~(keep[None, :] | eye), -math.inf)
+        intra_logits = lam * l_aa_p if intra == "logit" else l_aa_p + math.log(lam)
+        loss = F.cross_entropy(torch.cat([l_ab_p, intra_logits], 1), torch.arange(b), reduction="none")
+        w = prox / prox.sum()
+        loss = loss * torch.exp(w / t_w)
+        return loss.sum() / torch.exp(w / t_w).sum()
+
+    return (half(emb_v, emb_t, in_v) + half(emb_t, emb_v, in_t)) / 2
 
 
 def _data(n=8, d=6, dv=5, dt=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     z = [torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(2)]
-    # positive input features (as after ReLU) so connectivities are spread around 0.7-1
-    ins = [torch.rand(n, dv, generator=g, dtype=torch.float64),
-           torch.rand(n, dt, generator=g, dtype=torch.float64)]
-    return z[0], z[1], ins[0], ins[1]
+    # positive, skewed input features (as after ReLU): B.1 scores spread over ~0.6-1, so
+    # gamma = 0.9 marks some but not all samples (test_configs_really_prune)
+    return (z[0], z[1], torch.rand(n, dv, generator=g, dtype=torch.float64) ** 3,
+            torch.rand(n, dt, generator=g, dtype=torch.float64) ** 3)
 
 
 CONFIGS = [
@@ -65,138 +113,209 @@ CONFIGS = [
     dict(tau=0.1, lam=0.8, gamma=0.9, kappa=None),
     dict(tau=0.1, lam=0.5, gamma=0.95, kappa=0.05),
     dict(tau=0.03, lam=0.8, gamma=0.9, kappa=0.0035),
-    dict(tau=0.1, lam=0.0, gamma=0.93, kappa=0.1),
-    dict(tau=0.2, lam=1.0, gamma=0.9, kappa=0.1, k_pos=2, beta=0.5),
-    dict(tau=0.2, lam=1.0, gamma=None, kappa=None, k_pos=1, beta=2.0),
+    dict(tau=0.1, lam=0.0, gamma=0.93, kappa=0.01),
+    dict(tau=0.2, lam=1.0, gamma=0.9, kappa=0.0035, k_pos=2, beta=0.15),
+    dict(tau=0.2, lam=0.8, gamma=None, kappa=None, k_pos=1, beta=2.0),
+    dict(tau=0.1, lam=0.8, gamma=0.9, kappa=0.1, weight_norm="mean"),
+    dict(tau=0.1, lam=0.8, gamma=0.9, kappa=0.5, weight_norm="none", intra_mode="logit"),
+    dict(tau=0.1, lam=0.8, gamma=0.78, kappa=0.05, prune_norm="none"),
 ]
 
 
+def _call(zx, zy, xi, yi, cfg, **kw):
+    opts = {k: cfg[k] for k in ("weight_norm", "prune_norm", "intra_mode") if k in cfg}
+    return crossclr_loss(zx, zy, xi, yi, temperature=cfg["tau"], intra_weight=cfg["lam"],
+                         prune_threshold=cfg["gamma"], weight_scale=cfg["kappa"],
+                         num_positives=cfg.get("k_pos", 0), positive_weight=cfg.get("beta", 0.15),
+                         **opts, **kw)
+
+
+def _ref(zx, zy, xi, yi, cfg, **kw):
+    opts = {k: cfg[k] for k in ("weight_norm", "prune_norm", "intra_mode") if k in cfg}
+    return naive_crossclr(zx, zy, xi, yi, tau=cfg["tau"], lam=cfg["lam"], gamma=cfg["gamma"],
+                          kappa=cfg["kappa"], k_pos=cfg.get("k_pos", 0), beta=cfg.get("beta", 0.15),
+                          **opts, **kw)
+
+
 @pytest.mark.parametrize("cfg", CONFIGS)
-@pytest.mark.parametrize("with_ids", [False, True])
-def test_matches_naive_loops(cfg, with_ids):
-    zx, zy, xi, yi = _data()
+@pytest.mark.parametrize("shape,seed,with_ids", [((8, 6, 5, 7), 0, False), ((8, 6, 5, 7), 1, True),
+                                                 ((11, 4, 9, 3), 2, False)])
+def test_matches_naive_loops(cfg, shape, seed, with_ids):
+    n, d, dv, dt = shape
+    zx, zy, xi, yi = _data(n, d, dv, dt, seed)
     ids = torch.tensor([0, 1, 1, 2, 3, 4, 4, 5]) if with_ids else None
-    got = crossclr_loss(zx, zy, xi, yi, temperature=cfg["tau"], intra_weight=cfg["lam"],
-                        prune_threshold=cfg["gamma"], weight_scale=cfg["kappa"], ids=ids,
-                        num_positives=cfg.get("k_pos", 0), positive_weight=cfg.get("beta", 1.0))
-    ref = naive_crossclr(zx, zy, xi, yi, cfg["tau"], cfg["lam"], cfg["gamma"], cfg["kappa"], ids=ids,
-                         k_pos=cfg.get("k_pos", 0), beta=cfg.get("beta", 1.0))
-    assert got.item() == pytest.approx(ref.item(), abs=1e-6, rel=1e-9)
+    got = _call(zx, zy, xi, yi, cfg, ids=ids)
+    assert got.item() == pytest.approx(_ref(zx, zy, xi, yi, cfg, ids=ids), abs=1e-9, rel=1e-9)
 
 
-def test_configs_really_prune():
-    _, _, xi, yi = _data()
-    for gamma in (0.9, 0.93, 0.95):
-        for c in (connectivity(xi), connectivity(yi)):
-            assert 0 < int((c > gamma).sum()) < len(c)  # some, not all, samples influential
+@pytest.mark.parametrize("seed", [0, 3, 5])
+def test_configs_really_prune(seed):
+    """gamma = 0.9 on B.1 scores marks some, not all, samples, and differently per modality."""
+    _, _, xi, yi = _data(seed=seed)
+    sv, st = influence_scores(connectivity(xi)) > 0.9, influence_scores(connectivity(yi)) > 0.9
+    assert 0 < int(sv.sum()) < 8 and 0 < int(st.sum()) < 8 and not torch.equal(sv, st)
 
 
-def test_with_bank_and_per_sample_temperature():
-    zx, zy, xi, yi = _data(seed=1)
-    g = torch.Generator().manual_seed(5)
-    bx = torch.cat([xi, torch.rand(12, xi.shape[1], generator=g, dtype=torch.float64)])
-    by = torch.cat([yi, torch.rand(12, yi.shape[1], generator=g, dtype=torch.float64)])
-    tau = torch.linspace(0.05, 0.2, 8, dtype=torch.float64)
+def test_connectivity_excludes_self_and_spans_the_bank():
+    _, _, xi, _ = _data(n=6, seed=4)
+    bank = torch.rand(5, xi.shape[1], generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = connectivity(xi, bank)
+    assert got.shape == (11,)
+    assert torch.allclose(got, torch.tensor(naive_connectivity(list(xi) + list(bank)), dtype=got.dtype))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_pruning_uses_the_anchor_modality(seed):
+    """A text negative y_j leaves a video anchor's set when its paired VIDEO x_j is influential
+    (sec. 3.2, Alg. 1, Alg. 2 ``l_vt[:, scores_v < threshold]``), not when y_j itself is."""
+    zx, zy, xi, yi = _data(seed=seed)
+    cfg = dict(tau=0.1, lam=0.8, gamma=0.9, kappa=None)
+    got = _call(zx, zy, xi, yi, cfg).item()
+    assert got == pytest.approx(_ref(zx, zy, xi, yi, cfg), abs=1e-10)
+    # the reading "prune y_j when y_j is influential" gives another value on these batches
+    swapped = naive_swapped_pruning(zx, zy, xi, yi, 0.1, 0.8, 0.9)
+    assert abs(got - swapped) > 1e-4
+
+
+def naive_swapped_pruning(zx, zy, xi, yi, tau, lam, gamma):
+    """The old (wrong) reading: cross negatives pruned by THEIR own modality's influence."""
+    n = zx.shape[0]
+    zx, zy = F.normalize(zx, dim=1), F.normalize(zy, dim=1)
+    ix = [v > gamma for v in influence_scores(connectivity(xi)).tolist()]
+    iy = [v > gamma for v in influence_scores(connectivity(yi)).tolist()]
+
+    def direction(za, zb, ia, ib):
+        out = 0.0
+        for i in range(n):
+            d = [math.exp(float(za[i] @ zb[k]) / tau) for k in range(n)]
+            r = [math.exp(float(za[i] @ za[k]) / tau) for k in range(n)]
+            den = d[i] + sum(d[k] for k in range(n) if k != i and not ib[k])
+            den += lam * sum(r[k] for k in range(n) if k != i and not ia[k])
+            out -= math.log(d[i] / den)
+        return out / n
+    return (direction(zx, zy, ix, iy) + direction(zy, zx, iy, ix)) / 2
+
+
+@pytest.mark.parametrize("seed,n,threshold", [(0, 8, 0.9), (1, 12, 0.9), (2, 16, 0.95), (3, 8, 2.0)])
+@pytest.mark.parametrize("lam,kappa", [(0.8, 0.0035), (0.5, 0.01)])
+def test_matches_algorithm2_transcription(seed, n, threshold, lam, kappa):
+    zv, zt, vi, ti = _data(n=n, seed=seed)
+    ref = alg2_patched(zv, zt, vi, ti, 0.03, threshold, lam, kappa)
+    got = crossclr_loss(zv, zt, vi, ti, temperature=0.03, intra_weight=lam, prune_threshold=threshold,
+                        weight_scale=kappa, intra_mode="logit")
+    assert got.item() == pytest.approx(ref.item(), abs=1e-10)
+    ref = alg2_patched(zv, zt, vi, ti, 0.03, threshold, lam, kappa, intra="delta")
+    got = crossclr_loss(zv, zt, vi, ti, temperature=0.03, intra_weight=lam, prune_threshold=threshold,
+                        weight_scale=kappa)
+    assert got.item() == pytest.approx(ref.item(), abs=1e-10)
+
+
+def ess(w):
+    return float(w.sum() ** 2 / (w * w).sum())
+
+
+@pytest.mark.parametrize("seed,n", [(0, 64), (1, 64), (2, 128)])
+def test_alg2_weights_and_their_effective_sample_size(seed, n):
+    """Alg. 2: w = exp(norm_w(prox) / t_w) with norm_w(x) = x / sum(x), prox = row mean of the
+    masked input Gram matrix; at kappa = 0.0035 the weights are far from degenerate, while
+    eq. 5 read literally (exp(C / kappa)) puts almost all weight on a few samples."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 32, generator=g, dtype=torch.float64) ** 3  # spread connectivities
+    xn = F.normalize(x, dim=1)
+    prox = ((xn @ xn.T) * (1 - torch.eye(n, dtype=x.dtype))).mean(1)
+    w_alg2 = torch.exp((prox / prox.sum()) / 0.0035)
+    got = connectivity_weights(connectivity(x), 0.0035)
+    assert torch.allclose(got, n * w_alg2 / w_alg2.sum(), rtol=1e-10)
+    assert ess(got) == pytest.approx(ess(w_alg2), rel=1e-10)
+    assert ess(got) > 0.5 * n
+    eq5 = connectivity_weights(connectivity(x), 0.0035, "mean")
+    assert ess(eq5) < 0.1 * n
+
+
+def test_queue_supplies_pruned_intra_negatives():
+    """Alg. 1: the queued samples are intra-modal negatives (N^IR over Q), pruned by their
+    connectivity over Q divided by the maximum (B.1); queued rows with the anchor's id are not."""
+    g = torch.Generator().manual_seed(11)
+    zx, zy, xi, yi = _data(n=6, seed=6)
+    bx, by = torch.rand(9, xi.shape[1], generator=g, dtype=torch.float64), torch.rand(
+        9, yi.shape[1], generator=g, dtype=torch.float64)
+    qx, qy = torch.randn(9, 6, generator=g, dtype=torch.float64), torch.randn(
+        9, 6, generator=g, dtype=torch.float64)
+    ids, qids = torch.arange(6), torch.tensor([0, 7, 8, 3, 9, 10, 11, 12, 13])
+    tau = torch.linspace(0.05, 0.2, 6, dtype=torch.float64)
+    for gamma, kappa in ((0.9, 0.0035), (None, None), (0.95, 0.01)):
+        cfg = dict(tau=tau, lam=0.8, gamma=gamma, kappa=kappa)
+        kw = dict(ids=ids)
+        got = _call(zx, zy, xi, yi, cfg, video_bank=bx, text_bank=by, video_queue=qx,
+                    text_queue=qy, queue_ids=qids, **kw)
+        ref = _ref(zx, zy, xi, yi, cfg, banks=(bx, by), qembs=(qx, qy), qids=qids, **kw)
+        assert got.item() == pytest.approx(ref, abs=1e-10)
+        no_q = _call(zx, zy, xi, yi, cfg, video_bank=bx, text_bank=by, **kw)
+        assert abs(no_q.item() - got.item()) > 1e-3  # the queued negatives count
+    # with a queue, some queued rows are pruned at gamma = 0.9 (B.1) and none on raw C
     c = connectivity(xi, bx)
-    gamma = float(c.median())
-    got = crossclr_loss(zx, zy, xi, yi, video_bank=bx, text_bank=by, temperature=tau,
-                        prune_threshold=gamma, weight_scale=0.02)
-    ref = naive_crossclr(zx, zy, xi, yi, tau, 0.8, gamma, 0.02, banks=(bx, by))
-    assert got.item() == pytest.approx(ref.item(), abs=1e-6)
+    assert 0 < int((influence_scores(c)[6:] > 0.9).sum()) < 9
+    assert int((c > 0.9).sum()) == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_multiple_positives_eq8(seed):
+    """Eq. 8: extra positives P_y = {y_k : k in topK(I_x)}, scaled by beta, numerator only."""
+    zx, zy, xi, yi = _data(n=10, seed=seed)
+    for k_pos, beta in ((2, 0.15), (5, 0.2)):
+        cfg = dict(tau=0.1, lam=0.8, gamma=0.9, kappa=0.0035, k_pos=k_pos, beta=beta)
+        got = _call(zx, zy, xi, yi, cfg)
+        assert got.item() == pytest.approx(_ref(zx, zy, xi, yi, cfg), abs=1e-10)
+        assert abs(got.item() - _call(zx, zy, xi, yi, dict(cfg, k_pos=0)).item()) > 1e-6
+
+
+def test_multiple_positives_default_beta():
+    zx, zy, xi, yi = _data(seed=3)
+    a = crossclr_loss(zx, zy, xi, yi, num_positives=2)
+    b = crossclr_loss(zx, zy, xi, yi, num_positives=2, positive_weight=0.15)
+    assert a.item() == b.item()
 
 
 @pytest.mark.parametrize("ids", [None, torch.tensor([0, 0, 1, 2, 3, 3, 4, 5])])
 def test_reduces_to_infonce(ids):
     zx, zy, xi, yi = _data(seed=2)
-    got = crossclr_loss(zx, zy, xi, yi, temperature=0.07, intra_weight=0.0,
-                        prune_threshold=None, weight_scale=None, ids=ids)
     ref = InfoNCE(temperature=0.07)(zx, zy, ids=ids)
-    assert got.item() == pytest.approx(ref.item(), abs=1e-12)
-    # inputs are not needed in this configuration
-    assert crossclr_loss(zx, zy, temperature=0.07, intra_weight=0.0, prune_threshold=None,
-                         weight_scale=None, ids=ids).item() == pytest.approx(ref.item(), abs=1e-12)
+    for inputs in ((xi, yi), (None, None)):
+        got = crossclr_loss(zx, zy, *inputs, temperature=0.07, intra_weight=0.0,
+                            prune_threshold=None, weight_scale=None, ids=ids)
+        assert got.item() == pytest.approx(ref.item(), abs=1e-12)
 
 
-def pseudo_code_rows(zv, zt, v_in, t_in, tau, lam, gamma):
-    """Algorithm 2 / official CrossCLR_onlyIntraModality taken literally (video anchors):
-    multiplicative diagonal mask, lambda on the logits, pruned columns dropped, labels arange."""
-    n = zv.shape[0]
-    zv, zt = F.normalize(zv, dim=1), F.normalize(zt, dim=1)
-    keep_v = connectivity(v_in) <= gamma
-    keep_t = connectivity(t_in) <= gamma
-    logits_vt = (zv @ zt.T / tau)[:, keep_t]
-    logits_vv = ((zv @ zv.T / tau) * (1 - torch.eye(n, dtype=zv.dtype)))[:, keep_v]
-    logits = torch.cat([logits_vt, lam * logits_vv], dim=1)
-    return F.cross_entropy(logits, torch.arange(n), reduction="none"), logits
-
-
-def test_deviation_diagonal_exp0_and_lambda_on_logits():
-    zv, zt, vi, ti = _data(seed=3)
-    tau, n = 0.1, 8
-    s_vt = F.normalize(zv, dim=1) @ F.normalize(zt, dim=1).T / tau
-    s_vv = F.normalize(zv, dim=1) @ F.normalize(zv, dim=1).T / tau
-    off = ~torch.eye(n, dtype=torch.bool)
-    # (2) lambda = 1, no pruning: the pseudo-code keeps exp(0) = 1 in every denominator
-    rows, _ = pseudo_code_rows(zv, zt, vi, ti, tau, 1.0, gamma=10.0)
-    ours = torch.logsumexp(torch.cat([s_vt, s_vv.masked_fill(~off, -math.inf)], 1), 1) - s_vt.diag()
-    assert torch.allclose(torch.exp(rows + s_vt.diag()), torch.exp(ours + s_vt.diag()) + 1.0)
-    assert not torch.allclose(rows, ours)
-    # (3) lambda = 0.5: the pseudo-code uses delta**lambda (lambda * logit), eq. 3 lambda * delta
-    rows, _ = pseudo_code_rows(zv, zt, vi, ti, tau, 0.5, gamma=10.0)
-    pseudo_terms = torch.exp(s_vt).sum(1) + torch.exp(0.5 * s_vv * off).sum(1)
-    assert torch.allclose(rows, torch.log(pseudo_terms) - s_vt.diag())
-    eq3_terms = torch.exp(s_vt).sum(1) + 0.5 * (torch.exp(s_vv) * off).sum(1)
-    ours_v = torch.log(eq3_terms) - s_vt.diag()
-    assert not torch.allclose(rows, ours_v)
-    # ours (video direction, uniform weights, no pruning) is eq. 3 exactly
-    ours_t = torch.log(torch.exp(s_vt.T).sum(1) + 0.5 * (torch.exp(
-        F.normalize(zt, dim=1) @ F.normalize(zt, dim=1).T / tau) * off).sum(1)) - s_vt.diag()
-    full = crossclr_loss(zv, zt, vi, ti, temperature=tau, intra_weight=0.5, prune_threshold=None,
-                         weight_scale=None)
-    assert full.item() == pytest.approx(((ours_v.mean() + ours_t.mean()) / 2).item(), abs=1e-12)
-    # lambda = 0: the pseudo-code still has n - 1 + 1 terms exp(0) (not InfoNCE); ours is InfoNCE
-    rows0, _ = pseudo_code_rows(zv, zt, vi, ti, tau, 0.0, gamma=10.0)
-    info = torch.logsumexp(s_vt, 1) - s_vt.diag()
-    assert torch.allclose(torch.exp(rows0 + s_vt.diag()), torch.exp(info + s_vt.diag()) + n)
-
-
-def test_deviation_pruning_drops_the_positive_in_the_pseudo_code():
+def test_literal_pseudo_code_quirks():
+    """Alg. 2 taken literally (``* mask``, dropped columns, labels arange): exp(0) = 1 stays in
+    every denominator, and an influential anchor's positive column disappears."""
     zv, zt, vi, ti = _data(seed=4)
-    tau = 0.1
-    ct = connectivity(ti)
-    top2 = ct.sort().values[-2:]
-    gamma = float(top2.mean())  # exactly one influential text: the most connected one
-    j = int(ct.argmax())
-    assert j < 7
-    rows, logits = pseudo_code_rows(zv, zt, vi, ti, tau, 0.8, gamma)
-    s_vt = F.normalize(zv, dim=1) @ F.normalize(zt, dim=1).T / tau
-    # pseudo-code: column j is gone, so anchor j's positive s_jj is in none of its logits ...
-    assert not torch.isclose(logits[j], s_vt[j, j]).any()
-    # ... and anchor j's label j now points at text j + 1 (shifted columns)
-    assert torch.isclose(logits[j, j], s_vt[j, j + 1])
-    # ours: the positive of every anchor is kept; the pruned text only leaves the negatives
-    ours = crossclr_loss(zv, zt, vi, ti, temperature=tau, intra_weight=0.8,
-                         prune_threshold=gamma, weight_scale=None)
-    ref = naive_crossclr(zv, zt, vi, ti, tau, 0.8, gamma, None)
-    assert ours.item() == pytest.approx(ref.item(), abs=1e-10)
-
-
-def test_weights_are_a_weighted_mean_and_stable_for_small_kappa():
-    zx, zy, xi, yi = _data(seed=6)
-    uni = crossclr_loss(zx, zy, xi, yi, prune_threshold=None, weight_scale=None)
-    flat = crossclr_loss(zx, zy, xi, yi, prune_threshold=None, weight_scale=1e12)
-    assert flat.item() == pytest.approx(uni.item(), abs=1e-9)  # kappa -> inf: uniform
-    tiny = crossclr_loss(zx.float(), zy.float(), xi.float(), yi.float(), weight_scale=1e-4)
-    assert torch.isfinite(tiny)
-    with pytest.raises(ValueError, match="weight_scale"):
-        crossclr_loss(zx, zy, xi, yi, weight_scale=1e-4, weight_norm="none")
+    n, tau = 8, 0.1
+    zvn, ztn = F.normalize(zv, dim=1), F.normalize(zt, dim=1)
+    s_vt, s_vv = zvn @ ztn.T / tau, zvn @ zvn.T / tau
+    keep_v = influence_scores(connectivity(vi)) < 0.9
+    l_vv = (s_vv * (1 - torch.eye(n, dtype=zv.dtype)))[:, keep_v]
+    l_vt = s_vt[:, keep_v]
+    i = int(torch.nonzero(keep_v)[0])  # a kept anchor left of a pruned column j
+    j = int(torch.nonzero(~keep_v & (torch.arange(n) > i))[0])
+    assert not torch.isclose(l_vt[j], s_vt[j, j]).any()  # anchor j lost its positive
+    rows = F.cross_entropy(torch.cat([l_vt, 1.0 * l_vv], 1), torch.arange(n), reduction="none")
+    eye = torch.eye(n, dtype=torch.bool)
+    ours_den = torch.logsumexp(torch.cat([s_vt.masked_fill(~keep_v[None, :] & ~eye, -math.inf),
+                                          s_vv.masked_fill(~keep_v[None, :] | eye, -math.inf)], 1), 1)
+    # anchor i keeps its columns; the literal denominator has one exp(0) = 1 more (diagonal)
+    lit_den = rows[i] + l_vt[i, i]
+    assert l_vt[i, i] == s_vt[i, i]
+    assert float(torch.exp(lit_den)) == pytest.approx(float(torch.exp(ours_den[i])) + 1.0, rel=1e-10)
 
 
 def test_gradcheck():
     zx, zy, xi, yi = _data(n=5, d=3, seed=7)
     zx.requires_grad_(), zy.requires_grad_()
     for kw in (dict(prune_threshold=0.95, weight_scale=0.1),
-               dict(prune_threshold=None, weight_scale=None, num_positives=1, positive_weight=0.5)):
+               dict(prune_threshold=None, weight_scale=None, num_positives=1, positive_weight=0.5),
+               dict(intra_mode="logit", video_bank=xi[:2] + 0.1, text_bank=yi[:2] * 0.5,
+                    video_queue=zx.detach()[:2], text_queue=zy.detach()[:2])):
         assert torch.autograd.gradcheck(
             lambda a, b: crossclr_loss(a, b, xi, yi, temperature=0.3, **kw), (zx, zy))
 
@@ -206,29 +325,43 @@ def test_finite_under_autocast(dtype):
     zx, zy, xi, yi = _data(n=16, d=8, seed=8)
     zx, zy = zx.to(dtype).requires_grad_(), zy.to(dtype).requires_grad_()
     with torch.autocast("cpu", dtype=dtype):
-        loss = crossclr_loss(zx, zy, xi.to(dtype), yi.to(dtype), temperature=0.01)
+        loss = crossclr_loss(zx, zy, xi.to(dtype), yi.to(dtype), temperature=0.01, num_positives=2)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(zx.grad).all() and torch.isfinite(zy.grad).all()
 
 
+def test_weights_stable_and_limits():
+    zx, zy, xi, yi = _data(seed=6)
+    uni = crossclr_loss(zx, zy, xi, yi, prune_threshold=None, weight_scale=None)
+    for norm in ("sum", "mean"):
+        flat = crossclr_loss(zx, zy, xi, yi, prune_threshold=None, weight_scale=1e12, weight_norm=norm)
+        assert flat.item() == pytest.approx(uni.item(), abs=1e-9)  # kappa -> inf: uniform
+    assert torch.isfinite(crossclr_loss(zx.float(), zy.float(), xi.float(), yi.float(), weight_scale=1e-6))
+    with pytest.raises(ValueError, match="weight_scale"):
+        crossclr_loss(zx, zy, xi, yi, weight_scale=1e-4, weight_norm="none")
+
+
 def test_bad_input():
     zx, zy, xi, yi = _data()
-    with pytest.raises(ValueError, match="video_input"):
-        crossclr_loss(zx, zy, None, yi)
-    with pytest.raises(ValueError, match="text_input"):
-        crossclr_loss(zx, zy, xi, yi[:5])
+    cases = [(dict(video_input=None), "video_input"), (dict(text_input=yi[:5]), "text_input"),
+             (dict(temperature=0.0), "temperature"), (dict(intra_weight=-1.0), "intra_weight"),
+             (dict(weight_norm="max"), "weight_norm"), (dict(prune_norm="sum"), "prune_norm"),
+             (dict(intra_mode="x"), "intra_mode"), (dict(num_positives=-1), "num_positives"),
+             (dict(positive_weight=0.0), "positive_weight"),
+             (dict(video_bank=torch.rand(10, xi.shape[1] + 1, dtype=torch.float64)), "video_bank"),
+             (dict(video_bank=xi, video_queue=torch.rand(3, 6, dtype=torch.float64)), "video_queue"),
+             (dict(video_queue=torch.rand(8, 6, dtype=torch.float64)), "video_queue")]
+    for kw, name in cases:
+        args = dict(video_input=xi, text_input=yi)
+        args.update(kw)
+        with pytest.raises(ValueError, match=name):
+            crossclr_loss(zx, zy, **args)
     with pytest.raises(ValueError, match="differ"):
         crossclr_loss(zx, zy[:5], xi, yi)
-    with pytest.raises(ValueError, match="temperature"):
-        crossclr_loss(zx, zy, xi, yi, temperature=0.0)
-    with pytest.raises(ValueError, match="intra_weight"):
-        crossclr_loss(zx, zy, xi, yi, intra_weight=-1.0)
     bad = xi.clone()
     bad[0, 0] = math.nan
     with pytest.raises(ValueError, match="video_input"):
         crossclr_loss(zx, zy, bad, yi)
-    with pytest.raises(ValueError, match="video_bank"):
-        crossclr_loss(zx, zy, xi, yi, video_bank=torch.rand(10, xi.shape[1] + 1, dtype=torch.float64))
     nan_bank = torch.rand(10, xi.shape[1], dtype=torch.float64)
     nan_bank[3, 1] = math.nan
     with pytest.raises(ValueError, match="video_bank"):
@@ -237,7 +370,7 @@ def test_bad_input():
 
 def test_symmetry_and_permutation_invariance():
     zx, zy, xi, yi = _data(seed=9)
-    kw = dict(temperature=0.1, prune_threshold=0.93, weight_scale=0.05, num_positives=1)
+    kw = dict(temperature=0.1, prune_threshold=0.93, weight_scale=0.0035, num_positives=1)
     a = crossclr_loss(zx, zy, xi, yi, **kw)
     assert crossclr_loss(zy, zx, yi, xi, **kw).item() == pytest.approx(a.item(), abs=1e-12)
     p = torch.randperm(8, generator=torch.Generator().manual_seed(0))
@@ -249,6 +382,5 @@ def test_analytic_all_equal_embeddings(lam):
     """All deltas equal: L_i = log(B + lambda (B - 1)) for every anchor (no pruning)."""
     z = torch.ones(6, 4, dtype=torch.float64)
     _, _, xi, yi = _data(n=6)
-    got = crossclr_loss(z, z, xi, yi, temperature=0.05, intra_weight=lam, prune_threshold=None,
-                        weight_scale=0.1)
+    got = crossclr_loss(z, z, xi, yi, temperature=0.05, intra_weight=lam, prune_threshold=None)
     assert got.item() == pytest.approx(math.log(6 + lam * 5), abs=1e-12)

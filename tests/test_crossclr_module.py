@@ -1,7 +1,8 @@
-"""CrossCLR module: queue of frozen input features (Algorithm 1), no-queue mode, errors."""
+"""CrossCLR module: Algorithm 1 queue (connectivity and intra-modal negatives), no-queue mode,\npaper defaults, errors."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from xmodal.functional.crossclr import crossclr_loss
 from xmodal.losses.crossclr import CrossCLR
@@ -25,20 +26,43 @@ def test_no_queue_equals_batch_connectivity():
 
 
 def test_queue_fifo_including_current_batch():
-    loss = CrossCLR(**KW, queue_size=15)
+    """Q (size M) = current batch + the newest M - B earlier rows (Alg. 1); the earlier rows'
+    inputs feed connectivity and their detached embeddings are intra-modal negatives."""
+    m, b = 15, 6
+    loss = CrossCLR(**KW, queue_size=m)
     batches = [_batch(s) for s in range(4)]
-    seen_v, seen_t = [], []
-    for v, t, vi, ti in batches:
-        seen_v.insert(0, vi)
-        seen_t.insert(0, ti)
-        bank_v, bank_t = torch.cat(seen_v)[:15], torch.cat(seen_t)[:15]
-        got = loss(v, t, video_input=vi, text_input=ti)
-        ref = crossclr_loss(v, t, vi, ti, video_bank=bank_v, text_bank=bank_t, **KW)
+    seen = []  # newest first: (vi, ti, v, t, ids)
+    for step, (v, t, vi, ti) in enumerate(batches):
+        ids = torch.arange(b) + 3 * step  # overlapping ids across steps
+        got = loss(v, t, video_input=vi, text_input=ti, ids=ids)
+        if seen:
+            cat = [torch.cat([s[k] for s in seen])[:m - b] for k in range(5)]
+            ref = crossclr_loss(v, t, vi, ti, video_bank=cat[0], text_bank=cat[1], video_queue=cat[2],
+                                text_queue=cat[3], queue_ids=cat[4], ids=ids, **KW)
+        else:
+            ref = crossclr_loss(v, t, vi, ti, ids=ids, **KW)
         assert got.item() == pytest.approx(ref.item(), abs=1e-10)
-        assert loss.video_queue.shape[0] == min(15, 6 * len(seen_v))  # only what was seen so far
-    # newest rows first, oldest out
-    assert torch.allclose(loss.video_queue[:6], torch.nn.functional.normalize(batches[3][2], dim=1))
-    assert torch.allclose(loss.text_queue[12:], torch.nn.functional.normalize(batches[1][3][:3], dim=1))
+        seen.insert(0, (vi, ti, F.normalize(v, dim=1), F.normalize(t, dim=1), ids))
+        assert loss.video_queue.shape[0] == min(m, b * len(seen))
+        assert loss.text_embed_queue.shape == (min(m, b * len(seen)), 4)
+    assert torch.allclose(loss.video_queue[:b], F.normalize(batches[3][2], dim=1))
+    assert torch.allclose(loss.text_embed_queue[12:], F.normalize(batches[1][1][:3], dim=1))
+    assert torch.equal(loss.id_queue[:b], torch.arange(b) + 9)
+
+
+def test_queue_changes_the_loss_and_ids_block_queued_rows():
+    loss = CrossCLR(**KW, queue_size=12)
+    v, t, vi, ti = _batch(0)
+    loss(v, t, video_input=vi, text_input=ti, ids=torch.arange(6))
+    v2, t2, vi2, ti2 = _batch(1)
+    loss.eval()
+    fresh = loss(v2, t2, video_input=vi2, text_input=ti2, ids=torch.arange(6) + 100)
+    same = loss(v2, t2, video_input=vi2, text_input=ti2, ids=torch.arange(6))
+    alone = crossclr_loss(v2, t2, vi2, ti2, **KW)
+    assert abs(fresh.item() - alone.item()) > 1e-3 and abs(fresh.item() - same.item()) > 1e-6
+    no_ids = CrossCLR(**KW, queue_size=12)
+    no_ids(v, t, video_input=vi, text_input=ti)
+    assert torch.equal(no_ids.id_queue, torch.full((6,), -1))
 
 
 def test_eval_mode_uses_but_does_not_update_the_queue():
@@ -49,10 +73,19 @@ def test_eval_mode_uses_but_does_not_update_the_queue():
     loss.eval()
     v2, t2, vi2, ti2 = _batch(1)
     got = loss(v2, t2, video_input=vi2, text_input=ti2)
-    ref = crossclr_loss(v2, t2, vi2, ti2, video_bank=torch.cat([vi2, vi]),
-                        text_bank=torch.cat([ti2, ti]), **KW)
+    ref = crossclr_loss(v2, t2, vi2, ti2, video_bank=vi, text_bank=ti, video_queue=v,
+                        text_queue=t, **KW)
     assert got.item() == pytest.approx(ref.item(), abs=1e-10)
     assert torch.equal(loss.video_queue, before)
+
+
+def test_paper_defaults():
+    """Table 7 / sec. 4.3 (YouCook2): tau 0.03, lambda 0.8, gamma 0.9, kappa 35e-4; C.1 beta 0.15."""
+    loss = CrossCLR()
+    assert (loss.temperature, loss.intra_weight, loss.prune_threshold, loss.weight_scale) == (
+        0.03, 0.8, 0.9, 0.0035)
+    assert loss.options == dict(weight_norm="sum", prune_norm="max", intra_mode="delta",
+                                num_positives=0, positive_weight=0.15)
 
 
 def test_multiple_positives_option_runs_and_differs():
@@ -85,6 +118,11 @@ def test_bad_input():
         CrossCLR()(v, t, video_input=vi[:4], text_input=ti)
     with pytest.raises(ValueError, match="queue_size"):
         CrossCLR(queue_size=4)(v, t, video_input=vi, text_input=ti)
+    for kw, name in ((dict(weight_norm="x"), "weight_norm"), (dict(prune_norm="x"), "prune_norm"),
+                     (dict(intra_mode="x"), "intra_mode"), (dict(num_positives=1.5), "num_positives"),
+                     (dict(positive_weight=-1), "positive_weight")):
+        with pytest.raises(ValueError, match=name):
+            CrossCLR(**kw)
     for tau in (0.0, -0.1):
         with pytest.raises(ValueError, match="temperature"):
             CrossCLR(temperature=tau)

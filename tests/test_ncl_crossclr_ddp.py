@@ -48,7 +48,7 @@ def cases():
     return [
         ("ncl", lambda: NCL(0.1, queue_size=12), False, True),
         ("crossclr-noqueue", lambda: CrossCLR(0.1, prune_threshold=0.97, weight_scale=0.05), True, True),
-        ("crossclr-queue", lambda: CrossCLR(0.1, prune_threshold=0.75, weight_scale=0.05,
+        ("crossclr-queue", lambda: CrossCLR(0.1, prune_threshold=0.9, weight_scale=0.05,
                                             queue_size=12, num_positives=1), True, False),
         ("calince", lambda: CaliNCE(0.1, embed_dim=DOUT, predictive_weight=0.5, seed=3), False, True),
     ]
@@ -120,11 +120,10 @@ def test_two_process_gloo_equals_single_process(tmp_path):
 
 def test_cases_exercise_pruning():
     """The thresholds above really prune some (not all) samples, so the test is not vacuous."""
-    from xmodal.functional.crossclr import connectivity
+    from xmodal.functional.crossclr import connectivity, influence_scores
     batches, _ = global_batches()
     xv, xt = batches[0]
-    c = connectivity(xv)
+    c = influence_scores(connectivity(xv))
     assert 0 < int((c > 0.97).sum()) < GLOBAL_B
-    bank = torch.cat([batches[1][0], xv])[:12]
-    c = connectivity(batches[1][0], bank)
-    assert 0 < int((c > 0.75).sum()) < GLOBAL_B
+    c = influence_scores(connectivity(batches[1][0], xv[:12 - GLOBAL_B]))  # step 2: Q = batch + 4
+    assert 0 < int((c > 0.9).sum()) < 12

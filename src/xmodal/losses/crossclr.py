@@ -1,4 +1,4 @@
-"""CrossCLR module: the complete loss with the input-feature queue for connectivity."""
+"""CrossCLR module: the complete loss with Algorithm 1's queue."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from xmodal import dist
-from xmodal._validate import float_matrix, positive_number
+from xmodal._validate import choice, float_matrix, positive_number
 from xmodal.functional._common import Temperature, check_ids, l2_normalize
 from xmodal.functional.crossclr import crossclr_loss
 from xmodal.losses._gather import embeddings
@@ -18,51 +18,50 @@ __all__ = ["CrossCLR"]
 
 
 class CrossCLR(nn.Module):
-    """CrossCLR loss (Zolfaghari et al., ICCV 2021, eqs. 2-7, Algorithms 1-2).
+    """CrossCLR loss (Zolfaghari et al., ICCV 2021, eqs. 2-8, Algorithms 1-2).
 
-    Inter- and intra-modal negatives, influential-sample pruning, connectivity
-    weights and (optionally) the appendix C.1 multiple positives; the equations and
-    the three documented deviations from Algorithm 2's pseudo-code are in
-    :mod:`xmodal.functional.crossclr`.
+    Inter- and intra-modal negatives, influential-sample pruning, connectivity weights and
+    (optionally) the appendix C.1 multiple positives; the equations, and which reading is
+    taken where the paper's text and pseudo-code disagree, are in
+    :mod:`xmodal.functional.crossclr`. Defaults are the paper's (Table 7, YouCook2): tau 0.03,
+    lambda 0.8, gamma 0.9, kappa 0.0035 (the extracted text's "35e4").
 
-    Connectivity (eq. 4) is computed on the frozen *input* features
-    (``video_input``, ``text_input``), never on the embeddings:
+    Connectivity (eq. 4) uses the frozen *input* features (``video_input``, ``text_input``):
 
-    * ``queue_size=0``: Algorithm 2's no-queue setting, connectivity over the
-      (global) batch, divided by its max before thresholding (appendix B.1).
-    * ``queue_size=M > 0``: connectivity over a queue of the newest ``M`` input
-      features, *including the current batch* (the batch is enqueued first; the
-      oldest batch drops out). Until ``M`` rows have been seen the queue holds only
-      what was seen so far (the first step is the batch alone), raw means (no max
-      division). ``M`` must be at least the global batch size. The queue is updated
-      only in training mode; in eval mode the current batch is combined with the
-      queue without storing it.
+    * ``queue_size=0``: Algorithm 2 (no queue), connectivity over the (global) batch.
+    * ``queue_size=M > 0``: Algorithm 1. The queue ``Q`` holds the newest ``M`` samples
+      *including the current batch*: connectivity is taken over ``Q``, and the queued samples
+      of earlier batches are extra intra-modal negatives, pruned by their own connectivity.
+      Their embeddings are the detached ones of the step that enqueued them (a memory bank:
+      the loss has no access to the encoders Alg. 1 would re-run on them). Same-id rows
+      (``ids``) are never negatives. The queue is updated only in training mode; ``M`` must
+      be at least the global batch size.
 
-    Note on ``weight_scale``: ``w = exp(C / kappa)`` with the default ``kappa = 0.0035``
-    gives weight ratios ``exp(0.1 / 0.0035) ~ 3e12`` for a connectivity gap of 0.1, so
-    one sample carries almost all the weight (on ``xmodal.data.synthetic`` batches of
-    128, no queue: effective sample size ``(sum w)^2 / sum w^2 = 1.0``; 2 epochs of
-    ``configs/losses/crossclr.yaml`` reach val t2v R@1 1.1 against 12.7 with
-    ``weight_scale=None`` and 11.8 with 0.1). Prefer a larger ``kappa`` or ``None``.
-
-    Distributed: embeddings are gathered with gradient
-    (:func:`xmodal.dist.all_gather_with_grad`), inputs and ids without, and every
-    rank computes the loss of the global batch (the single-process loss on the
-    concatenated batch; DDP's gradient averaging gives the same update).
+    Distributed: embeddings are gathered with gradient (:func:`xmodal.dist.all_gather_with_grad`),
+    inputs and ids without, and every rank computes the loss of the global batch (the
+    single-process loss on the concatenated batch; DDP's gradient averaging gives the same update).
 
     Args:
         temperature: ``tau`` (float, or a per-sample ``[B]`` tensor in forward).
-        intra_weight: ``lambda`` weight of the intra-modal negatives.
-        prune_threshold: ``gamma`` (``None``: no pruning).
-        weight_scale: ``kappa`` in ``w = exp(C / kappa)`` (``None``: uniform).
-        queue_size: ``M`` input features per modality kept for connectivity (0: none).
-        weight_norm: ``"mean"`` (weighted mean, default) or ``"none"``.
-        num_positives, positive_weight: appendix C.1 top-K positives scaled by beta.
+        intra_weight: ``lambda`` (0: no intra-modal negatives).
+        prune_threshold: ``gamma`` on ``C / max C`` (``None``: no pruning).
+        weight_scale: ``kappa`` in ``w = exp((C_i / sum_j C_j) / kappa)`` (``None``: uniform).
+        queue_size: ``M`` (0: no queue).
+        weight_norm, prune_norm, intra_mode: the alternative readings (eq. 5 / raw eq. 4 /
+            Alg. 2's ``delta ** lambda``), see :func:`xmodal.functional.crossclr.crossclr_loss`.
+        num_positives, positive_weight: appendix C.1 ``K`` and ``beta`` (0: off).
         normalize: L2-normalise the embeddings.
 
     Shape:
         video, text ``[B, D]``; video_input ``[B, Dv]``; text_input ``[B, Dt]``;
         ids ``[B]``; returns a scalar.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> v, t = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+    >>> loss = CrossCLR(queue_size=16)
+    >>> l = loss(v, t, video_input=torch.rand(8, 5, generator=g), text_input=torch.rand(8, 3, generator=g))
+    >>> tuple(loss.video_queue.shape), tuple(loss.video_embed_queue.shape)
+    ((8, 5), (8, 4))
     """
 
     accepts: tuple[str, ...] = ("ids", "temperature", "video_input", "text_input")
@@ -70,8 +69,9 @@ class CrossCLR(nn.Module):
 
     def __init__(self, temperature: float = 0.03, intra_weight: float = 0.8,
                  prune_threshold: float | None = 0.9, weight_scale: float | None = 0.0035,
-                 queue_size: int = 0, *, weight_norm: str = "mean", num_positives: int = 0,
-                 positive_weight: float = 1.0, normalize: bool = True) -> None:
+                 queue_size: int = 0, *, weight_norm: str = "sum", prune_norm: str = "max",
+                 intra_mode: str = "delta", num_positives: int = 0, positive_weight: float = 0.15,
+                 normalize: bool = True) -> None:
         super().__init__()
         self.temperature = positive_number(temperature, "temperature")
         if not math.isfinite(float(intra_weight)) or float(intra_weight) < 0:
@@ -82,10 +82,18 @@ class CrossCLR(nn.Module):
         self.prune_threshold = None if prune_threshold is None else float(prune_threshold)
         self.weight_scale = None if weight_scale is None else positive_number(weight_scale, "weight_scale")
         self.queue_size = queue_size
-        self.weight_norm, self.normalize = weight_norm, bool(normalize)
-        self.num_positives, self.positive_weight = num_positives, positive_weight
-        self.register_buffer("video_queue", torch.zeros(0, 0))
-        self.register_buffer("text_queue", torch.zeros(0, 0))
+        self.options = dict(weight_norm=weight_norm, prune_norm=prune_norm, intra_mode=intra_mode,
+                            num_positives=num_positives, positive_weight=positive_weight)
+        self.normalize = bool(normalize)
+        choice(weight_norm, "weight_norm", ("sum", "mean", "none"))
+        choice(prune_norm, "prune_norm", ("max", "none"))
+        choice(intra_mode, "intra_mode", ("delta", "logit"))
+        positive_number(positive_weight, "positive_weight")
+        if isinstance(num_positives, bool) or not isinstance(num_positives, int) or num_positives < 0:
+            raise ValueError(f"num_positives: must be an integer >= 0, got {num_positives!r}")
+        for name in ("video_queue", "text_queue", "video_embed_queue", "text_embed_queue"):
+            self.register_buffer(name, torch.zeros(0, 0))
+        self.register_buffer("id_queue", torch.zeros(0, dtype=torch.long))
 
     def forward(self, video, text, *, video_input=None, text_input=None, ids=None,
                 temperature: Temperature | None = None) -> torch.Tensor:
@@ -107,20 +115,39 @@ class CrossCLR(nn.Module):
         if ids is not None:
             ids = dist.all_gather_no_grad(check_ids(torch.as_tensor(ids), n).to(v.device))
         v_all, t_all = dist.all_gather_with_grad(v), dist.all_gather_with_grad(t)
-        banks = [None, None]
+        queue = {}
         if self.queue_size > 0:
-            if self.queue_size < v_all.shape[0]:
-                raise ValueError(f"queue_size: {self.queue_size} is smaller than the global "
-                                 f"batch size {v_all.shape[0]}")
-            banks = [fifo_enqueue(q.to(x.device), x, self.queue_size)
-                     for q, x in ((self.video_queue, inputs[0]), (self.text_queue, inputs[1]))]
-            if self.training:
-                self.video_queue, self.text_queue = banks
-        return crossclr_loss(v_all, t_all, inputs[0], inputs[1], video_bank=banks[0],
-                             text_bank=banks[1], temperature=tau, intra_weight=self.intra_weight,
-                             prune_threshold=self.prune_threshold, weight_scale=self.weight_scale,
-                             weight_norm=self.weight_norm, num_positives=self.num_positives,
-                             positive_weight=self.positive_weight, ids=ids, normalize=self.normalize)
+            queue = self._queue_view(v_all.shape[0])
+        loss = crossclr_loss(v_all, t_all, inputs[0], inputs[1], temperature=tau,
+                             intra_weight=self.intra_weight, prune_threshold=self.prune_threshold,
+                             weight_scale=self.weight_scale, ids=ids, normalize=self.normalize,
+                             **queue, **self.options)
+        if self.queue_size > 0 and self.training:
+            self._enqueue(inputs, v_all, t_all, ids)
+        return loss
+
+    def _queue_view(self, b: int) -> dict:
+        """Earlier batches: the newest ``M - b`` queued rows (the batch completes ``Q``)."""
+        if self.queue_size < b:
+            raise ValueError(f"queue_size: {self.queue_size} is smaller than the global batch size {b}")
+        if self.video_queue.numel() == 0:
+            return {}
+        keep = self.queue_size - b
+        return dict(video_bank=self.video_queue[:keep], text_bank=self.text_queue[:keep],
+                    video_queue=self.video_embed_queue[:keep], text_queue=self.text_embed_queue[:keep],
+                    queue_ids=self.id_queue[:keep])
+
+    def _enqueue(self, inputs, v_all, t_all, ids) -> None:
+        # embeddings as the loss sees them (normalised), detached; ids -1: unknown (no blocking)
+        emb = [l2_normalize(z) if self.normalize else z for z in (v_all, t_all)]
+        emb = [z.detach().to(torch.float64 if z.dtype == torch.float64 else torch.float32) for z in emb]
+        ids = torch.full((v_all.shape[0],), -1, dtype=torch.long, device=v_all.device) if ids is None else ids
+        m = self.queue_size
+        self.video_queue = fifo_enqueue(self.video_queue.to(inputs[0].device), inputs[0], m)
+        self.text_queue = fifo_enqueue(self.text_queue.to(inputs[1].device), inputs[1], m)
+        self.video_embed_queue = fifo_enqueue(self.video_embed_queue.to(emb[0].device), emb[0], m)
+        self.text_embed_queue = fifo_enqueue(self.text_embed_queue.to(emb[1].device), emb[1], m)
+        self.id_queue = torch.cat([ids.long(), self.id_queue.to(ids.device)])[:m]
 
     def extra_repr(self) -> str:
         return (f"temperature={self.temperature}, intra_weight={self.intra_weight}, "
