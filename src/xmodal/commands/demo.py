@@ -40,7 +40,7 @@ def demo_config(loss: str, *, seed: int, epochs: int, num_train: int, num_eval: 
 
     loss_cfg = {"name": loss, "temperature": 0.05}
     if loss == "crossclr":
-        loss_cfg = {"name": "crossclr", "temperature": 0.03, "kwargs": {"weight_scale": 1.0}}
+        loss_cfg = {"name": "crossclr", "temperature": 0.03}  # paper defaults (Alg. 2 weights)
     if loss in ("maxmargin", "mimaxmargin"):
         loss_cfg = {"name": loss, "temperature": None, "margin": 0.2}
     if loss == "ncl":
