@@ -60,8 +60,11 @@ def seed_table(names: list[str], seeds: list[int], out: Path, normalizers: list[
             return f"{v.mean():.2f} ± {v.std():.2f}" if len(v) > 1 else f"{v[0]:.2f}"
 
         cells = []
+        def val_of(m, n):  # oracle normalisers are reported beside the selectable ones
+            return m["val"].get(n) or m.get("oracle", {}).get("val", {}).get(n)
+
         for n in normalizers:
-            vals = [m["val"][n]["t2v"]["R@1"] for m in ms if n in m["val"]]
+            vals = [val_of(m, n)["t2v"]["R@1"] for m in ms if val_of(m, n)]
             cells.append(cell(vals) if len(vals) == len(ms) else "-")
         sel = [m["val"][m["normalizer"]] for m in ms]
         cells += [cell([x["t2v"]["R@1"] for x in sel]), cell([m["val"]["none"]["v2t"]["R@1"] for m in ms]),
