@@ -28,7 +28,9 @@ def tiny_config(**sections):
         "loss": {"name": "infonce", "temperature": 0.1},
         "optim": {"name": "adam", "lr": 3e-3, "warmup_epochs": 1},
         "test_time": {"normalizers": ["none", "dn", "sinkhorn", "qbnorm"], "bank_size": 100},
-        "train": {"seed": 3, "epochs": 4, "batch_size": 32, "patience": 0, "progress": False},
+        # CPU: bit-exact resume and gloo DDP equality are CPU properties (on a GPU machine "auto" would
+        # pick CUDA, whose reductions are not bit-reproducible); tests/test_cuda.py covers GPU training.
+        "train": {"seed": 3, "epochs": 4, "batch_size": 32, "patience": 0, "progress": False, "device": "cpu"},
     }
     for name, values in sections.items():
         d.setdefault(name, {}).update(values)
