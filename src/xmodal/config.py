@@ -100,26 +100,39 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """TS++ temperature (or margin, for margin losses) schedules.
+    """TS++ temperature (or margin, for margin losses) schedules (thesis ch. 4).
 
-    ``kind``: ``constant`` | ``cosine`` (eq. 4.1, period ``period_epochs``) |
-    ``linear`` (eq. 4.2, over the whole run) around the loss's base value, moving
-    within ``base +- alpha/2`` (``alpha`` is absolute, in temperature/margin units).
-    ``class_temperature``: per-sample values from class frequencies (TS++ eqs.
-    4.3-4.5: ``v(c) + corr(step)``, linear in the class count between ``t_min`` and
-    ``t_max``, frequent classes high; for margin losses these bound the margin),
-    with classes from dataset ``labels`` or ``kmeans`` over the training caption
-    features (``k`` clusters, TS++ sec. 4.1.2).
+    ``kind``: ``constant`` | ``cosine`` (eq. 4.1) | ``linear`` (eq. 4.2, over the whole
+    run) around the loss's base value, moving within ``base +- alpha/2`` (``alpha`` is
+    absolute, in temperature/margin units). The cosine period is ``period_epochs``, or,
+    when ``cycles > 0``, ``(total_steps - 1) / cycles`` steps: ``cycles`` whole cycles from
+    the first to the last optimisation step, so the run ends at the peak ``base +
+    alpha/2`` (sec. 4.1.1: "we select the period T for the cyclic cosine schedule such
+    that three to five complete cycles occur during training, allowing the model to
+    finish training with tau and m at their peak values"). A ``period_epochs`` that
+    divides ``train.epochs`` puts the peak one step after the last one; nothing checks
+    this (the thesis recommends it, it does not require it).
+    ``class_temperature``: per-sample values from class frequencies (eqs. 4.3-4.6:
+    ``v(c) + corr(step)``, linear in the class count; sec. 4.1.2: "frequent classes get
+    higher temperatures"), between ``t_min`` and ``t_max`` for temperature losses and
+    between ``m_min`` and ``m_max`` for margin losses (eq. 4.4), with classes from dataset
+    ``labels`` or ``kmeans`` over the training caption features (``k`` clusters, sec.
+    4.1.2; sec. 5.4: k = 200). The thesis states the base values (tau 0.07, m 0.2, sec. 5.4)
+    and the temperature range [0.04, 0.1] of its cosine experiment (sec. 5.6.4) but no
+    class bounds: the defaults here are xmodal's choices (margins centred on 0.2).
     """
 
     kind: str = "constant"
     alpha: float = 0.04
     period_epochs: float = 10.0
+    cycles: int = 0               # > 0: whole cosine cycles ending at the last step (overrides period_epochs)
     class_temperature: bool = False
     classes: str = "kmeans"       # labels | kmeans
     k: int = 200
     t_min: float = 0.03
     t_max: float = 0.1
+    m_min: float = 0.1
+    m_max: float = 0.3
 
 
 @dataclass(frozen=True)
@@ -128,11 +141,24 @@ class TestTimeConfig:
     validation split; the best (by ``train.metric``) is selected (``xmodal.testtime``).
     ``sinkhorn`` uses a bank of ``bank_size`` training queries, ``ncl`` the NCL loss's own
     query queues (dropped for losses without one). ``oracle``: also report Sinkhorn
-    biases fitted on the evaluated queries themselves (``sinkhorn_oracle``; never selected)."""
+    biases fitted on the evaluated queries themselves (``sinkhorn_oracle``; never selected).
+
+    ``dn_source``: where DN's means come from. ``train`` (default): ``dn_num_samples``
+    random rows of the training query banks, so no validation data enters the stored
+    test-time state. ``val``: the DN paper's protocol (sec. 4.2): ``dn_num_samples``
+    (100) random unlabeled validation texts and videos, ``dn_seeds`` (5) sampling seeds.
+    The paper averages the *metrics* of 5 per-seed fits; a run stores one normaliser, so
+    ``val`` stores the average of the 5 per-seed means
+    (``DistributionNormalization(num_samples=100, seeds=5)``). With ``val`` the DN state
+    depends on the validation split that also selects the normaliser.
+    """
 
     normalizers: tuple = ("none", "dn", "sinkhorn", "ncl", "qbnorm")
     bank_size: int = 5000
     dn_lam: float = 0.25
+    dn_source: str = "train"      # train | val
+    dn_num_samples: int = 100
+    dn_seeds: int = 1             # sampling seeds averaged (dn_source val: use 5, the paper's)
     qb_k: int = 1
     qb_beta: float = 20.0
     sinkhorn_iters: int = 4
@@ -147,7 +173,8 @@ class TrainConfig:
     sampling: str = "captions"    # captions: every caption once per epoch; videos: one caption per video;
     #                               k_captions: each video once with captions_per_video of its captions (MIL-NCE)
     captions_per_video: int = 4   # K of k_captions; must divide batch_size
-    metric: str = "rsum"          # early-stopping metric on val: rsum | r1 (mean of t2v/v2t R@1)
+    metric: str = "rsum"          # early-stopping / selection metric on val: rsum | r1 (mean of t2v/v2t R@1)
+    #                               | map (mAP T->V, EPIC-100 MIR; needs relevancy, TS++ Table 5.1)
     patience: int = 5             # epochs without improvement before stopping; 0 = never
     device: str = "auto"          # auto | cpu | cuda
     amp: bool = True              # mixed precision, only ever used on GPU
@@ -342,6 +369,12 @@ def validate(cfg: Config) -> None:
     _positive(s.t_max, "schedule.t_max")
     if s.t_min > s.t_max:
         raise ValueError(f"schedule.t_min: must not exceed schedule.t_max ({s.t_min} > {s.t_max})")
+    _nonneg(s.m_min, "schedule.m_min")
+    _nonneg(s.m_max, "schedule.m_max")
+    if s.m_min > s.m_max:
+        raise ValueError(f"schedule.m_min: must not exceed schedule.m_max ({s.m_min} > {s.m_max})")
+    if s.cycles < 0:
+        raise ValueError(f"schedule.cycles: must be >= 0, got {s.cycles}")
     t = cfg.test_time
     if not t.normalizers:
         raise ValueError("test_time.normalizers: must name at least one normaliser (e.g. none)")
@@ -350,6 +383,10 @@ def validate(cfg: Config) -> None:
     if t.bank_size < 1:
         raise ValueError(f"test_time.bank_size: must be >= 1, got {t.bank_size}")
     _nonneg(t.dn_lam, "test_time.dn_lam")
+    _one_of(t.dn_source, "test_time.dn_source", ("train", "val"))
+    for name in ("dn_num_samples", "dn_seeds"):
+        if getattr(t, name) < 1:
+            raise ValueError(f"test_time.{name}: must be >= 1, got {getattr(t, name)}")
     _positive(t.qb_beta, "test_time.qb_beta")
     tr = cfg.train
     for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -363,7 +400,7 @@ def validate(cfg: Config) -> None:
     if tr.sampling == "k_captions" and tr.batch_size % tr.captions_per_video:
         raise ValueError(f"train.captions_per_video: {tr.captions_per_video} must divide train.batch_size "
                          f"({tr.batch_size})")
-    _one_of(tr.metric, "train.metric", ("rsum", "r1"))
+    _one_of(tr.metric, "train.metric", ("rsum", "r1", "map"))
     _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
     if tr.patience < 0:
         raise ValueError(f"train.patience: must be >= 0, got {tr.patience}")

@@ -24,22 +24,50 @@ def embed_split(model, split, batch_size: int = 8192) -> tuple[torch.Tensor, tor
     return model.encode_text(split.text, batch_size=batch_size), video
 
 
-def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray) -> dict:
+def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray,
+                      relevancy: np.ndarray | None = None) -> dict:
     """``{"t2v": {...}, "v2t": {...}}`` as ``xmodal.metrics.text_video`` (v2t: all-captions
     protocol), where each direction may come from its own (normalised) similarity matrix
-    ``[M, N]`` / ``[N, M]`` (``sim_v2t=None``: the transpose of ``sim_t2v``)."""
-    from xmodal.metrics import retrieval, text_video
+    ``[M, N]`` / ``[N, M]`` (``sim_v2t=None``: the transpose of ``sim_t2v``).
+
+    With ``relevancy`` ``[M, N]`` (texts x videos, e.g. ``split.mir_relevancy()``) each
+    direction also gets ``"mAP"`` and ``"nDCG"`` (EPIC-100 MIR, :func:`xmodal.metrics.mir`;
+    v2t on the transposed relevancy), the metrics TS++ reports (thesis Table 5.1).
+
+    >>> sim = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+    >>> m = retrieval_metrics(sim, None, np.array([0, 1]), np.eye(2))
+    >>> m["t2v"]["R@1"], m["t2v"]["mAP"], m["v2t"]["nDCG"]
+    (100.0, 100.0, 100.0)
+    """
+    from xmodal.metrics import mir, retrieval, text_video
 
     if sim_v2t is None:
-        return text_video(sim_t2v, text_to_video)
-    t2v = torch.as_tensor(text_to_video)
-    own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
-    return {"t2v": retrieval(sim_t2v, t2v), "v2t": retrieval(sim_v2t, own)}
+        out = text_video(sim_t2v, text_to_video)
+    else:
+        t2v = torch.as_tensor(text_to_video)
+        own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
+        out = {"t2v": retrieval(sim_t2v, t2v), "v2t": retrieval(sim_v2t, own)}
+    if relevancy is not None:
+        rel = torch.as_tensor(np.asarray(relevancy, dtype=np.float32))
+        v2t = sim_t2v.T if sim_v2t is None else sim_v2t
+        for direction, sim, r in (("t2v", sim_t2v, rel), ("v2t", v2t, rel.T)):
+            out[direction].update(mir(sim, r.contiguous().to(sim.device)))
+    return out
+
+
+METRICS = ("rsum", "r1", "map")
 
 
 def score(metrics: dict, metric: str) -> float:
-    """Early-stopping / selection score: ``rsum`` (sum of R@1,5,10 both ways) or
-    ``r1`` (mean of t2v and v2t R@1)."""
+    """Early-stopping / selection score: ``rsum`` (sum of R@1,5,10 both ways), ``r1``
+    (mean of t2v and v2t R@1) or ``map`` (mAP T->V: TS++ "the best iteration is selected
+    based on mAP T->V metric", thesis Table 5.1; needs metrics with relevancy)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric: unknown value {metric!r}; expected one of {', '.join(METRICS)}")
+    if metric == "map":
+        if "mAP" not in metrics["t2v"]:
+            raise ValueError("metric: 'map' needs mAP, i.e. a split with relevancy (or video labels)")
+        return float(metrics["t2v"]["mAP"])
     if metric == "r1":
         return 0.5 * (metrics["t2v"]["R@1"] + metrics["v2t"]["R@1"])
     return sum(metrics[d][f"R@{k}"] for d in ("t2v", "v2t") for k in (1, 5, 10))
@@ -50,12 +78,16 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
     """Metrics of ``split`` under each normaliser: ``{name: {"t2v": ..., "v2t": ...}}``.
 
     ``test_time``: a :class:`~xmodal.testtime.TestTime` (or the dict form of older runs).
+    With a relevancy (``split.mir_relevancy()``: a relevancy file or video labels) each
+    direction also holds ``mAP`` and ``nDCG``.
     """
     from xmodal.testtime import TestTime
 
     tt = test_time if isinstance(test_time, TestTime) else TestTime.from_state_dict(test_time)
     text, video = embed_split(model, split, batch_size)
-    return {name: retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video) for name in names}
+    rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
+    return {name: retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video, rel)
+            for name in names}
 
 
 def evaluate(model, split, normalizer: str | None = None, batch_size: int = 8192) -> dict:

@@ -48,12 +48,31 @@ def text_classes(cfg: Config, train) -> np.ndarray:
     return np.asarray(xdata.kmeans_classes(train.text, k=min(s.k, train.num_texts), seed=cfg.train.seed))
 
 
+def cosine_period(*, cycles: int, period_epochs: float, steps_per_epoch: int, epochs: int) -> float:
+    """The period ``T`` (in steps) of the cyclic cosine schedule (TS++ eq. 4.1).
+
+    ``cycles > 0``: ``(total_steps - 1) / cycles`` with ``total_steps = epochs *
+    steps_per_epoch``, so steps ``0`` and ``total_steps - 1`` (the last update) both sit
+    at a peak ``cos(2 pi t / T) = 1`` and ``cycles`` whole cycles lie between (sec. 4.1.1:
+    3-5 complete cycles, training ends at the peak). Otherwise ``period_epochs *
+    steps_per_epoch`` rounded to whole steps.
+
+    >>> cosine_period(cycles=3, period_epochs=10, steps_per_epoch=10, epochs=31)
+    103.0
+    """
+    if cycles > 0:
+        return max(1, epochs * steps_per_epoch - 1) / cycles
+    return float(max(1, int(round(period_epochs * steps_per_epoch))))
+
+
 class TemperaturePlan:
     """Per-step (and optionally per-sample) temperature or margin for the loss (TS++).
 
     Without class values: ``s(step)`` of a ``Constant``/``Cosine`` (eq. 4.1)/``Linear``
     (eq. 4.2) schedule around the loss's base value. With class values (eqs. 4.3/4.4):
-    ``value_i = v(c_i) + corr(step)`` (eq. 4.5) for the class ``c_i`` of each text.
+    ``value_i = v(c_i) + corr(step)`` (eqs. 4.5/4.6) for the class ``c_i`` of each text,
+    ``v`` between ``schedule.t_min``/``t_max`` (temperatures) or ``schedule.m_min``/``m_max``
+    (margins). The cosine period: :func:`cosine_period`.
     Inactive (the loss keeps its own value) when nothing is scheduled.
     """
 
@@ -85,7 +104,8 @@ class TemperaturePlan:
         margin = self.keyword == "margin"
         try:
             if s.kind == "cosine":
-                period = max(1, int(round(s.period_epochs * steps_per_epoch)))
+                period = cosine_period(cycles=s.cycles, period_epochs=s.period_epochs,
+                                       steps_per_epoch=steps_per_epoch, epochs=cfg.train.epochs)
                 self.schedule = sch.Cosine(self.base, s.alpha, period, allow_zero=margin)
             elif s.kind == "linear":
                 self.schedule = sch.Linear(self.base, s.alpha, max(1, cfg.train.epochs * steps_per_epoch),
@@ -100,7 +120,8 @@ class TemperaturePlan:
             _, inverse = np.unique(text_classes(cfg, train), return_inverse=True)
             counts = np.asarray(xdata.class_counts(inverse), dtype=np.float64)
             cls = sch.ClassMargin if margin else sch.ClassTemperature
-            self.per_class = cls(counts, s.t_min, s.t_max, schedule=self.schedule)
+            low, high = (s.m_min, s.m_max) if margin else (s.t_min, s.t_max)
+            self.per_class = cls(counts, low, high, schedule=self.schedule)
             self.class_counts = counts
             self.class_values = self.per_class.values.numpy()
             self.classes = torch.as_tensor(inverse, dtype=torch.long)

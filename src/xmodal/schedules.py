@@ -1,4 +1,4 @@
-"""Temperature and margin schedules (TS++ eqs. 4.1-4.5; TS: Kukleva et al., ICLR 2023).
+"""Temperature and margin schedules (TS++ eqs. 4.1-4.6; TS: Kukleva et al., ICLR 2023).
 
 A schedule ``s`` maps a training step to a value, ``s(step) = base + corr(step)``:
 
@@ -11,15 +11,14 @@ A schedule ``s`` maps a training step to a value, ``s(step) = base + corr(step)`
 Class-dependent values (eqs. 4.3-4.4): :class:`ClassTemperature` / :class:`ClassMargin`
 interpolate linearly in the class count between a minimum and a maximum. Which end the
 frequent classes get is the ``frequent`` argument, default ``"max"``: frequent (dense)
-classes get the *high* temperature, rare classes the low one. Reasoning: the thesis
-text was not available here; its published version (MM-TS, Sheludzko et al., WACV 2026,
-abstract) states "samples from dense clusters are assigned a higher temperature to
-better preserve their semantic structure", and TS (Kukleva et al. 2023) shows that a
-large temperature favours group-wise discrimination (good for frequent classes), a small
-one instance discrimination (needed by rare classes). Margins follow the same default
-(frequent classes get ``m_max``); pass ``frequent="min"`` for the opposite.
+classes get the *high* temperature, rare classes the low one, as the thesis states
+(sec. 4.1.2, "Temperature in the InfoNCE loss"): "frequent classes get higher temperatures
+to better capture the local semantic structure and less frequent classes get the lower
+temperatures to make their representations more separable" (eq. 4.3 maps the most
+frequent class to ``tau_max``). Margins follow the same rule (eq. 4.4 maps it to
+``m_max``); pass ``frequent="min"`` for the opposite.
 
-The per-sample value is ``tau_i = tau(c_i) + corr(t)`` (eq. 4.5) via
+The per-sample value is ``tau_i = tau(c_i) + corr(t)`` (eq. 4.5; ``m_i``: eq. 4.6) via
 :meth:`ClassTemperature.per_sample`, passed to a loss as ``temperature=`` (or ``margin=``).
 """
 

@@ -8,7 +8,8 @@ end of training (:func:`fit_test_time`), on query banks embedded by the final mo
 name                      stored state, and what runs on a gallery
 ========================  ===============================================================
 ``none``                  nothing: cosine scores
-``dn``                    the fitted means ``mu_text``, ``mu_video`` (DN eq. 7); nothing
+``dn``                    the fitted means ``mu_text``, ``mu_video`` (DN eq. 7), from the
+                          train banks or (``dn_source: val``) validation samples; nothing
                           is recomputed for a new gallery
 ``sinkhorn``              a bank of train queries (random texts / videos) + temperature +
                           iterations; the gallery biases (NCL eq. 13) are computed against
@@ -125,7 +126,8 @@ class TestTime:
 
     Attributes:
         temperature: the model's test temperature (Sinkhorn / DSL ``gamma``).
-        hparams: ``iters``, ``lam``, ``k``, ``beta``, ``num_samples`` shared by the normalisers.
+        hparams: ``iters``, ``lam``, ``k``, ``beta``, ``num_samples`` shared by the normalisers,
+            and ``dn_source`` (``train``/``val``: where DN's means came from; a record only).
         banks: ``{"train": (text_queries, video_queries), "ncl": (...)}`` embedded train queries.
         dn: DN's fitted state (``DistributionNormalization.state_dict()``), or None.
         names: the fitted candidates, in selection order.
@@ -144,7 +146,7 @@ class TestTime:
     val: dict = field(default_factory=dict)
 
     def _hp(self) -> dict:
-        return {"temperature": self.temperature, **self.hparams}
+        return {"temperature": self.temperature, **{k: v for k, v in self.hparams.items() if k != "dn_source"}}
 
     def resolve(self, normalizer: str) -> str:
         """``"selected"`` -> the selected name; checks the name is fitted."""
@@ -250,7 +252,9 @@ def _from_legacy(d: dict) -> TestTime:
 
 def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor, video_bank: torch.Tensor,
                   ncl_bank: tuple[torch.Tensor, torch.Tensor] | None = None, temperature: float,
-                  iters: int = 4, lam: float = 0.25, k: int = 1, beta: float = 20.0) -> TestTime:
+                  iters: int = 4, lam: float = 0.25, k: int = 1, beta: float = 20.0,
+                  dn_bank: tuple[torch.Tensor, torch.Tensor] | None = None, dn_num_samples: int | None = 100,
+                  dn_seeds: int = 1, dn_source: str = "train") -> TestTime:
     """Fit the candidate normalisers ``names`` once (``ncl`` is dropped without ``ncl_bank``).
 
     Args:
@@ -258,6 +262,12 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
         text_bank, video_bank: train queries embedded by the final model, ``[K, D]``.
         ncl_bank: the NCL loss's queues ``(text_queries, video_queries)`` (``NCL.query_bank()``).
         temperature, iters, lam, k, beta: normaliser hyper-parameters.
+        dn_bank: ``(texts, videos)`` DN's means are estimated from; None: the train banks.
+            The trainer passes the validation embeddings for ``test_time.dn_source: val``
+            (the DN paper's protocol, sec. 4.2: 100 random unlabeled validation samples).
+        dn_num_samples, dn_seeds: DN's sample size and number of sampling seeds whose
+            means are averaged (:class:`~xmodal.normalize.DistributionNormalization`).
+        dn_source: recorded in ``hparams`` (``train`` or ``val``), nothing else.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> t, v = torch.randn(20, 4, generator=g), torch.randn(20, 4, generator=g)
@@ -274,10 +284,14 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
         if key not in keep and (_METHODS[key][1] in (None, "queries") or _METHODS[key][1] in banks):
             keep.append(key)
     tt = TestTime(temperature=float(temperature), hparams={"iters": int(iters), "lam": float(lam), "k": int(k),
-                                                              "beta": float(beta)},
+                                                              "beta": float(beta), "dn_source": str(dn_source)},
                   banks=banks, names=tuple(keep))
     if "dn" in keep:
-        tt.dn = build_normalizer("dn", lam=lam).fit(*banks["train"]).state_dict()
+        from xmodal.normalize import DistributionNormalization
+
+        source = banks["train"] if dn_bank is None else tuple(b.detach().float().cpu() for b in dn_bank)
+        tt.dn = DistributionNormalization(lam=lam, num_samples=dn_num_samples, seeds=dn_seeds).fit(
+            *source).state_dict()
     return tt
 
 

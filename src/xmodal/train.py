@@ -79,7 +79,8 @@ def load_splits(cfg: Config) -> dict:
                                                                      replace=False))
         train = dataclasses.replace(train, text=train.text[keep], text_to_video=train.text_to_video[keep],
                                     text_labels=None if train.text_labels is None else train.text_labels[keep],
-                                    captions=None)
+                                    captions=None,
+                                    relevancy=None if train.relevancy is None else train.relevancy[keep])
     if d.noise > 0:
         train = shuffle_pairs(train, d.noise, seed=cfg.train.seed)
     splits["train"] = train
@@ -98,10 +99,17 @@ def normalized_similarities(name: str, test_time: TestTime | dict, text: torch.T
     return (*tt.similarities(text, video, name), {})
 
 
-def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, seed: int) -> TestTime:
+def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, seed: int, val=None) -> TestTime:
     """Fit the candidate normalisers once: banks of ``bank_size`` random training texts /
-    videos embedded by the final model, and (NCL) the loss's own query queues."""
+    videos embedded by the final model, and (NCL) the loss's own query queues. DN's means
+    come from the train banks, or with ``test_time.dn_source: val`` from the embedded
+    ``val`` split (the DN paper's protocol: ``dn_num_samples`` random rows, ``dn_seeds`` seeds)."""
     tc = cfg.test_time
+    dn_bank = None
+    if tc.dn_source == "val" and "dn" in tc.normalizers:
+        if val is None:
+            raise ValueError("test_time.dn_source: 'val' needs the validation split")
+        dn_bank = embed_split(model, val, cfg.train.eval_batch_size)
     g = np.random.default_rng([seed, 4242])
     ti = np.sort(g.choice(train.num_texts, min(tc.bank_size, train.num_texts), replace=False))
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
@@ -109,7 +117,8 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     ncl_bank = loss.query_bank() if hasattr(loss, "query_bank") else None
     return fit_test_time(tc.normalizers, text_bank=model.encode_text(train.text[ti]), video_bank=video_bank,
                          ncl_bank=ncl_bank, temperature=model.temperature, iters=tc.sinkhorn_iters,
-                         lam=tc.dn_lam, k=tc.qb_k, beta=tc.qb_beta)
+                         lam=tc.dn_lam, k=tc.qb_k, beta=tc.qb_beta, dn_bank=dn_bank,
+                         dn_num_samples=tc.dn_num_samples, dn_seeds=tc.dn_seeds, dn_source=tc.dn_source)
 
 
 def candidate_normalizers(cfg: Config, test_time: TestTime) -> list[str]:
@@ -228,6 +237,10 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     total_steps = tc.epochs * steps_per_epoch
     warmup_steps = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
     plan = TemperaturePlan(cfg, loss_fn, train_split, steps_per_epoch)
+    val_relevancy = val_split.mir_relevancy()  # per-epoch mAP / nDCG when present (TS++ Table 5.1)
+    if tc.metric == "map" and val_relevancy is None:
+        raise ValueError(f"train.metric: 'map' needs a relevancy for the validation split "
+                         f"({cfg.data.val_split}_relevancy.npy or video labels)")
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if (tc.amp and device.type == "cuda") else nullcontext()
 
     state = {"epoch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
@@ -283,7 +296,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         state["train_time"] += time.perf_counter() - t0
 
         val_text, val_video = embed_split(model, val_split, tc.eval_batch_size)
-        val = retrieval_metrics(val_text @ val_video.T, None, val_split.text_to_video)
+        val = retrieval_metrics(val_text @ val_video.T, None, val_split.text_to_video, val_relevancy)
         current = score(val, tc.metric)
         improved = current > state["best_score"]
         if improved:
@@ -308,8 +321,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             state["done"] = True
         if is_main:
             if show:
+                mir_txt = f"  t2v mAP {val['t2v']['mAP']:.2f}" if "mAP" in val["t2v"] else ""
                 tqdm.write(f"epoch {epoch + 1:3d}  loss {train_loss:.4f}  val t2v R@1 {val['t2v']['R@1']:.2f}  "
-                           f"v2t R@1 {val['v2t']['R@1']:.2f}  {tc.metric} {current:.2f}"
+                           f"v2t R@1 {val['v2t']['R@1']:.2f}{mir_txt}  {tc.metric} {current:.2f}"
                            + ("  *" if improved else ""))
             atomic_save({"config": to_dict(cfg), "model": model_payload(model), "loss": loss_fn.state_dict(),
                          "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
@@ -338,7 +352,7 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         load_module_state(loss_fn, state["best_loss"])
     model.temperature = loss_temperature(cfg, loss_fn)
     bs, metric = cfg.train.eval_batch_size, cfg.train.metric
-    test_time = build_test_time(cfg, model, loss_fn, splits["train"], seed=cfg.train.seed)
+    test_time = build_test_time(cfg, model, loss_fn, splits["train"], seed=cfg.train.seed, val=splits["val"])
     names = list(test_time.names)
     val = evaluate_normalizers(names, test_time, model, splits["val"], bs)
     test_time.val = val

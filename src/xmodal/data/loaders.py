@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from xmodal.data import layout
-from xmodal.data.types import PairedSplit, split_problems
+from xmodal.data.types import PairedSplit, check_relevancy, split_problems
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -135,7 +135,8 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
     Returns:
         A :class:`PairedSplit` with float32 features (float16 storage is upcast),
         ``text_to_video`` int64, the frame mask, further experts, labels and names
-        when their files exist.
+        when their files exist, and ``relevancy`` from ``{split}_relevancy.npy`` (float
+        ``[T, V]`` in ``[0, 1]``) when present.
 
     Raises:
         ValueError: listing every problem at once, each naming its file: missing
@@ -146,6 +147,14 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
     if problems:
         raise ValueError("; ".join(problems))
     labels = arrays.get("video_labels")
+    relevancy = None
+    rel_path = Path(root) / f"{split}_relevancy.npy"  # optional [T, V] graded relevancy (EPIC-100 MIR)
+    if rel_path.is_file():
+        try:
+            relevancy = check_relevancy(_load_npy(rel_path), arrays["text"].shape[0], arrays["video"].shape[0],
+                                        str(rel_path))
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
     return PairedSplit(video=arrays["video"], text=arrays["text"],
                        text_to_video=arrays["text_to_video"].astype(np.int64),
                        video_labels=None if labels is None else labels.astype(np.int64),
@@ -153,4 +162,5 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
                        else arrays["text_labels"].astype(np.int64),
                        captions=arrays.get("captions"), name=f"{Path(root).name}/{split}",
                        video_mask=arrays.get("video_mask"), experts=arrays["experts"],
-                       expert_masks=arrays["expert_masks"], video_names=arrays.get("video_names"))
+                       expert_masks=arrays["expert_masks"], video_names=arrays.get("video_names"),
+                       relevancy=relevancy)

@@ -133,6 +133,22 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
     return out
 
 
+def check_relevancy(relevancy: Any, num_texts: int, num_videos: int, name: str = "relevancy") -> np.ndarray:
+    """A float32 copy of a ``[num_texts, num_videos]`` relevancy with values in ``[0, 1]``."""
+    if hasattr(relevancy, "detach"):
+        relevancy = relevancy.detach().cpu().numpy()
+    r = np.asarray(relevancy)
+    if r.dtype == np.bool_ or np.issubdtype(r.dtype, np.integer):
+        r = r.astype(np.float32)
+    if not np.issubdtype(r.dtype, np.floating):
+        raise TypeError(f"{name}: expected a float array, got {r.dtype}")
+    if r.shape != (num_texts, num_videos):
+        raise ValueError(f"{name}: expected shape [{num_texts}, {num_videos}] (texts x videos), got {list(r.shape)}")
+    if not np.isfinite(r).all() or (r.size and (r.min() < 0 or r.max() > 1)):
+        raise ValueError(f"{name}: values must be finite and lie in [0, 1]")
+    return r.astype(np.float32)
+
+
 @dataclass
 class PairedSplit:
     """One split of a paired video/image <-> text dataset (pre-extracted features).
@@ -151,6 +167,9 @@ class PairedSplit:
         expert_masks: optional ``{name: bool [N] or [N, Fe]}``; an all-False row means
             the expert is missing for that video.
         video_names: optional name per video, ``len == N``.
+        relevancy: optional float ``[M, N]`` graded relevancy in ``[0, 1]`` of each text
+            to each video (EPIC-100 multi-instance retrieval; ``S_relevancy.npy``). Where
+            it is absent, :meth:`mir_relevancy` derives one from ``video_labels``.
 
     Shape:
         - video: ``[N, Dv]`` or ``[N, F, Dv]``
@@ -169,6 +188,7 @@ class PairedSplit:
     experts: dict[str, np.ndarray] = field(default_factory=dict)
     expert_masks: dict[str, np.ndarray] = field(default_factory=dict)
     video_names: list[str] | None = None
+    relevancy: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         t2v = np.asarray(self.text_to_video)
@@ -192,6 +212,8 @@ class PairedSplit:
             raise ValueError(f"captions: expected {self.text.shape[0]} strings, got {len(self.captions)}")
         if self.video_names is not None and len(self.video_names) != self.video.shape[0]:
             raise ValueError(f"video_names: expected {self.video.shape[0]} names, got {len(self.video_names)}")
+        if self.relevancy is not None:
+            self.relevancy = check_relevancy(self.relevancy, self.text.shape[0], self.video.shape[0])
 
     @classmethod
     def from_arrays(cls, *, video: Any, text: Any, text_to_video: Any, video_mask: Any = None,
@@ -205,7 +227,8 @@ class PairedSplit:
             text_to_video: ``[T]`` integer row of each text's video.
             video_mask: optional bool ``[N, F]``, True = real frame.
             experts, expert_masks: optional further experts (see the class attributes).
-            **kwargs: ``video_labels``, ``text_labels``, ``captions``, ``name``, ``video_names``.
+            **kwargs: ``video_labels``, ``text_labels``, ``captions``, ``name``, ``video_names``,
+                ``relevancy``.
 
         Raises:
             ValueError: every problem at once (shapes, NaN/inf in real frames, ids out
@@ -240,6 +263,27 @@ class PairedSplit:
                    experts={k: arr(v, f"experts[{k!r}]", float) for k, v in (experts or {}).items()},
                    expert_masks={k: arr(v, f"expert_masks[{k!r}]", bool) for k, v in (expert_masks or {}).items()},
                    **kwargs)
+
+    def mir_relevancy(self) -> np.ndarray | None:
+        """float32 ``[M, N]`` relevancy for mAP / nDCG (:func:`xmodal.metrics.mir`), or None.
+
+        ``relevancy`` when the split has one; else, with ``video_labels``, 1 where text
+        ``i``'s video has the class of video ``j`` and 0 elsewhere (a text's class is its
+        own video's label, so its paired video is always relevant; ``text_labels`` are
+        not used); else None.
+
+        >>> import numpy as np
+        >>> s = PairedSplit.from_arrays(video=np.eye(3), text=np.eye(3), text_to_video=[0, 1, 2],
+        ...                             video_labels=np.array([0, 1, 0]))
+        >>> s.mir_relevancy().tolist()
+        [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
+        """
+        if self.relevancy is not None:
+            return self.relevancy
+        if self.video_labels is None:
+            return None
+        labels = np.asarray(self.video_labels)
+        return (labels[self.text_to_video][:, None] == labels[None, :]).astype(np.float32)
 
     @property
     def num_videos(self) -> int:
@@ -305,4 +349,5 @@ class PairedSplit:
             experts={k: v[rows].copy() for k, v in self.experts.items()},
             expert_masks={k: v[rows].copy() for k, v in self.expert_masks.items()},
             video_names=None if self.video_names is None else [self.video_names[i] for i in rows],
+            relevancy=None if self.relevancy is None else self.relevancy[keep][:, rows].copy(),
         )

@@ -1,4 +1,11 @@
-"""Gathering a batch across ranks for the in-batch losses (open_clip's ``gather_features``)."""
+"""Gathering a batch across ranks for the in-batch losses (open_clip's ``gather_features``).
+
+The one gather path of every loss: :func:`gather_pair` (embeddings, with gradient),
+:func:`gather_ids` (instance ids), :func:`gather_per_sample` (per-sample temperatures /
+margins) and :func:`gather_inputs` (frozen input features, no gradient). Rank ``r``'s
+rows sit at ``r*b:(r+1)*b`` of every gathered tensor. Nothing else in
+:mod:`xmodal.losses` calls :mod:`xmodal.dist` to gather.
+"""
 
 from __future__ import annotations
 
@@ -82,6 +89,25 @@ def gather_ids(ids, batch: Batch) -> torch.Tensor | None:
     if batch.video.shape[0] == batch.local:
         return ids
     return dist.all_gather_no_grad(ids.to(batch.video.device))
+
+
+def gather_inputs(x: torch.Tensor, batch: Batch, name: str) -> torch.Tensor:
+    """Detached per-sample inputs ``[b, *]`` (e.g. frozen input features), gathered the way
+    the embeddings were (no gradient: they are inputs, not outputs of the towers).
+
+    Shape:
+        ``[b, *]`` -> ``[world_size * b, *]`` when ``batch`` was gathered, else ``[b, *]``.
+
+    >>> b = gather_pair(torch.zeros(2, 3), torch.zeros(2, 3), gather=True, local_loss=False)
+    >>> tuple(gather_inputs(torch.ones(2, 5), b, "video_input").shape)
+    (2, 5)
+    """
+    if x.shape[0] != batch.local:
+        raise ValueError(f"{name}: expected {batch.local} rows (the batch size), got {x.shape[0]}")
+    x = x.detach()
+    if batch.video.shape[0] == batch.local:
+        return x
+    return dist.all_gather_no_grad(x)
 
 
 def run_in_batch(fn, video, text, *, gather: bool, local_loss: bool, ids=None,

@@ -6,12 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmodal import dist
 from xmodal._validate import choice, float_matrix, positive_number
-from xmodal.functional._common import Temperature, check_ids
+from xmodal.functional._common import Temperature
 from xmodal.functional.calince import (calibrated_nce, correspondence_loss, derangement,
                                        predictive_coding_loss)
-from xmodal.losses._gather import embeddings
+from xmodal.losses._gather import Batch, embeddings, gather_ids, gather_inputs, gather_pair, gather_per_sample
 
 __all__ = ["CaliNCE"]
 
@@ -122,23 +121,21 @@ class CaliNCE(nn.Module):
         self.generator = None if seed is None else torch.Generator().manual_seed(int(seed))
         self.last_terms: dict[str, float] = {}
 
-    def _head_features(self, v, t, video_input, text_input):
+    def _head_features(self, batch: Batch, video_input, text_input):
         """``(f_v, f_t)`` of the global batch: the gathered embeddings or input features."""
         if self.head_input == "embeddings":
-            return v, t
+            return batch.video, batch.text
         feats = []
         for x, name in ((video_input, "video_input"), (text_input, "text_input")):
             if x is None:
                 raise ValueError(f"{name}: required with head_input='inputs'")
-            x = float_matrix(x, name, device=v.device).detach()
-            if x.shape[0] * dist.world_size() != v.shape[0]:
-                raise ValueError(f"{name}: expected {v.shape[0] // dist.world_size()} rows, got {x.shape[0]}")
-            feats.append(dist.all_gather_no_grad(x))
+            feats.append(gather_inputs(float_matrix(x, name, device=batch.video.device), batch, name))
         return feats
 
-    def _correspondence(self, v, t, video_input, text_input, ids):
+    def _correspondence(self, batch: Batch, video_input, text_input, ids):
         """``(L_corr, c [B])`` of the global batch (eq. 1)."""
-        fv, ft = self._head_features(v, t, video_input, text_input)
+        v, t = batch.video, batch.text
+        fv, ft = self._head_features(batch, video_input, text_input)
         n = v.shape[0]
         hd = self.head[-1].weight.dtype  # the head runs in its own dtype (float32 unless .double())
         fv, ft = fv.to(hd), ft.to(hd)
@@ -154,16 +151,15 @@ class CaliNCE(nn.Module):
 
     def forward(self, video, text, video_input=None, text_input=None, *, ids=None,
                 temperature: Temperature | None = None) -> torch.Tensor:
-        v, t = embeddings(video, text)
-        if ids is not None:
-            ids = dist.all_gather_no_grad(check_ids(torch.as_tensor(ids), v.shape[0]).to(v.device))
-        v, t = dist.all_gather_with_grad(v), dist.all_gather_with_grad(t)
+        v_local, t_local = embeddings(video, text)
+        batch = gather_pair(v_local, t_local, gather=True, local_loss=False)
+        ids = gather_ids(ids, batch)
+        v, t = batch.video, batch.text
         corr, c = v.new_zeros(()), None
         if self.head is not None:
-            corr, c = self._correspondence(v, t, video_input, text_input, ids)
-        tau = self.temperature if temperature is None else temperature
-        if isinstance(tau, torch.Tensor) and tau.ndim == 1 and dist.world_size() > 1:
-            tau = dist.all_gather_with_grad(tau) if tau.requires_grad else dist.all_gather_no_grad(tau)
+            corr, c = self._correspondence(batch, video_input, text_input, ids)
+        tau = gather_per_sample(self.temperature if temperature is None else temperature, batch,
+                                "temperature", v_local)
         if self.calibration:
             weights = c.detach() if self.detach_weight else c
         else:

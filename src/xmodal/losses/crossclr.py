@@ -7,11 +7,10 @@ import math
 import torch
 from torch import nn
 
-from xmodal import dist
 from xmodal._validate import choice, float_matrix, positive_number
-from xmodal.functional._common import Temperature, check_ids, l2_normalize
+from xmodal.functional._common import Temperature, l2_normalize
 from xmodal.functional.crossclr import crossclr_loss
-from xmodal.losses._gather import embeddings
+from xmodal.losses._gather import embeddings, gather_ids, gather_inputs, gather_pair, gather_per_sample
 from xmodal.losses.ncl import fifo_enqueue
 
 __all__ = ["CrossCLR"]
@@ -37,7 +36,7 @@ class CrossCLR(nn.Module):
       (``ids``) are never negatives. The queue is updated only in training mode; ``M`` must
       be at least the global batch size.
 
-    Distributed: embeddings are gathered with gradient (:func:`xmodal.dist.all_gather_with_grad`),
+    Distributed (:mod:`xmodal.losses._gather`): embeddings are gathered with gradient,
     inputs and ids without, and every rank computes the loss of the global batch (the
     single-process loss on the concatenated batch; DDP's gradient averaging gives the same update).
 
@@ -98,23 +97,18 @@ class CrossCLR(nn.Module):
     def forward(self, video, text, *, video_input=None, text_input=None, ids=None,
                 temperature: Temperature | None = None) -> torch.Tensor:
         v, t = embeddings(video, text)
-        n = v.shape[0]
+        batch = gather_pair(v, t, gather=True, local_loss=False)
         inputs = []
         for x, name in ((video_input, "video_input"), (text_input, "text_input")):
             if x is None:
                 raise ValueError(f"{name}: CrossCLR needs the frozen input features "
                                  f"(forward(video, text, video_input=..., text_input=...))")
             x = float_matrix(x, name, device=v.device).detach()
-            if x.shape[0] != n:
-                raise ValueError(f"{name}: expected {n} rows (the batch size), got {x.shape[0]}")
             x = x.double() if x.dtype == torch.float64 else x.float()
-            inputs.append(dist.all_gather_no_grad(l2_normalize(x)))
-        tau = self.temperature if temperature is None else temperature
-        if isinstance(tau, torch.Tensor) and tau.ndim == 1 and dist.world_size() > 1:
-            tau = dist.all_gather_with_grad(tau) if tau.requires_grad else dist.all_gather_no_grad(tau)
-        if ids is not None:
-            ids = dist.all_gather_no_grad(check_ids(torch.as_tensor(ids), n).to(v.device))
-        v_all, t_all = dist.all_gather_with_grad(v), dist.all_gather_with_grad(t)
+            inputs.append(gather_inputs(l2_normalize(x), batch, name))
+        tau = gather_per_sample(self.temperature if temperature is None else temperature, batch, "temperature", v)
+        ids = gather_ids(ids, batch)
+        v_all, t_all = batch.video, batch.text
         queue = {}
         if self.queue_size > 0:
             queue = self._queue_view(v_all.shape[0])

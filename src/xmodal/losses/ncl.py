@@ -7,11 +7,10 @@ import math
 import torch
 from torch import nn
 
-from xmodal import dist
 from xmodal._validate import positive_number
-from xmodal.functional._common import check_ids, l2_normalize
+from xmodal.functional._common import l2_normalize
 from xmodal.functional.ncl import ncl_loss, scalar_temperature
-from xmodal.losses._gather import embeddings
+from xmodal.losses._gather import embeddings, gather_ids, gather_pair
 
 __all__ = ["NCL", "fifo_enqueue"]
 
@@ -46,7 +45,7 @@ class NCL(nn.Module):
 
     Queues: in training mode every forward enqueues the (L2-normalised when
     ``normalize``) detached text and video embeddings, gathered across ranks with
-    :func:`xmodal.dist.all_gather_no_grad`, into two FIFO queues of ``queue_size``
+    the gather of :mod:`xmodal.losses._gather`, into two FIFO queues of ``queue_size``
     rows (newest first, oldest batch out). :meth:`query_bank` returns them for the
     test-time Sinkhorn bias (:class:`xmodal.normalize.SinkhornBias`). Until
     ``queue_size`` rows have been seen, the bank holds only the rows seen so far
@@ -54,8 +53,8 @@ class NCL(nn.Module):
     changes the queues. The queues are buffers (saved in ``state_dict``) but change
     shape while filling: load a state dict only into a module of the same fill.
 
-    Distributed: embeddings (and ``ids``) are gathered with
-    :func:`xmodal.dist.all_gather_with_grad`, every rank computes the loss of the
+    Distributed: embeddings (with gradient) and ``ids`` are gathered by
+    :func:`xmodal.losses._gather.gather_pair` / ``gather_ids``, every rank computes the loss of the
     global batch, so with DDP's gradient averaging the update equals the one of a
     single process on the concatenated batch.
 
@@ -113,11 +112,9 @@ class NCL(nn.Module):
                 temperature: float | torch.Tensor | None = None) -> torch.Tensor:
         video, text = embeddings(video, text)
         tau = self.temperature if temperature is None else scalar_temperature(temperature)
-        if ids is not None:
-            ids = check_ids(torch.as_tensor(ids), video.shape[0]).to(video.device)
-            ids = dist.all_gather_no_grad(ids)
-        video_all = dist.all_gather_with_grad(video)
-        text_all = dist.all_gather_with_grad(text)
+        batch = gather_pair(video, text, gather=True, local_loss=False)
+        ids = gather_ids(ids, batch)
+        video_all, text_all = batch.video, batch.text
         loss, biases = ncl_loss(video_all, text_all, temperature=tau,
                                 sinkhorn_iters=self.sinkhorn_iters, ids=ids,
                                 normalize=self.normalize, return_biases=True)

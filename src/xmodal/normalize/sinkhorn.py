@@ -1,6 +1,7 @@
 """NCL test-time gallery biases from a blockwise log-domain Sinkhorn (Park et al.,
 "Normalized Contrastive Learning for Text-Video Cross-Modal Retrieval", EMNLP
-2022, sec. 3.4, eqs. 8-10 and 13, Fig. 4)."""
+2022, sec. 3.3: the Sinkhorn-Knopp scaling of eqs. 7-9, the video bias of eq. 11 (eq. 10
+for texts), the biased score of eq. 12 and its normalisation property, eq. 13; Fig. 4)."""
 
 from __future__ import annotations
 
@@ -117,9 +118,9 @@ class SinkhornBias(Normalizer):
 
     For a ``[K, N]`` pseudo-similarity ``S`` between ``K`` bank queries and the
     ``N`` gallery items, scale ``M = exp(S / gamma)`` so that ``diag(alpha) M
-    diag(beta)`` has row sums ``r`` (uniform) and column sums ``c`` (uniform, or
-    e.g. proportional to each item's number of matching captions), and add
-    ``b_j = gamma * log(beta_j / sum(beta))`` to every query's scores. The
+    diag(beta)`` (eq. 7) has row sums ``r`` (uniform, eq. 8) and column sums ``c``
+    (uniform, eq. 9, or e.g. proportional to each item's number of matching captions),
+    and add ``b_j = gamma * log(beta_j / sum(beta))`` (eq. 11) to every query's scores. The
     softmax retrieval probabilities of the biased scores are eq. 13 of NCL; with
     the test queries as the bank and ``K = N`` uniform they sum to 1 per item.
 
