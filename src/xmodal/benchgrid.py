@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,7 @@ class Cell:
     ts: bool
     seed: int
     noise: float = 0.0
+    queue_size: int | None = None   # NCL query queue size (None: LOSS_SETTINGS' value)
 
     @property
     def label(self) -> str:
@@ -90,7 +92,8 @@ class Cell:
     @property
     def path(self) -> str:
         noise = f"-noise{self.noise:g}" if self.noise else ""
-        return f"{self.dataset}/{self.objective}{'-ts' if self.ts else ''}{noise}/seed{self.seed}"
+        queue = f"-queue{self.queue_size}" if self.queue_size is not None else ""
+        return f"{self.dataset}/{self.objective}{'-ts' if self.ts else ''}{noise}{queue}/seed{self.seed}"
 
 
 def cell_config(cell: Cell, *, overrides: dict | None = None, epochs: int | None = None,
@@ -109,6 +112,10 @@ def cell_config(cell: Cell, *, overrides: dict | None = None, epochs: int | None
         "test_time": {**ds["test_time"],
                       "normalizers": [n for n in NORMALIZERS if n != "ncl" or cell.objective == "ncl"]},
     }
+    if d["data"].get("root"):  # absolute, so the run's config.yaml loads from anywhere
+        d["data"]["root"] = os.path.abspath(d["data"]["root"])
+    if cell.queue_size is not None:
+        d["loss"]["kwargs"] = {**d["loss"].get("kwargs", {}), "queue_size": int(cell.queue_size)}
     if synthetic:
         d["data"]["synthetic"] = dict(synthetic)
     if epochs:
@@ -229,8 +236,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(parts)
 
 
-def write_tables(rows: list[dict], root: Path, *, elapsed: float | None = None) -> None:
-    text = markdown(rows)
+def write_tables(rows: list[dict], root: Path, *, elapsed: float | None = None, text: str | None = None) -> None:
+    """``results.md`` (``text``, default :func:`markdown` of the rows) and ``results.csv``."""
+    text = markdown(rows) if text is None else text
     if elapsed is not None:
         text += f"\n\nGrid wall time: {elapsed / 60:.1f} min (finished runs are reused).\n"
     (root / "results.md").write_text(text)
@@ -241,3 +249,112 @@ def write_tables(rows: list[dict], root: Path, *, elapsed: float | None = None) 
         w.writerow(fields + [f"{c} {x}" for c in metric_cols for x in ("mean", "std")] + ["selected"])
         for r in rows:
             w.writerow([r[k] for k in fields] + [f"{v:.4f}" for c in metric_cols for v in r[c]] + [r["selected"]])
+
+
+# --------------------------------------------------------------------------- NCL Fig. 5
+
+
+def queue_prefix_metrics(run_dir: str | Path, split: Any, sizes: Iterable[int]) -> dict[int, dict]:
+    """Metrics of a trained NCL run under ``none`` and ``ncl`` with query queues of each size.
+
+    NCL Sec. 3.3 / Fig. 5: the train query queues are used only at test time (they never
+    enter the loss), and a FIFO queue is newest first, so the queue a run with
+    ``queue_size=K`` ends with is the first ``K`` rows of the queue of the same run with a
+    larger size (tested). One run with the largest size therefore gives every point of
+    the sweep: its stored NCL bank is cut to ``K`` rows and the Sinkhorn biases are fitted
+    on that bank against the evaluated gallery.
+
+    Args:
+        run_dir: an ``xmodal train`` run of the NCL loss (``model.pt`` with an ``ncl`` bank).
+        split: the evaluated :class:`~xmodal.data.PairedSplit`.
+        sizes: queue sizes ``K``.
+
+    Returns:
+        ``{K: {"none": {"t2v", "v2t"}, "ncl": {...}, "bank_rows": rows used}}``.
+    """
+    import dataclasses as dc
+
+    from xmodal.evaluate import evaluate_normalizers
+    from xmodal.models import load_model
+
+    model = load_model(run_dir)
+    tt = model.test_time
+    if "ncl" not in tt.banks:
+        raise ValueError(f"run_dir: {run_dir} has no NCL query bank (train it with loss.name=ncl)")
+    text_q, video_q = tt.banks["ncl"]
+    out = {}
+    for k in sizes:
+        sub = dc.replace(tt, banks={**tt.banks, "ncl": (text_q[:k], video_q[:k])},
+                         names=tuple(dict.fromkeys(["none", "ncl", *tt.names])))
+        res = evaluate_normalizers(["none", "ncl"], sub, model, split)
+        out[int(k)] = {**res, "bank_rows": int(min(k, len(text_q)))}
+    return out
+
+
+def run_queue_sweep(*, datasets: Iterable[str], sizes: Iterable[int], seeds: Iterable[int], out: str | Path,
+                    epochs: int | None = None, synthetic: dict | None = None, progress: bool = True) -> list[dict]:
+    """NCL Fig. 5 (query queue size vs text-to-video R@1) as a table.
+
+    One NCL run per dataset and seed with the largest queue (:func:`queue_prefix_metrics`
+    evaluates every smaller size on it); rows (one per dataset, size and normaliser
+    ``none`` / ``ncl``) in the schema of :func:`run_grid`, objective ``ncl queue=K``,
+    written to ``results.md`` (the Fig. 5 table) and ``results.csv``.
+    """
+    from tqdm.auto import tqdm
+
+    from xmodal.config import load_config
+    from xmodal.train import load_splits
+
+    sizes = sorted({int(k) for k in sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"sizes: expected positive queue sizes, got {sizes}")
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    cells = [Cell(ds, "ncl", False, seed, queue_size=sizes[-1]) for ds in datasets for seed in seeds]
+    t0 = time.perf_counter()
+    per: dict[tuple[str, int], list[dict]] = {}
+    for cell in tqdm(cells, desc="ncl queue sweep", disable=not progress, dynamic_ncols=True):
+        summary = run_cell(cell, root, epochs=epochs, synthetic=synthetic if cell.dataset == "synthetic" else None)
+        run_dir = root / "runs" / cell.path
+        splits = load_splits(load_config(run_dir / "config.yaml"))
+        split = "test" if "test" in splits else "val"
+        for k, res in queue_prefix_metrics(run_dir, splits[split], sizes).items():
+            per.setdefault((cell.dataset, k), []).append(
+                {split: {"none": res["none"], "ncl": res["ncl"]}, "train_time_s": summary["train_time_s"],
+                 "normalizer": summary["normalizer"], "bank_rows": res["bank_rows"]})
+    rows = []
+    for (ds, k), summaries in per.items():
+        for norm in ("none", "ncl"):
+            agg = aggregate(summaries, norm)
+            agg["selected"] = ""  # a sweep, not a selection
+            rows.append({"dataset": ds, "noise": 0.0, "objective": f"ncl queue={k}", "normalizer": norm,
+                         "queue_size": k, "bank_rows": [s["bank_rows"] for s in summaries], **agg})
+    write_tables(rows, root, elapsed=time.perf_counter() - t0, text=queue_markdown(rows))
+    return rows
+
+
+def queue_markdown(rows: list[dict]) -> str:
+    """The NCL Fig. 5 table: t2v R@1 without / with the NCL test-time biases per queue size."""
+    parts = []
+    for ds in dict.fromkeys(r["dataset"] for r in rows):
+        sub = [r for r in rows if r["dataset"] == ds]
+        first = sub[0]
+        seeds = f"mean ± std over {first['n']} seeds" if first["n"] > 1 else "one seed"
+        parts.append(f"### {ds}: NCL query queue size vs text-to-video R@1 (NCL Fig. 5), "
+                     f"{first['split']} split, {seeds}\n")
+        parts.append("| queue size | bank rows | t2v R@1 none | t2v R@1 ncl | gain | v2t R@1 none | v2t R@1 ncl |")
+        parts.append("|---:|---:|---:|---:|---:|---:|---:|")
+        for k in sorted({r["queue_size"] for r in sub}):
+            none = next(r for r in sub if r["queue_size"] == k and r["normalizer"] == "none")
+            ncl = next(r for r in sub if r["queue_size"] == k and r["normalizer"] == "ncl")
+            gain = ncl["t2v R@1"][0] - none["t2v R@1"][0]
+            rows_used = sorted(set(ncl["bank_rows"]))
+            parts.append(f"| {k} | {','.join(map(str, rows_used))} | {_fmt(none['t2v R@1'], 2)} | "
+                         f"{_fmt(ncl['t2v R@1'], 2)} | {gain:+.2f} | {_fmt(none['v2t R@1'], 2)} | "
+                         f"{_fmt(ncl['v2t R@1'], 2)} |")
+        parts.append("")
+    parts.append("One NCL run per seed with the largest queue; a smaller queue is the newest K rows of "
+                 "it (what a run with queue_size=K keeps: the queues never enter the loss). `bank rows`: "
+                 "train queries actually in the queue (fewer than K when training saw fewer). `ncl`: "
+                 "Sinkhorn biases (NCL eq. 13) from that bank; `none`: cosine scores, the same for every K.")
+    return "\n".join(parts)

@@ -45,9 +45,10 @@ class DataConfig:
     """Where the features come from.
 
     ``name``: ``synthetic`` (``xmodal.data.synthetic(**synthetic, seed=train.seed)``)
-    or ``paired`` (the Flickr8k layout under ``root``, path relative to the working
-    directory). ``noise``: fraction of training pairs whose text is shuffled to a
-    wrong video (Cali-NCE Table 7). ``max_train_texts``: 0 = all.
+    or ``paired`` (the Flickr8k layout under ``root``; in a config file relative to the
+    file's folder, on the command line to the working directory, see :func:`load_config`).
+    ``noise``: fraction of training pairs whose text is shuffled to a wrong video
+    (Cali-NCE Table 7). ``max_train_texts``: 0 = all.
     """
 
     name: str = "synthetic"
@@ -315,7 +316,8 @@ def validate(cfg: Config) -> None:
             raise ValueError("data.root: required when data.name is 'paired'")
         root = Path(d.root)
         if not root.is_dir():
-            raise ValueError(f"data.root: directory {d.root!r} not found (relative to {Path.cwd()})")
+            where = "" if root.is_absolute() else f" (relative to {Path.cwd()})"
+            raise ValueError(f"data.root: directory {d.root!r} not found{where}")
         from xmodal.data.layout import missing_files  # h-data: the one list of layout names
 
         for split_field in ("train_split", "val_split"):
@@ -439,8 +441,63 @@ def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
     return d
 
 
+#: config fields holding file system paths (resolved by :func:`load_config`).
+PATH_FIELDS = (("data", "root"),)
+
+
+def _get(d: dict, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)  # type: ignore[assignment]
+    return d
+
+
+def _resolve_paths(d: dict, base: Path | None, overridden: set[tuple[str, ...]]) -> dict:
+    """Make the :data:`PATH_FIELDS` of ``d`` absolute (a new dict; ``d`` is not modified).
+
+    A relative path written in the config file is relative to the file's folder
+    (``base``); one given as a command-line override, or with no file, is relative to
+    the working directory. Absolute paths are kept. Compatibility with configs written
+    before this rule (e.g. a run directory's ``config.yaml`` holding ``../shared/...``
+    meant from the repository root): when the file-relative path is not a directory but
+    the working-directory one is, the latter is used with a ``FutureWarning``.
+    """
+    import copy
+    import os
+    import warnings
+
+    d = copy.deepcopy(d)
+    for keys in PATH_FIELDS:
+        value = _get(d, keys)
+        if not isinstance(value, str) or not value or Path(value).is_absolute():
+            continue
+        from_file = base is not None and keys not in overridden
+        path = Path(os.path.abspath(Path(base) / value)) if from_file else Path(os.path.abspath(value))
+        if from_file and not path.is_dir() and Path(value).is_dir():
+            warnings.warn(f"{'.'.join(keys)}: {value!r} is not a directory relative to the config file's "
+                          f"folder {base}; using it relative to the working directory. Paths in a config "
+                          f"file are relative to the file: update the config.", FutureWarning, stacklevel=3)
+            path = Path(os.path.abspath(value))
+        _get(d, keys[:-1])[keys[-1]] = str(path)
+    return d
+
+
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Read a YAML config (``None``: the defaults), apply overrides, validate."""
+    """Read a YAML config (``None``: the defaults), apply overrides, validate.
+
+    Relative paths (``data.root``) become absolute: those written in the file are
+    relative to the file's folder, those given as overrides (``--set data.root=...``)
+    or without a file are relative to the working directory. The resolved config (as
+    saved in a run directory) therefore loads the same from anywhere.
+
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> (folder / "data").mkdir()
+    >>> _ = (folder / "c.yaml").write_text("data: {root: data}")
+    >>> load_config(folder / "c.yaml").data.root == str(folder.resolve() / "data")
+    True
+    """
     d: dict = {}
     if path is not None:
         p = Path(path)
@@ -453,7 +510,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         if not isinstance(d, dict):
             raise ValueError(f"config: {path} must hold a mapping of sections at the top level, "
                              f"got a {type(d).__name__}")
-    return from_dict(apply_overrides(d, overrides))
+    overrides = list(overrides)
+    overridden = {tuple(keys) for keys, _ in parse_overrides(overrides)}
+    base = Path(path).resolve().parent if path is not None else None
+    return from_dict(_resolve_paths(apply_overrides(d, overrides), base, overridden))
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from xmodal.cli import add_common_args, progress_enabled
+
 NAME = "bench"
 HELP = "grid of objectives x TS++ x test-time normalisers x seeds -> Markdown/CSV tables"
 DESCRIPTION = """Train every objective (InfoNCE, NT-Xent, MaxMargin, MIL-NCE, DCL, CrossCLR,
@@ -20,7 +22,10 @@ about 3-8 s, a Flickr8k linear run 30-60 s, both stopping early):
   --quick                      synthetic, 4 objectives x 2 x 2 seeds, small  ~1-2 min
   synthetic, full (48 runs)                                                 ~5-8 min
   flickr8k, full (48 runs)                                                  ~40-60 min
-  --noise 0.1,0.3,0.5          InfoNCE vs Cali-NCE x 4 noise levels x seeds  (synthetic ~2 min)"""
+  --noise 0.1,0.3,0.5          InfoNCE vs Cali-NCE x 4 noise levels x seeds  (synthetic ~2 min)
+  --ncl-queue-sizes 1024,4096,16384   NCL Fig. 5: t2v R@1 none vs ncl per train query queue size
+                               (one NCL run per seed with the largest queue)
+OUT/report.html renders the tables (xmodal report)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reduced grid for CI: synthetic (800 train videos), infonce/ncl/crossclr/calince, "
                              "seeds 0,1, 6 epochs")
     parser.add_argument("--out", default="runs/bench", help="output directory (default runs/bench)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--ncl-queue-sizes", default=None, metavar="K1,K2,...",
+                        help="NCL Fig. 5 instead: t2v R@1 without and with the NCL test-time biases "
+                             "from train query queues of these sizes (e.g. 1024,4096,16384)")
+    add_common_args(parser, threads=1, progress=True)
 
 
 def _list(s: str, name: str, cast=str) -> list:
@@ -52,16 +59,11 @@ def _list(s: str, name: str, cast=str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from xmodal.benchgrid import DATASETS, OBJECTIVES, run_grid
     from xmodal.losses import LOSSES
 
-    if args.threads < 1:
-        raise ValueError(f"--threads: must be >= 1, got {args.threads}")
     if args.epochs is not None and args.epochs < 1:
         raise ValueError(f"--epochs: must be >= 1, got {args.epochs}")
-    torch.set_num_threads(args.threads)
     datasets = _list(args.datasets, "--datasets")
     for d in datasets:
         if d not in DATASETS:
@@ -82,13 +84,30 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--noise: fractions must lie in [0, 1), got {args.noise!r}")
         objectives = _list(args.objectives, "--objectives") if args.objectives else ["infonce", "calince"]
         ts = (False,)
-    unknown = [o for o in objectives if o not in LOSSES]
-    if unknown:
-        raise ValueError(f"--objectives: unknown objective(s) {', '.join(unknown)}")
-    rows = run_grid(datasets=datasets, objectives=objectives, seeds=seeds, ts_variants=ts, noise=noise,
-                    out=args.out, epochs=epochs, synthetic=synthetic, progress=not args.quiet)
-    from xmodal.benchgrid import markdown
+    progress = progress_enabled(args)
+    if args.ncl_queue_sizes:
+        from xmodal.benchgrid import queue_markdown, run_queue_sweep
 
-    print(markdown(rows))
-    print(f"\nwritten: {args.out}/results.md, {args.out}/results.csv")
+        if args.noise:
+            raise ValueError("--ncl-queue-sizes: cannot be combined with --noise")
+        sizes = _list(args.ncl_queue_sizes, "--ncl-queue-sizes", int)
+        if min(sizes) < 1:
+            raise ValueError(f"--ncl-queue-sizes: sizes must be >= 1, got {args.ncl_queue_sizes!r}")
+        rows = run_queue_sweep(datasets=datasets, sizes=sizes, seeds=seeds, out=args.out, epochs=epochs,
+                               synthetic=synthetic, progress=progress)
+        text = queue_markdown(rows)
+    else:
+        unknown = [o for o in objectives if o not in LOSSES]
+        if unknown:
+            raise ValueError(f"--objectives: unknown objective(s) {', '.join(unknown)}")
+        rows = run_grid(datasets=datasets, objectives=objectives, seeds=seeds, ts_variants=ts, noise=noise,
+                        out=args.out, epochs=epochs, synthetic=synthetic, progress=progress)
+        from xmodal.benchgrid import markdown
+
+        text = markdown(rows)
+    from xmodal.report import build_report
+
+    page = build_report(args.out)
+    print(text)
+    print(f"\nwritten: {args.out}/results.md, {args.out}/results.csv, {page}")
     return 0

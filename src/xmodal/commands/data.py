@@ -12,6 +12,7 @@ HELP = "import a table of (video, caption) pairs into the data layout, or check 
 DESCRIPTION = """Your own data in the layout xmodal train reads (docs/your_data.md):
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
+                     [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...]
   xmodal data check mydata [--split train ...]
 
 import: pairs.csv (header: video_id,caption[,split]) or pairs.jsonl; per-video features
@@ -32,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--text-features", default=None,
                      help=".npy [rows, Dt] aligned with the table (default: encode captions with MiniLM)")
     imp.add_argument("--text-model", default="minilm", help="registered text encoder (xmodal.encoders)")
+    imp.add_argument("--expert", action="append", default=[], metavar="NAME=DIR_OR_GLOB",
+                     help="a further expert's per-video files (repeatable) -> {split}_video_features.NAME.npy; "
+                          "videos without a file are masked in {split}_video_mask.NAME.npy")
     chk = sub.add_parser("check", help="list every problem of a data directory and summarise it")
     chk.add_argument("root", help="data directory")
     chk.add_argument("--split", action="append", default=None, help="split(s) to check (default: all found)")
@@ -91,7 +95,7 @@ def check(root: str, splits: list[str] | None = None) -> tuple[dict[str, list[st
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "import":
-        from xmodal.data.importer import import_pairs
+        from xmodal.data.importer import import_pairs, parse_experts
 
         encode = None
         if args.text_features is None:
@@ -102,10 +106,13 @@ def run(args: argparse.Namespace) -> int:
                     return encode_text(captions, model=args.text_model, progress=False)
                 except ModuleNotFoundError as exc:  # a missing optional extra is a user error
                     raise ValueError(f"--text-model: {exc}") from None
+        experts = parse_experts(args.expert)
         summary = import_pairs(args.pairs, features=args.features, out=args.out, split=args.split,
-                               text_features=args.text_features, encode=encode)
+                               text_features=args.text_features, encode=encode, experts=experts)
         for split, s in summary.items():
             print(f"{split}: {s['videos']} videos, {s['texts']} texts, up to {s['max_frames']} frames per video")
+            for expert, n in s["experts"].items():
+                print(f"  expert {expert}: {n} of {s['videos']} videos")
         print(f"wrote {args.out} (check it with: xmodal data check {args.out})")
         return 0
     problems, summaries = check(args.root, args.split)

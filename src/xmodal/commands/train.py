@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from xmodal.cli import _Parser, add_common_args, apply_threads, progress_enabled
+
 NAME = "train"
 HELP = "train a two-tower head on pre-extracted features (YAML config + overrides)"
 DESCRIPTION = """Train a two-tower head with any objective, select on the validation split,
@@ -25,9 +27,7 @@ def _options(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument("--set", dest="set_", action="append", default=[], metavar="section.key=value",
                         help="config override (repeatable)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if DIR has a checkpoint")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is often fastest for small heads)")
+    add_common_args(parser, threads=None, progress=True)
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                         help="write PNG plots into the run directory (default: on)")
 
@@ -62,7 +62,7 @@ def _dotted_flags(tokens: list[str]) -> list[str]:
 
 
 def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="xmodal train", add_help=False)
+    p = _Parser(prog="xmodal train", add_help=False)  # one-line errors
     _options(p, required=False)
     p.add_argument("overrides", nargs="*")
     rest = p.parse_intermixed_args(_dotted_flags(args.rest))
@@ -71,10 +71,8 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     merged.out = rest.out or args.out
     merged.set_ = list(args.set_) + list(rest.set_)
     merged.no_resume = args.no_resume or rest.no_resume
-    merged.quiet = args.quiet or rest.quiet
+    merged.progress = rest.progress if rest.progress is not None else args.progress
     merged.threads = rest.threads if rest.threads is not None else args.threads
-    if merged.threads is not None and merged.threads < 1:
-        raise ValueError(f"--threads: must be >= 1, got {merged.threads}")
     merged.plots = args.plots and rest.plots
     if not merged.out:
         raise ValueError("--out: the run directory is required")
@@ -91,14 +89,11 @@ def run(args: argparse.Namespace) -> int:
 
     args = _parse_rest(args)
     cfg = load_config(args.config, list(args.overrides) + list(args.set_))
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args)  # a --threads given after CONFIG is only known here
     started = init_distributed_from_env(cfg.train.device)
     rank = dist.rank()
     try:
-        summary = train(cfg, args.out, resume=not args.no_resume, progress=False if args.quiet else None)
+        summary = train(cfg, args.out, resume=not args.no_resume, progress=_progress(args, cfg))
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise
@@ -117,6 +112,14 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"run directory: {os.path.abspath(args.out)}")
     return 0
+
+
+def _progress(args: argparse.Namespace, cfg) -> bool:
+    """``--progress/--no-progress`` as given; else bars only on a terminal (never into a
+    redirected log file) and only if the config's ``train.progress`` allows them."""
+    if getattr(args, "progress", None) is not None:
+        return bool(args.progress)
+    return progress_enabled(args) and bool(cfg.train.progress)
 
 
 def format_summary(summary: dict) -> str:

@@ -80,8 +80,10 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     return rows
 
 
-def feature_files(features: str | os.PathLike, videos: list[str]) -> dict[str, Path]:
-    """``{video id: feature file}`` from a directory or a glob; every missing id is named."""
+def feature_files(features: str | os.PathLike, videos: list[str], *, flag: str = "--features",
+                  allow_missing: bool = False) -> dict[str, Path | None]:
+    """``{video id: feature file}`` from a directory or a glob; every missing id is named
+    (``allow_missing``: missing ids map to ``None``, e.g. an expert some videos lack)."""
     spec = str(features)
     if Path(spec).is_dir():
         lookup = lambda v: next((p for p in (Path(spec) / f"{v}.npy", Path(spec) / f"{v}.npz")  # noqa: E731
@@ -89,12 +91,12 @@ def feature_files(features: str | os.PathLike, videos: list[str]) -> dict[str, P
     else:
         matched = {Path(p).stem: Path(p) for p in sorted(glob.glob(spec)) if p.endswith((".npy", ".npz"))}
         if not matched:
-            raise ValueError(f"--features: {spec} is neither a directory nor a glob matching .npy/.npz files")
+            raise ValueError(f"{flag}: {spec} is neither a directory nor a glob matching .npy/.npz files")
         lookup = matched.get
     found = {v: lookup(v) for v in videos}
     missing = [v for v, p in found.items() if p is None]
-    if missing:
-        raise ValueError(f"--features: no feature file for {len(missing)} video(s): {', '.join(missing[:5])}"
+    if missing and not allow_missing:
+        raise ValueError(f"{flag}: no feature file for {len(missing)} video(s): {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''} (looked in {spec})")
     return found  # type: ignore[return-value]
 
@@ -143,6 +145,60 @@ def pad_frames(per_video: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | No
     return out, np.arange(lengths.max())[None, :] < lengths[:, None]
 
 
+def pad_expert(per_video: list[np.ndarray | None], name: str = "expert"
+               ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Stack one expert's ``[F_i, D]`` arrays (``None``: the video lacks the expert).
+
+    Returns ``([N, D], None)`` when every video has one vector; ``([N, D], bool [N])``
+    (True = present) when some lack it; ``([N, max F, D], bool [N, max F])`` (True = real
+    frame, an all-False row = missing) when any has several frames. Missing rows are zeros.
+
+    >>> v, m = pad_expert([np.ones((1, 2)), None])
+    >>> v.tolist(), m.tolist()
+    ([[1.0, 1.0], [0.0, 0.0]], [True, False])
+    """
+    present = [a for a in per_video if a is not None]
+    if not present:
+        raise ValueError(f"--expert {name}: no video of the split has a feature file")
+    dims = {a.shape[1] for a in present}
+    if len(dims) != 1:
+        raise ValueError(f"--expert {name}: videos have different feature dims {sorted(dims)}")
+    dim = dims.pop()
+    lengths = np.array([0 if a is None else a.shape[0] for a in per_video])
+    if lengths.max() == 1:
+        out = np.zeros((len(per_video), dim), dtype=np.float32)
+        for i, a in enumerate(per_video):
+            if a is not None:
+                out[i] = a[0]
+        return out, (None if (lengths == 1).all() else lengths == 1)
+    out = np.zeros((len(per_video), lengths.max(), dim), dtype=np.float32)
+    for i, a in enumerate(per_video):
+        if a is not None:
+            out[i, : len(a)] = a
+    return out, np.arange(lengths.max())[None, :] < lengths[:, None]
+
+
+def parse_experts(specs: list[str] | None) -> dict[str, str]:
+    """``["audio=feats/audio/", "flow=flow/*.npy"]`` -> ``{"audio": ..., "flow": ...}``.
+
+    >>> parse_experts(["audio=a/"])
+    {'audio': 'a/'}
+    """
+    out: dict[str, str] = {}
+    for spec in specs or []:
+        name, sep, where = str(spec).partition("=")
+        if not sep or not name or not where:
+            raise ValueError(f"--expert: expected NAME=DIR_OR_GLOB, got {spec!r}")
+        try:
+            layout.check_expert_name(name)
+        except ValueError as exc:
+            raise ValueError(f"--expert: {exc}") from None
+        if name in out:
+            raise ValueError(f"--expert: expert {name!r} given twice")
+        out[name] = where
+    return out
+
+
 def _save(path: Path, arr: np.ndarray) -> None:
     tmp = path.with_name(path.name + ".tmp.npy")
     np.save(tmp, arr)
@@ -151,7 +207,8 @@ def _save(path: Path, arr: np.ndarray) -> None:
 
 def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: str | os.PathLike,
                  split: str = "train", text_features: str | os.PathLike | None = None,
-                 encode: Callable[[list[str]], np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
+                 encode: Callable[[list[str]], np.ndarray] | None = None,
+                 experts: dict[str, str | os.PathLike] | None = None) -> dict[str, dict[str, Any]]:
     """Write the layout of :mod:`xmodal.data.layout` under ``out``, one split per
     ``split`` value of the table (rows without one go to ``split``).
 
@@ -162,9 +219,13 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         split: split name of rows with no ``split`` column value.
         text_features: a ``.npy`` ``[rows, Dt]`` aligned with the table rows; else
             ``encode(captions)`` (default: the MiniLM encoder of :mod:`xmodal.encoders`).
+        experts: further experts ``{name: directory or glob}`` (same file rules as
+            ``features``), written as ``{split}_video_features.NAME.npy``; videos without a
+            file for an expert get zeros and ``{split}_video_mask.NAME.npy`` marks them
+            (see :func:`pad_expert`).
 
     Returns:
-        ``{split: {"videos", "texts", "max_frames"}}``.
+        ``{split: {"videos", "texts", "max_frames", "experts": {name: videos with it}}}``.
     """
     rows = read_pairs(pairs)
     if text_features is not None:
@@ -183,7 +244,12 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
     by_split: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_split.setdefault(r.get("split", split), []).append(i)
-    files = feature_files(features, list(dict.fromkeys(r["video"] for r in rows)))
+    all_videos = list(dict.fromkeys(r["video"] for r in rows))
+    files = feature_files(features, all_videos)
+    expert_files = {}
+    for name, spec in (experts or {}).items():
+        layout.check_expert_name(name)
+        expert_files[name] = feature_files(spec, all_videos, flag=f"--expert {name}", allow_missing=True)
     summary = {}
     for name, idx in by_split.items():
         layout.names(name, "video")  # validates the split name
@@ -202,5 +268,15 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         p("text_names").write_text("video_index\tvideo\ttext\n" + "".join(
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
         summary[name] = {"videos": len(videos), "texts": len(idx),
-                         "max_frames": 1 if mask is None else int(mask.shape[1])}
+                         "max_frames": 1 if mask is None else int(mask.shape[1]), "experts": {}}
+        for expert, found in expert_files.items():
+            feats, emask = pad_expert([None if found[v] is None else read_features(found[v]) for v in videos],
+                                      expert)
+            fpath, mpath = out / f"{name}_video_features.{expert}.npy", out / f"{name}_video_mask.{expert}.npy"
+            _save(fpath, feats)
+            if emask is not None:
+                _save(mpath, emask)
+            elif mpath.exists():
+                mpath.unlink()  # stale
+            summary[name]["experts"][expert] = sum(found[v] is not None for v in videos)
     return summary
