@@ -15,6 +15,7 @@ from torch import nn
 from xmodal import dist
 from xmodal.functional.infonce import info_nce
 from xmodal.losses import MILNCE, DebiasedContrastive, InfoNCE, MaxMargin, MIMaxMargin, NTXent
+from conftest import mark_done, spawn_gloo
 
 WORLD, LOCAL_B, DIN, DOUT = 2, 4, 6, 5
 GLOBAL_B = WORLD * LOCAL_B
@@ -129,6 +130,7 @@ def worker(rank: int, init_file: str) -> None:
         # gather=False: each rank's own batch only (the functional form never gathers)
         local = InfoNCE(0.1, gather=False)(xv[sl], xt[sl])
         assert abs(float(local) - float(info_nce(xv[sl], xt[sl], temperature=0.1))) < 1e-12
+        mark_done(init_file, rank)
         tdist.barrier()  # tear down only when both ranks are done (gloo aborts otherwise)
     finally:
         tdist.destroy_process_group()
@@ -138,4 +140,16 @@ def test_two_process_gloo_equals_single_process(tmp_path):
     if not tdist.is_available():
         pytest.skip("torch.distributed is not available")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    spawn_gloo(worker, WORLD, str(tmp_path / "init"))
+
+
+def _abort_worker(rank: int, init_file: str, mark: bool) -> None:
+    if mark:
+        mark_done(init_file, rank)
+    os.abort()
+
+
+def test_spawn_gloo_accepts_only_an_abort_after_every_check_passed(tmp_path):
+    spawn_gloo(_abort_worker, 2, str(tmp_path / "a"), True)  # aborted after its marker: accepted
+    with pytest.raises(mp.ProcessExitedException):
+        spawn_gloo(_abort_worker, 2, str(tmp_path / "b"), False)  # aborted before: a failure

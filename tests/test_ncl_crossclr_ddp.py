@@ -14,6 +14,7 @@ from torch import nn
 
 from xmodal import dist
 from xmodal.losses import NCL, CaliNCE, CrossCLR
+from conftest import mark_done, spawn_gloo
 
 WORLD, LOCAL_B, DV, DT, DOUT = 2, 4, 6, 7, 5
 GLOBAL_B = WORLD * LOCAL_B
@@ -106,6 +107,7 @@ def worker(rank: int, init_file: str) -> None:
                 torch.testing.assert_close(buf, ref_buffers[key], atol=1e-12, rtol=0, msg=name)
         # Tear down only when both ranks are done: destroying a gloo group while the peer
         # still communicates aborts the process ("terminate called without an active exception").
+        mark_done(init_file, rank)
         tdist.barrier()
     finally:
         tdist.destroy_process_group()
@@ -115,7 +117,7 @@ def test_two_process_gloo_equals_single_process(tmp_path):
     if not tdist.is_available():
         pytest.skip("torch.distributed is not available")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(worker, args=(str(tmp_path / "init"),), nprocs=WORLD, join=True)
+    spawn_gloo(worker, WORLD, str(tmp_path / "init"))
 
 
 def test_cases_exercise_pruning():

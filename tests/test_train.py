@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import mark_done, spawn_gloo
 from xmodal.config import from_dict
 from xmodal.train import cosine_lr, epoch_batches, shuffle_pairs, train
 
@@ -188,7 +189,7 @@ def test_ddp_two_processes_equal_single_process_for_one_epoch(tmp_path):
     ddp = tmp_path / "ddp"
     # the worker rebuilds the config from this environment variable (spawned processes
     # import the test module afresh)
-    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(ddp)), nprocs=2, join=True)
+    spawn_gloo(_ddp_worker, 2, str(tmp_path / "init"), str(ddp))
     _assert_same_weights(_weights(single / "model.pt"), _weights(ddp / "model.pt"), rtol=1e-5, atol=1e-6)
     a = torch.load(single / "checkpoint.pt", weights_only=True)["loss"]
     b = torch.load(ddp / "checkpoint.pt", weights_only=True)["loss"]
@@ -200,13 +201,14 @@ DDP_SECTIONS = {"loss": {"name": "infonce", "temperature": 0.1, "learnable": Tru
                 "model": {"kind": "mlp", "dim": 16, "width": 32}}
 
 
-def _ddp_worker(rank: int, world: int, init_file: str, out: str) -> None:
+def _ddp_worker(rank: int, init_file: str, out: str) -> None:
     import torch.distributed as tdist
 
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
         train(tiny_config(train={"epochs": 1}, **DDP_SECTIONS), out)
+        mark_done(init_file, rank)
         tdist.barrier()  # tear down only when both ranks are done (gloo aborts otherwise)
     finally:
         tdist.destroy_process_group()
