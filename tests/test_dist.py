@@ -144,8 +144,14 @@ def test_two_process_gloo_equals_single_process(tmp_path):
 
 
 def _abort_worker(rank: int, init_file: str, mark: bool) -> None:
-    if mark:
+    import time
+    from pathlib import Path
+
+    if mark:  # as after the last check of a real worker: both ranks marked before any teardown
         mark_done(init_file, rank)
+        deadline = time.monotonic() + 30
+        while not all(Path(f"{init_file}.done{r}").is_file() for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.005)
     os.abort()
 
 
