@@ -1,4 +1,4 @@
-"""``xmodal data import`` / ``check`` and the commands of docs/your_data.md, end to end."""
+"""``xmodal data import`` / ``check`` and the commands of the README's "Your data" section, end to end."""
 
 import csv
 import json
@@ -123,12 +123,16 @@ def test_check_lists_every_problem_and_exits_1(tmp_path, capsys):
 
 
 def _doc_blocks(lang):
-    text = (ROOT / "docs" / "your_data.md").read_text()
+    """The code blocks of the README's "Your data" section (up to the next level-2 heading)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\n## Your data\n")
+    end = readme.find("\n## ", start + 1)
+    text = readme[start:end if end > 0 else None]
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
-def test_the_commands_of_docs_your_data_run(tmp_path, one_thread):
-    """Runs the bash blocks of docs/your_data.md verbatim (xmodal = this checkout's CLI)
+def test_the_commands_of_readme_your_data_run(tmp_path, one_thread):
+    """Runs the bash blocks of the README's "Your data" section verbatim (xmodal = this checkout's CLI)
     on an example pairs.csv, then its Python blocks."""
     blocks = _doc_blocks("bash")
     assert blocks and "xmodal data import" in blocks[0] and "xmodal train" in blocks[0]
@@ -144,4 +148,4 @@ def test_the_commands_of_docs_your_data_run(tmp_path, one_thread):
     assert "ok: no problems" in res.stdout and "selected normaliser" in res.stdout
     assert (tmp_path / "runs" / "mine" / "model.pt").is_file()
     for block in _doc_blocks("python"):
-        exec(compile(block, "docs/your_data.md", "exec"), {})
+        exec(compile(block, "README.md (Your data)", "exec"), {})

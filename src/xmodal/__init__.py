@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 _SUBMODULES = {
     "metrics", "losses", "functional", "normalize", "data", "schedules", "dist",
     "models", "train", "index", "config", "encoders", "cli", "plots", "evaluate",
+    "testtime", "runs", "sampling", "report",
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 NAME = "data"
 HELP = "import a table of (video, caption) pairs into the data layout, or check a data directory"
-DESCRIPTION = """Your own data in the layout xmodal train reads (docs/your_data.md):
+DESCRIPTION = """Your own data in the layout xmodal train reads (README.md, "Your data"):
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
                      [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...]
@@ -85,7 +85,7 @@ def check(root: str, splits: list[str] | None = None) -> tuple[dict[str, list[st
         raise ValueError(f"root: data directory {root} not found")
     splits = splits or layout.splits_in(root)
     if not splits:
-        raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see docs/your_data.md)")
+        raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see the README section 'Your data')")
     problems, summaries = {}, {}
     for split in splits:
         arrays, problems[split] = inspect_split(root, split, uncaptioned=True)

@@ -1,6 +1,6 @@
 """The paired-split file layout: the one place that names its files.
 
-A split ``S`` of a data directory holds (``docs/your_data.md``; aliases in brackets
+A split ``S`` of a data directory holds (``README.md, "Your data"``; aliases in brackets
 are the Flickr8k names of ``../shared/data/flickr8k``)::
 
     S_video_features.npy   float [N, Dv] or [N, F, Dv]        (S_image_features.npy)
@@ -36,6 +36,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "text_names": ("{split}_texts.tsv", "{split}_captions.tsv"),
     "video_labels": ("{split}_video_labels.npy", "{split}_image_labels.npy"),
     "text_labels": ("{split}_text_labels.npy", "{split}_caption_labels.npy"),
+    "relevancy": ("{split}_relevancy.npy",),  # optional float [T, V] in [0, 1] (mAP / nDCG)
 }
 REQUIRED = ("video", "text", "text_to_video")
 #: the name of the main video features among several experts (never an expert file name).

@@ -1,5 +1,5 @@
 """Loader for the paired-split directory layout (:mod:`xmodal.data.layout`,
-``docs/your_data.md``); ``../shared/data/flickr8k`` uses its Flickr8k aliases.
+``README.md, "Your data"``); ``../shared/data/flickr8k`` uses its Flickr8k aliases.
 
 :func:`inspect_split` reads everything it can and lists every problem; the loader
 raises them all in one ``ValueError``, ``xmodal data check`` prints them.
@@ -148,8 +148,8 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
         raise ValueError("; ".join(problems))
     labels = arrays.get("video_labels")
     relevancy = None
-    rel_path = Path(root) / f"{split}_relevancy.npy"  # optional [T, V] graded relevancy (EPIC-100 MIR)
-    if rel_path.is_file():
+    rel_path = layout.find(root, split, "relevancy")  # optional [T, V] graded relevancy (EPIC-100 MIR)
+    if rel_path is not None:
         try:
             relevancy = check_relevancy(_load_npy(rel_path), arrays["text"].shape[0], arrays["video"].shape[0],
                                         str(rel_path))
