@@ -105,3 +105,18 @@ def test_config_is_frozen():
     cfg = Config()
     with pytest.raises(Exception):
         cfg.loss.name = "dcl"  # type: ignore[misc]
+
+
+def test_packaging_keeps_the_users_torch_and_no_extra_pulls_torchvision():
+    """pyproject: torch is a range (installs beside a user's torch); no extra names a package whose
+    torchvision requirement would replace torch (open_clip_torch is installed --no-deps by `make bench`)."""
+    import tomllib
+    from pathlib import Path
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    torch_req = [d for d in meta["dependencies"] if d.replace(" ", "").startswith("torch")]
+    assert torch_req and "==" not in torch_req[0] and ">=" in torch_req[0], torch_req
+    for extra, reqs in meta["optional-dependencies"].items():
+        for r in reqs:
+            name = r.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip().lower()
+            assert name not in {"torch", "torchvision", "open_clip_torch", "open-clip-torch"}, (extra, r)

@@ -165,3 +165,20 @@ def test_trains_on_the_layout_and_padding_never_matters(tmp_path, kind, experts,
     if experts:
         junk["audio"][~val.expert_masks["audio"]] = 3e30
     assert torch.equal(model.encode_video(junk, masks), ref)
+    # the CLI applies the run to the layout (masks, experts) exactly as model.similarity does
+    import json
+
+    from xmodal.cli import main
+    from xmodal.metrics import text_video
+
+    want = text_video(model.similarity(val.text, feats, video_mask=masks), val.text_to_video)
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(data), "--split", "val", "--json"]) == 0
+    got = json.loads(buf.getvalue())
+    for d in ("t2v", "v2t"):
+        for k, v in want[d].items():
+            assert got[d][k] == pytest.approx(v, abs=1e-9), (d, k)

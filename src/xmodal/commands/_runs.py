@@ -37,6 +37,7 @@ def checkpoint_file(path: str) -> Path:
 
 @torch.no_grad()
 def run_similarity(model: Any, text_features: Any, video_features: Any,
-                   normalizer: str = "selected") -> torch.Tensor:
-    """``model.similarity(text_features, video_features, normalizer=...)`` ``[T, V]`` (API.md)."""
-    return torch.as_tensor(model.similarity(text_features, video_features, normalizer=normalizer))
+                   normalizer: str = "selected", video_mask: Any = None) -> torch.Tensor:
+    """``model.similarity(text_features, video_features, normalizer=..., video_mask=...)`` ``[T, V]``."""
+    return torch.as_tensor(model.similarity(text_features, video_features, normalizer=normalizer,
+                                            video_mask=video_mask))

@@ -18,7 +18,8 @@ score matrix). Inputs are .npy files:
 
   a trained run on raw features (its heads -> cosine -> its stored test-time normaliser):
     xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
-                [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...]
+                [--video-mask MASK.npy] [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...]
+    xmodal eval --run RUN --data DIR [--split test]     (the data layout; masks and experts)
   embeddings, one correct item per query (int [Q]) or several (bool [Q, G]):
     xmodal eval --queries q.npy --gallery g.npy --positives p.npy [--bias b.npy]
   text <-> video with several captions per video (int caption -> video map):
@@ -42,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train'")
     r.add_argument("--video-features", metavar="NPY", help="raw video/image features [V, Dv] or [V, F, Dv]")
     r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt]")
+    r.add_argument("--video-mask", metavar="NPY", help="bool [V, F] frame mask of --video-features "
+                   "(True = real frame; padded frames never change an embedding)")
+    r.add_argument("--data", metavar="DIR", help="instead of the three feature files: a data directory in "
+                   "the layout of the README's 'Your data' (frame masks and several experts included)")
+    r.add_argument("--split", default="test", help="split of --data to evaluate (default test)")
     r.add_argument("--normalizer", default="selected", metavar="NAME",
                    help="test-time normaliser of the run: selected (default, chosen on val), none, "
                         "or any fitted name (dn, sinkhorn, ncl, qbnorm, is, dsl)")
@@ -97,7 +103,7 @@ def _l2(x: np.ndarray) -> np.ndarray:
 
 
 def _mode(args: argparse.Namespace) -> str:
-    names = ("queries", "gallery", "text", "video", "sim", "run", "video_features", "text_features")
+    names = ("queries", "gallery", "text", "video", "sim", "run", "video_features", "text_features", "data")
     given = {name for name in names if getattr(args, name) is not None}
     if args.labels is not None:
         if given in ({"video"}, {"run", "video_features"}, {"sim"}):
@@ -105,12 +111,12 @@ def _mode(args: argparse.Namespace) -> str:
         raise ValueError("--labels: give the videos as --video, as --run with --video-features, "
                          "or as --sim [V, V]")
     modes = {"embeddings": {"queries", "gallery"}, "text-video": {"text", "video"}, "sim": {"sim"},
-             "run": {"run", "video_features", "text_features"}}
+             "run": {"run", "video_features", "text_features"}, "run-data": {"run", "data"}}
     for mode, need in modes.items():
         if given == need:
             return mode
     if "run" in given or "video_features" in given or "text_features" in given:
-        raise ValueError("--run: needs --video-features and --text-features (and --text-to-video); "
+        raise ValueError("--run: needs --video-features and --text-features (and --text-to-video), or --data; "
                          "do not mix with --queries/--gallery/--text/--video/--sim")
     raise ValueError("give exactly one input: --run with --video-features/--text-features, "
                      "--queries and --gallery, --text and --video, or --sim (see 'xmodal eval --help')")
@@ -127,24 +133,34 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
     l2 = "cosine (--l2)" if args.l2 else "dot product"
     if args.bias and mode != "embeddings":
         raise ValueError("--bias: only with --queries/--gallery")
-    if args.normalizer != "selected" and mode not in ("run", "labels"):
+    if args.normalizer != "selected" and mode not in ("run", "run-data", "labels"):
         raise ValueError("--normalizer: only with --run")
-    if mode in ("run", "sim") or (mode == "labels" and args.run is None and args.sim is not None):
+    if mode in ("run", "run-data", "sim") or (mode == "labels" and args.run is None and args.sim is not None):
         if args.l2:
             raise ValueError("--l2: applies to embeddings, not to --sim or --run (a run's scores "
                              "are cosine similarities already)")
     if mode == "labels":
         return _evaluate_labels(args, ks)
-    if mode == "run":
+    if mode in ("run", "run-data"):
         from xmodal.commands._runs import load_run, run_similarity
         from xmodal.index import selected_normalizer
 
         model = load_run(args.run)
         name = selected_normalizer(model, args.normalizer)
-        tf = load_npy(args.text_features, "--text-features")
-        vf = load_npy(args.video_features, "--video-features")
-        t2v = load_npy(args.text_to_video, "--text-to-video")
-        sim = run_similarity(model, tf, vf, normalizer=args.normalizer)
+        if mode == "run-data":
+            if args.text_to_video or args.video_mask:
+                raise ValueError("--data: the directory holds the text -> video map and masks; "
+                                 "drop --text-to-video / --video-mask")
+            from xmodal.data import load_paired_split
+
+            split = load_paired_split(args.data, args.split)
+            tf, (vf, vmask), t2v = split.text, split.video_input(), split.text_to_video
+        else:
+            tf = load_npy(args.text_features, "--text-features")
+            vf = load_npy(args.video_features, "--video-features")
+            t2v = load_npy(args.text_to_video, "--text-to-video")
+            vmask = load_npy(args.video_mask, "--video-mask") if args.video_mask else None
+        sim = run_similarity(model, tf, vf, normalizer=args.normalizer, video_mask=vmask)
         res = metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t, block_size=args.block_size)
         return res, "retrieval", {"texts": sim.shape[0], "videos": sim.shape[1], "v2t": args.v2t,
                                   "scores": f"run {args.run}: heads -> cosine -> normaliser {name} (t2v scores; "
