@@ -130,12 +130,12 @@ def test_curves_show_used_temperature_selection_terms_and_gap(tmp_path):
 
     log = [{"epoch": e, "step": 10 * e, "train_loss": 3.0 / e, "lr": 1e-3, "temperature": 0.05,
             "scheduled": 0.03 + 0.01 * e, "val": {"t2v": {"R@1": 10.0 + e}, "v2t": {"R@1": 12.0 + e}},
-            "val_r1": 11.0 + e, "best_epoch": e, "train_terms": {"t2v": 1.5 / e, "v2t": 1.4 / e},
-            "val_modality_gap": 0.8 - 0.1 * e} for e in (1, 2, 3)]
+            "val_r1": 11.0 + e, "best_epoch": e, "loss_terms": {"t2v": 1.5 / e, "v2t": 1.4 / e},
+            "modality_gap": 0.8 - 0.1 * e} for e in (1, 2, 3)]
     assert selection_key(log) == "val_r1"
     assert selection_key([{**r, "val_rsum": 1.0} for r in log]) == "val_rsum"
     w4 = Image.open(plot_curves(log, tmp_path / "a.png")).size[0]
-    plain = [{k: v for k, v in r.items() if k not in ("train_terms", "val_modality_gap", "scheduled")}
+    plain = [{k: v for k, v in r.items() if k not in ("loss_terms", "modality_gap", "scheduled")}
              for r in log]
     w3 = Image.open(plot_curves(plain, tmp_path / "b.png")).size[0]
     assert w4 > w3 * 1.2                                   # the modality-gap panel is there
@@ -161,3 +161,17 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     dark = im < 128
     assert dark.mean() > 0.005
     assert dark[: im.shape[0] // 2].any() and dark[im.shape[0] // 2:].any()
+
+
+def test_curves_read_the_keys_the_trainer_writes(run_dir, tmp_path):
+    """The gap panel and the per-term losses come from the trainer's own log keys."""
+    from PIL import Image
+
+    from xmodal.plots import read_log
+
+    log = read_log(run_dir)
+    assert all("modality_gap" in r for r in log)  # loss_terms only for losses with last_terms (Cali-NCE)
+    plain = [{k: v for k, v in r.items() if k not in ("loss_terms", "modality_gap")} for r in log]
+    w_real = Image.open(plot_curves(log, tmp_path / "real.png")).size[0]
+    w_plain = Image.open(plot_curves(plain, tmp_path / "plain.png")).size[0]
+    assert w_real > w_plain * 1.2

@@ -56,7 +56,7 @@ def _num(v: Any) -> float | None:
 def selection_key(log: list[dict]) -> str | None:
     """The log key of the selection metric: ``val_rsum`` or another ``val_<metric>``."""
     for r in log:
-        keys = [k for k in r if k.startswith("val_") and k != "val_modality_gap" and _num(r[k]) is not None]
+        keys = [k for k in r if k.startswith("val_") and _num(r[k]) is not None]
         if "val_rsum" in keys:
             return "val_rsum"
         if keys:
@@ -64,26 +64,38 @@ def selection_key(log: list[dict]) -> str | None:
     return None
 
 
-def plot_curves(log: list[dict], path: str | Path) -> Path:
+def _terms(r: dict) -> dict:
+    """Per-term losses of an epoch record (``loss_terms``, as the trainer logs them)."""
+    return r.get("loss_terms") or {}
+
+
+def _gap(r: dict) -> float | None:
+    """Validation modality gap of an epoch record (``modality_gap``, as the trainer logs it)."""
+    return _num(r.get("modality_gap"))
+
+
+def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = None) -> Path:
     """Training curves per epoch from ``log.jsonl``.
 
-    Panels: training loss (and the per-term / per-direction losses of ``train_terms``
+    Panels: training loss (and the per-term / per-direction losses of ``loss_terms``
     when logged); validation R@1 both ways with the selection metric (``val_rsum`` or
     ``val_<metric>``) and the best epoch; the temperature actually used (the
     ``scheduled`` value when a schedule ran, else ``temperature``) with the LR; and the
-    validation modality gap when ``val_modality_gap`` is logged (TS++ Fig. 5.6).
+    validation modality gap when ``modality_gap`` is logged (TS++ Fig. 5.6).
+    ``per_step``: ``(steps, values, steps_per_epoch)`` of a schedule, drawn as a line so
+    that a schedule faster than an epoch is not aliased by the end-of-epoch samples.
     """
     plt = _plt()
     ep = [r["epoch"] for r in log]
-    gap = [_num(r.get("val_modality_gap")) for r in log]
+    gap = [_gap(r) for r in log]
     has_gap = any(g is not None for g in gap)
     n = 4 if has_gap else 3
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.8))
     ax = list(axes)
     ax[0].plot(ep, [r["train_loss"] for r in log], marker="o", color="k", label="total")
-    terms = sorted({k for r in log for k in (r.get("train_terms") or {})})
+    terms = sorted({k for r in log for k in _terms(r)} - {"loss"})
     for i, name in enumerate(terms):
-        ax[0].plot(ep, [_num((r.get("train_terms") or {}).get(name)) for r in log], marker=".",
+        ax[0].plot(ep, [_num(_terms(r).get(name)) for r in log], marker=".",
                    ls="--", color=f"C{i}", label=name)
     ax[0].set(title="training loss", xlabel="epoch")
     if terms:
@@ -107,7 +119,11 @@ def plot_curves(log: list[dict], path: str | Path) -> Path:
     sched = [_num(r.get("scheduled")) for r in log]
     used = [s if s is not None else _num(r.get("temperature")) for s, r in zip(sched, log)]
     what = "scheduled value" if any(s is not None for s in sched) else "temperature"
-    ax[2].plot(ep, used, marker="s", color="C1", label=f"{what} (used)")
+    if per_step is not None:
+        steps, values, spe = per_step
+        ax[2].plot((np.asarray(steps) + 1) / spe, values, color="C1", lw=1, alpha=0.6, label=f"{what} per step")
+    ax[2].plot(ep, used, marker="s", ls="none" if per_step is not None else "-", color="C1",
+               label=f"{what} (end of epoch)")
     ax[2].set(title="temperature used / learning rate", xlabel="epoch", ylabel=what)
     tw = ax[2].twinx()
     h2 = tw.plot(ep, [r["lr"] for r in log], marker=".", color="C7", ls="--", label="LR (end of epoch)")
@@ -252,7 +268,6 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
 
     run_dir = Path(run_dir)
     log = read_log(run_dir)
-    written = [plot_curves(log, run_dir / "curves.png")]
     cfg = load_config(run_dir / "config.yaml")
     model = load_model(run_dir)
     splits = splits or load_splits(cfg)
@@ -260,11 +275,15 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=splits["train"].video.shape[-1],
                                                       text_dim=splits["train"].text.shape[-1]),
                            splits["train"], steps_per_epoch)
+    written = []
     if plan.active:
         steps = np.arange(0, log[-1]["step"])
         values = np.array([plan.mean_value(int(s)) for s in steps])
+        written.append(plot_curves(log, run_dir / "curves.png", per_step=(steps, values, steps_per_epoch)))
         written.append(plot_schedule(steps, values, run_dir / "schedule.png", label=plan.keyword,
                                      class_counts=plan.class_counts, class_values=plan.class_values))
+    else:
+        written.append(plot_curves(log, run_dir / "curves.png"))
     a = mass_analysis(model, splits["val"])
     title = f"text->video on val, tau={model.temperature:.3f}"
     written.append(plot_retrieval_mass(a["masses"], a["expected"], run_dir / "retrieval_mass.png", title=title))
