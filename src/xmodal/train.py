@@ -43,6 +43,7 @@ from xmodal.config import Config, save_config, to_dict
 from xmodal.data import inputs as video_inputs
 from xmodal.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noqa: F401  (former home)
                              retrieval_metrics, score)
+from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
 from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, load_checkpoint,
                          prepare_run_dir, remove_stale_temporaries)
@@ -305,8 +306,6 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                          best_loss={k: v.detach().clone().cpu() for k, v in loss_fn.state_dict().items()})
         else:
             state["bad_epochs"] += 1
-        from xmodal.metrics import modality_gap
-
         record = {"epoch": epoch + 1, "step": state["step"], "train_loss": train_loss, "lr": lr,
                   "temperature": loss_temperature(cfg, loss_fn), "val": val, f"val_{tc.metric}": current,
                   "best_epoch": state["best_epoch"] + 1, "epoch_time": time.perf_counter() - t0,
