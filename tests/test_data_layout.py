@@ -10,6 +10,7 @@ import torch
 import xmodal.data.importer
 import xmodal.data.layout
 import xmodal.data.types
+import xmodal.models.towers
 from xmodal.config import from_dict, load_config
 from xmodal.data import PairedSplit, inspect_split, layout, load_paired_split
 from xmodal.models import load_model
@@ -38,7 +39,7 @@ def _write(root, split="train", n=12, k=2, f=5, d=6, dt=4, seed=0, experts=False
 
 
 def test_doctests_of_the_data_modules():
-    for mod in (xmodal.data.layout, xmodal.data.types, xmodal.data.importer, xmodal.models):
+    for mod in (xmodal.data.layout, xmodal.data.types, xmodal.data.importer, xmodal.models.towers):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
 

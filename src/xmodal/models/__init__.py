@@ -1,0 +1,35 @@
+"""Two-tower heads over pre-extracted features, and checkpoint loading.
+
+A :class:`TwoTower` maps frozen video/image features ``[N, Dv]`` (or ``[N, F, Dv]``
+with a frame axis) and text features ``[N, Dt]`` into a joint ``D``-dimensional
+space where retrieval is a dot product of L2-normalised embeddings.
+
+Towers (``kind``):
+    - ``linear``: one linear map (the frozen-expert baseline of CrossCLR / TS++).
+    - ``mlp``: ``depth`` hidden layers of ``width`` units, GELU, dropout, then linear.
+    - ``meanp``: CLIP4Clip "meanP": mean over the frame axis, then a linear map.
+    - ``transformer``: Cali-NCE style temporal pooling, a small transformer encoder
+      (2 layers, 512 hidden, 8 heads) over frames with a learned position
+      embedding, mean-pooled, then a linear map.
+Features without a frame axis pass through ``meanp``/``transformer`` as one frame;
+features with a frame axis given to ``linear``/``mlp`` are mean-pooled first.
+
+Input standardisation (per-feature mean/std measured on the training split) is a
+buffer of each tower, so it is saved and restored with the weights.
+
+Layout of this package:
+    - :mod:`~xmodal.models.towers`: ``TOWER_KINDS``, ``TowerSpec``, ``Standardize``, ``masked_mean``, ``Tower``
+    - :mod:`~xmodal.models.fusion`: ``FUSIONS``, ``ExpertFusion`` (several video experts)
+    - :mod:`~xmodal.models.two_tower`: ``TwoTower``, ``build_model``
+    - :mod:`~xmodal.models.io`: ``CHECKPOINT_NAMES``, ``model_payload``, ``model_from_payload``, ``load_model``
+"""
+
+from xmodal.models.fusion import FUSIONS, ExpertFusion
+from xmodal.models.io import CHECKPOINT_NAMES, load_model, model_from_payload, model_payload
+from xmodal.models.towers import TOWER_KINDS, Standardize, Tower, TowerSpec, masked_mean
+from xmodal.models.two_tower import MAIN_EXPERT, TwoTower, build_model, parameter_count
+from xmodal.runs import atomic_save, load_checkpoint  # noqa: F401  (former home)
+
+__all__ = ["CHECKPOINT_NAMES", "FUSIONS", "MAIN_EXPERT", "TOWER_KINDS", "ExpertFusion", "Standardize", "Tower",
+           "TowerSpec", "TwoTower", "build_model", "load_model", "masked_mean", "model_from_payload",
+           "model_payload", "parameter_count"]

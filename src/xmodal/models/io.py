@@ -1,0 +1,62 @@
+"""Checkpoint I/O: what a checkpoint stores about a model, and weights-only loading."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from xmodal.models.two_tower import TwoTower
+from xmodal.runs import load_checkpoint
+from xmodal.testtime import TestTime
+
+CHECKPOINT_NAMES = ("model.pt", "checkpoint.pt")
+
+
+def model_payload(model: TwoTower) -> dict:
+    """What a checkpoint stores about the model (plain tensors and dicts)."""
+    return {"architecture": model.architecture(), "state_dict": model.state_dict(),
+            "test_time": model.test_time.state_dict()}
+
+
+def model_from_payload(payload: dict) -> TwoTower:
+    arch = payload["architecture"]
+    model = TwoTower.from_architecture(arch)  # h-data: also rebuilds several experts + fusion head
+    model.load_state_dict(payload["state_dict"])
+    model.test_time = TestTime.from_state_dict(payload.get("test_time"))
+    model.eval()
+    return model
+
+
+def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> TwoTower:
+    """Load a model written by ``xmodal train``.
+
+    Args:
+        path: a run directory (its ``model.pt``, the selected best model, or else its
+            last ``checkpoint.pt``) or a checkpoint file.
+
+    Returns:
+        A :class:`TwoTower` in eval mode with ``temperature`` and ``test_time`` set.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: the file is corrupt, truncated, not an xmodal checkpoint, or holds
+            Python objects that could run code (refused: loading is weights-only).
+    """
+    p = Path(path)
+    if p.is_dir():
+        for name in CHECKPOINT_NAMES:
+            if (p / name).is_file():
+                p = p / name
+                break
+        else:
+            raise FileNotFoundError(f"path: no {' or '.join(CHECKPOINT_NAMES)} in {path}")
+    elif not p.is_file():
+        raise FileNotFoundError(f"path: {path} does not exist")
+    payload = load_checkpoint(p, map_location=map_location)
+    try:
+        return model_from_payload(payload["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"path: {p} is not a loadable xmodal model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None

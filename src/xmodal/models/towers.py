@@ -1,0 +1,140 @@
+"""Towers: one modality's head over pre-extracted features (standardise -> pool frames -> project).
+
+Tower kinds (``TOWER_KINDS``): ``linear``, ``mlp``, ``meanp`` (CLIP4Clip meanP), ``transformer``
+(Cali-NCE style temporal pooling). See :mod:`xmodal.models` for the overview.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from xmodal._validate import choice
+
+TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
+
+
+@dataclass(frozen=True)
+class TowerSpec:
+    """Architecture of one tower (plain values, stored in checkpoints)."""
+
+    kind: str = "linear"
+    in_dim: int = 0
+    out_dim: int = 256
+    width: int = 1024
+    depth: int = 1
+    dropout: float = 0.0
+    layers: int = 2
+    heads: int = 8
+    hidden: int = 512
+    max_frames: int = 64
+
+
+class Standardize(nn.Module):
+    """``(x - mean) / std`` with statistics kept as buffers (saved with the model)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+
+    @torch.no_grad()
+    def fit(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> "Standardize":
+        """Set statistics from training features ``[N, D]`` or ``[N, F, D]``: all rows and
+        frames, or only those where ``mask`` (``[N]`` or ``[N, F]``) is True, so padded
+        frames and missing experts never enter the statistics."""
+        flat = features if mask is None else features[mask.to(torch.bool)]
+        flat = flat.reshape(-1, features.shape[-1]).to(torch.float64)
+        if flat.shape[0] == 0:
+            raise ValueError("features: no real rows or frames to measure the standardisation on")
+        self.mean.copy_(flat.mean(0).to(self.mean.dtype))
+        self.std.copy_(flat.std(0, unbiased=False).clamp_min(1e-6).to(self.std.dtype))
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the frame axis of the real frames (CLIP4Clip meanP with padding).
+
+    Padded values are replaced (``masked_fill``), never multiplied by zero, so NaN or
+    huge values in padded frames cannot leak in. A row without real frames gives 0.
+
+    Shape:
+        - x: ``[N, F, D]``; mask: ``[N, F]`` bool, True = real frame
+        - output: ``[N, D]``
+
+    >>> x = torch.tensor([[[1.0], [3.0], [1e30]]])
+    >>> masked_mean(x, torch.tensor([[True, True, False]]))
+    tensor([[2.]])
+    """
+    if mask is None:
+        return x.mean(1)
+    total = x.masked_fill(~mask[..., None], 0.0).sum(1)
+    return total / mask.sum(1, keepdim=True).clamp_min(1).to(x.dtype)
+
+
+class Tower(nn.Module):
+    """One modality's head: standardise -> (pool frames) -> project.
+
+    ``mask`` (bool ``[N, F]``, True = real frame) makes padded frames invisible:
+    they are zeroed before anything else, excluded from the meanP average and from
+    the transformer's attention (``src_key_padding_mask``) and pooling.
+
+    Shape:
+        - input: ``[N, Din]`` or ``[N, F, Din]``; mask: ``[N, F]``
+        - output: ``[N, out_dim]`` (not normalised)
+    """
+
+    def __init__(self, spec: TowerSpec) -> None:
+        super().__init__()
+        choice(spec.kind, "model.kind", TOWER_KINDS)
+        if spec.in_dim <= 0 or spec.out_dim <= 0:
+            raise ValueError(f"model: in_dim and out_dim must be positive, got {spec.in_dim}, {spec.out_dim}")
+        self.spec = spec
+        self.standardize = Standardize(spec.in_dim)
+        self.drop = nn.Dropout(spec.dropout)
+        if spec.kind == "mlp":
+            layers: list[nn.Module] = []
+            d = spec.in_dim
+            for _ in range(spec.depth):
+                layers += [nn.Linear(d, spec.width), nn.GELU(), nn.Dropout(spec.dropout)]
+                d = spec.width
+            layers.append(nn.Linear(d, spec.out_dim))
+            self.net = nn.Sequential(*layers)
+        elif spec.kind == "transformer":
+            self.inp = nn.Linear(spec.in_dim, spec.hidden)
+            self.pos = nn.Parameter(torch.zeros(spec.max_frames, spec.hidden))
+            nn.init.normal_(self.pos, std=0.02)
+            layer = nn.TransformerEncoderLayer(spec.hidden, spec.heads, dim_feedforward=4 * spec.hidden,
+                                               dropout=spec.dropout, activation="gelu", batch_first=True,
+                                               norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, spec.layers, enable_nested_tensor=False)
+            self.net = nn.Linear(spec.hidden, spec.out_dim)
+        else:  # linear, meanp
+            self.net = nn.Linear(spec.in_dim, spec.out_dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if x.ndim == 2:
+            mask = None  # one vector per row: nothing to pad
+        elif mask is not None:
+            x = x.masked_fill(~mask[..., None], 0.0)
+            # A row with no real frame (an expert missing for that video; the fusion head
+            # discards its output) attends to its zeros, so no softmax is over -inf only.
+            mask = mask | ~mask.any(1, keepdim=True)
+        x = self.standardize(x)
+        if self.spec.kind == "transformer":
+            if x.ndim == 2:
+                x = x[:, None, :]
+            if x.shape[1] > self.spec.max_frames:
+                raise ValueError(f"features: {x.shape[1]} frames, the model supports at most "
+                                 f"{self.spec.max_frames}")
+            h = self.encoder(self.inp(self.drop(x)) + self.pos[: x.shape[1]],
+                             src_key_padding_mask=None if mask is None else ~mask)
+            return self.net(masked_mean(h, mask))
+        if x.ndim == 3:  # meanP (and frame-averaged input for linear/mlp)
+            x = masked_mean(x, mask)
+        return self.net(self.drop(x))
