@@ -137,7 +137,7 @@ def cell_config(cell: Cell, *, overrides: dict | None = None, epochs: int | None
 
 def run_cell(cell: Cell, root: Path, **kw: Any) -> dict | None:
     """Train (or reuse) one cell; returns its ``metrics.json`` summary."""
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     cfg = cell_config(cell, **kw)
     if cfg is None:
@@ -303,7 +303,7 @@ def run_queue_sweep(*, datasets: Iterable[str], sizes: Iterable[int], seeds: Ite
     from tqdm.auto import tqdm
 
     from xmodal.config import load_config
-    from xmodal.train import load_splits
+    from xmodal.training.loop import load_splits
 
     sizes = sorted({int(k) for k in sizes})
     if not sizes or sizes[0] < 1:

@@ -264,7 +264,7 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     """
     from xmodal.config import load_config
     from xmodal.models import load_model
-    from xmodal.train import TemperaturePlan, build_loss_from_config, load_splits
+    from xmodal.training.loop import TemperaturePlan, build_loss_from_config, load_splits
 
     run_dir = Path(run_dir)
     log = read_log(run_dir)

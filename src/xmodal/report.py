@@ -245,7 +245,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     from xmodal.models import load_model
     from xmodal.plots import (mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass, read_log,
                               t2v_similarity)
-    from xmodal.train import load_splits
+    from xmodal.training.loop import load_splits
 
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",

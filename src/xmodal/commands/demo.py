@@ -58,7 +58,7 @@ def demo_config(loss: str, *, seed: int, epochs: int, num_train: int, num_eval: 
 
 def run(args: argparse.Namespace) -> int:
     from xmodal.cli import progress_enabled
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     progress = progress_enabled(args)  # --threads is applied by xmodal.cli.main
 

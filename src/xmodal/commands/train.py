@@ -85,7 +85,7 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     from xmodal import dist
     from xmodal.config import load_config
-    from xmodal.train import init_distributed_from_env, train
+    from xmodal.training.loop import init_distributed_from_env, train
 
     args = _parse_rest(args)
     cfg = load_config(args.config, list(args.overrides) + list(args.set_))

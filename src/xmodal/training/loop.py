@@ -1,6 +1,6 @@
 """Training a two-tower head on pre-extracted features: the loop plus wiring.
 
-    data (:mod:`xmodal.sampling`) -> model -> loss (+ TS++ values, :mod:`xmodal.schedule_plan`)
+    data (:mod:`xmodal.training.sampling`) -> model -> loss (+ TS++ values, :mod:`xmodal.training.schedule_plan`)
     -> optimiser (cosine LR, warm-up, clipping) -> per-epoch validation, early stopping,
     atomic checkpoint (:mod:`xmodal.runs`) -> test-time normalisers fitted once and one
     selected on validation (:mod:`xmodal.testtime`) -> ``model.pt``
@@ -47,11 +47,11 @@ from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
 from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, load_checkpoint,
                          prepare_run_dir, remove_stale_temporaries)
-from xmodal.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
-from xmodal.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
+from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
+from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
                                   text_classes)
 from xmodal.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries
-from xmodal.trainparts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
+from xmodal.training.parts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
                                generator_states, init_distributed_from_env, load_module_state, loss_extras,
                                make_optimizer, resolve_device, set_generator_states)
 
