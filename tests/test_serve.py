@@ -207,7 +207,7 @@ def test_page_escapes_names_and_query_and_shows_normaliser_and_latency(client, g
     query = "<img src=x onerror=alert(1)> caption 1"
     html = client.get("/", params={"q": query, "k": 40}).text
     assert 'id="normalizer">sinkhorn</b> folded into the index' in html
-    assert 'id="latency">40 results in ' in html and " ms (text encoder " in html
+    assert 'id="latency">40 results in ' in html and " ms (text encoding " in html
     assert "<script>" not in html and "<img src=x" not in html
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;\\script&gt; &amp; &quot;q&quot;.png" in html
     assert "&lt;img src=x onerror=alert(1)&gt; caption 1" in html
@@ -379,7 +379,7 @@ def test_browser_types_query_and_reads_results(client, index_dir, gallery):
             items = page.locator("#results li.result")
             shown = [(int(items.nth(i).get_attribute("data-rank")), items.nth(i).locator(".name").inner_text(),
                       float(items.nth(i).get_attribute("data-score"))) for i in range(items.count())]
-            assert "ms (text encoder" in page.locator("#latency").inner_text()
+            assert "ms (text encoding" in page.locator("#latency").inner_text()
             assert page.input_value("#q") == "caption 12"
             loaded = page.eval_on_selector_all("#results img", "els => els.map(e => e.naturalWidth > 0)")
         finally:
@@ -388,3 +388,15 @@ def test_browser_types_query_and_reads_results(client, index_dir, gallery):
     assert [(r, n) for r, n, _ in shown] == [(r["rank"], r["name"]) for r in api]
     np.testing.assert_allclose([s for _, _, s in shown], [r["score"] for r in api], atol=1e-6)
     assert loaded and all(loaded)  # every thumbnail the page shows did load
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import xmodal.serve.app
+    import xmodal.serve.net
+    import xmodal.serve.thumbs
+
+    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.serve.thumbs):
+        res = doctest.testmod(mod)
+        assert res.attempted > 0 and res.failed == 0, mod.__name__

@@ -48,8 +48,12 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.k <= MAX_K:
         raise ValueError(f"--k: must be in [1, {MAX_K}], got {args.k}")
     index = SearchIndex(args.index)
-    app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k)
-    sock = bind_socket(args.host, args.port)
+    sock = bind_socket(args.host, args.port)  # a busy port fails before the encoder loads
+    try:
+        app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k)
+    except BaseException:
+        sock.close()
+        raise
     host, port = sock.getsockname()[:2]
     if not is_loopback(args.host):
         print(f"xmodal serve: warning: --host {args.host} is not a loopback address: anyone who can reach "

@@ -135,7 +135,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     limits = {"default_k": int(default_k), "max_k": int(max_k), "max_chars": int(max_query_chars)}
     info = {"items": searcher.num_items, "normalizer": searcher.index.meta.get("normalizer"),
             "text_encoder": searcher.text_encoder}
-    title = Path(searcher.index.path).resolve().name
+    title = "/".join(Path(searcher.index.path).resolve().parts[-2:])  # e.g. shapes/index
 
     def api_search(request):
         try:

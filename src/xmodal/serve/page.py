@@ -27,7 +27,7 @@ ol{list-style:none;padding:0;margin:0;display:grid;grid-template-columns:repeat(
 li{background:#fff;border:1px solid #dde1e8;border-radius:8px;overflow:hidden}
 .thumb{height:150px;background:#e8ebf0;display:flex;align-items:center;justify-content:center;color:#8a93a6}
 .thumb img{max-width:100%;max-height:150px}.meta{padding:8px 10px;font-size:13px}
-.rank{font-weight:700;margin-right:6px}.name{word-break:break-all}.score{color:#4b5468;float:right}
+.rank{font-weight:700;margin-right:6px}.name{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.score{color:#4b5468;float:right}
 """
 
 
@@ -63,7 +63,7 @@ def render_page(*, title: str, info: dict[str, Any], query: str = "", k: int = 1
     elif result is not None:
         lat = result["latency_ms"]
         parts.append(f"<p class=\"status\" id=\"latency\">{len(result['results'])} results in "
-                     f"{lat['total']:.1f} ms (text encoder {lat['encode']:.1f} ms, index search "
+                     f"{lat['total']:.1f} ms (text encoding {lat['encode']:.1f} ms, index search "
                      f"{lat['search']:.2f} ms) &middot; <a href=\"/api/search?"
                      f"{escape(urlencode({'q': query, 'k': k}))}\">JSON</a></p>")
         parts.append("<ol id=\"results\">")
@@ -74,7 +74,7 @@ def render_page(*, title: str, info: dict[str, Any], query: str = "", k: int = 1
             parts.append(f"<li class=\"result\" data-rank=\"{r['rank']}\" data-score=\"{r['score']:.6f}\">"
                          f"<div class=\"thumb\">{img}</div><div class=\"meta\"><span class=\"rank\">"
                          f"#{r['rank']}</span><span class=\"score\">{r['score']:.4f}</span>"
-                         f"<div class=\"name\">{escape(r['name'])}</div></div></li>")
+                         f"<div class=\"name\" title=\"{escape(r['name'])}\">{escape(r['name'])}</div></div></li>")
         parts.append("</ol>")
     parts.append("</main></body></html>")
     return "".join(parts)
