@@ -8,6 +8,7 @@ driving Debian's ``/usr/bin/chromium``; skipped with a message where it is missi
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -196,6 +197,7 @@ def test_request_limits_and_methods(client):
     assert client.get("/api/search?q=dog", headers={"content-length": "5"}).status_code == 413
     assert client.post("/api/search?q=dog").status_code == 405
     assert client.get("/api/search", params={"q": "a" * 9000}).status_code == 414
+    assert client.get("/api/search?q=dog", headers={"x-big": "a" * 17000}).status_code == 431
     assert client.get("/nothing").status_code == 404
 
 
@@ -227,7 +229,7 @@ def test_thumbnails_only_from_inside_images(client, split, gallery):
     for item in sorted(want):
         res = client.get(f"/thumb/{item}")
         assert res.status_code == 200 and res.headers["content-type"] == "image/jpeg"
-        pixels = np.asarray(Image.open(__import__("io").BytesIO(res.content)).convert("RGB"), np.float64)
+        pixels = np.asarray(Image.open(io.BytesIO(res.content)).convert("RGB"), np.float64)
         expect = color(0 if item == 7 else item)  # the inside symlink points at item 0's file
         np.testing.assert_allclose(pixels.reshape(-1, 3).mean(0), expect, atol=6)
     for item in (2, 3, 4, 6, 8, len(split.video), 10**30):
@@ -248,7 +250,7 @@ def test_video_thumbnail_from_middle_frame_when_xmodal_video_exists(index_dir, g
     client = TestClient(create_app(index_dir, images=gallery[0]))
     res = client.get("/thumb/6")
     assert res.status_code == 200 and calls == ["clip.mp4"]
-    pixels = np.asarray(Image.open(__import__("io").BytesIO(res.content)).convert("RGB"), np.float64)
+    pixels = np.asarray(Image.open(io.BytesIO(res.content)).convert("RGB"), np.float64)
     np.testing.assert_allclose(pixels.reshape(-1, 3).mean(0), (10, 200, 30), atol=6)
 
     def broken(path):
@@ -335,6 +337,12 @@ def test_real_socket_api_matches_app(client, index_dir, gallery):
             raise AssertionError("a request body was accepted")
         except urllib.error.HTTPError as err:
             assert err.code == 413
+        big = urllib.request.Request(live.url + "/api/search?q=dog", headers={"X-Big": "a" * 20000})
+        try:
+            urllib.request.urlopen(big, timeout=60)
+            raise AssertionError("a 20 KB header was accepted")
+        except urllib.error.HTTPError as err:
+            assert err.code == 431
         status, headers, body = http_get(live.url + "/thumb/0")
         assert status == 200 and headers["content-type"] == "image/jpeg" and body[:2] == b"\xff\xd8"
 
@@ -372,7 +380,7 @@ def test_browser_types_query_and_reads_results(client, index_dir, gallery):
             page = ctx.new_page()
             page.goto(live.url + "/")
             assert page.locator("#normalizer").inner_text() == "sinkhorn"
-            page.fill("#q", "caption 12")
+            page.locator("#q").press_sequentially("caption 12")
             page.fill("#k", "8")
             page.press("#q", "Enter")
             page.wait_for_selector("#results li")

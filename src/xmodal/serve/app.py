@@ -19,8 +19,10 @@ from typing import Any
 MAX_QUERY_CHARS = 500
 #: Largest ``k``.
 MAX_K = 100
-#: Longest request target (path + query string), in bytes; uvicorn caps the headers at 16 KiB.
+#: Longest request target (path + query string), in bytes.
 MAX_TARGET_BYTES = 8192
+#: Most header bytes per request (uvicorn's own cap applies only to headers arriving in pieces).
+MAX_HEADER_BYTES = 16 * 1024
 
 
 def _error(status: int, message: str):
@@ -30,15 +32,19 @@ def _error(status: int, message: str):
 
 
 class RequestLimits:
-    """ASGI middleware: no request bodies (413), no request target over ``max_target`` bytes (414)."""
+    """ASGI middleware: no request bodies (413), no request target over ``max_target`` bytes (414),
+    no headers over ``max_headers`` bytes (431)."""
 
-    def __init__(self, app, max_target: int = MAX_TARGET_BYTES) -> None:
-        self.app, self.max_target = app, int(max_target)
+    def __init__(self, app, max_target: int = MAX_TARGET_BYTES, max_headers: int = MAX_HEADER_BYTES) -> None:
+        self.app, self.max_target, self.max_headers = app, int(max_target), int(max_headers)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
             headers = dict(scope.get("headers") or [])
+            if sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or []) > self.max_headers:
+                await _error(431, f"request: headers longer than {self.max_headers} bytes")(scope, receive, send)
+                return
             if target > self.max_target:
                 await _error(414, f"request: URL longer than {self.max_target} bytes")(scope, receive, send)
                 return

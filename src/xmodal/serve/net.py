@@ -5,8 +5,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-#: Bytes of request line + headers uvicorn accepts before answering 431/400.
-MAX_HEADER_BYTES = 16 * 1024
+from xmodal.serve.app import MAX_HEADER_BYTES
 
 
 def is_loopback(host: str) -> bool:
