@@ -27,7 +27,8 @@ ol{list-style:none;padding:0;margin:0;display:grid;grid-template-columns:repeat(
 li{background:#fff;border:1px solid #dde1e8;border-radius:8px;overflow:hidden}
 .thumb{height:150px;background:#e8ebf0;display:flex;align-items:center;justify-content:center;color:#8a93a6}
 .thumb img{max-width:100%;max-height:150px}.meta{padding:8px 10px;font-size:13px}
-.rank{font-weight:700;margin-right:6px}.name{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}.score{color:#4b5468;float:right}
+.rank{font-weight:700;margin-right:6px}.score{color:#4b5468;float:right}
+.name{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 """
 
 
