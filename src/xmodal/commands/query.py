@@ -60,6 +60,22 @@ class SearchIndex:
         names = self.path / "names.txt"
         self.names = names.read_text(encoding="utf-8").splitlines() if names.is_file() else None
 
+    def encode_captions(self, captions: list[str], *, text_encoder: str | None = None,
+                        progress: bool = False) -> np.ndarray:
+        """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; MiniLM by default).
+
+        The one place that turns raw text into what :meth:`search` takes ('xmodal query
+        --captions' and 'xmodal serve' both come here). A missing encoder package is a
+        ValueError naming the encoder.
+        """
+        from xmodal import encoders
+
+        name = text_encoder or self.meta.get("text_encoder", "minilm")
+        try:
+            return encoders.encode_text(list(captions), model=name, progress=progress)
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"text encoder {name!r} is not installed ({exc})") from None
+
     def search(self, text_features, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``."""
         emb = self.model.encode_text(text_features).cpu().numpy().astype(np.float32)
@@ -76,13 +92,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--k: must be >= 1, got {args.k}")
     idx = SearchIndex(args.index)
     if args.captions is not None:
-        from xmodal import encoders
-
-        name = args.text_encoder or idx.meta.get("text_encoder", "minilm")
         try:
-            feats = encoders.encode_text(list(args.captions), model=name, progress=progress_enabled(args))
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"--captions: text encoder {name!r} is not installed ({exc})") from None
+            feats = idx.encode_captions(args.captions, text_encoder=args.text_encoder,
+                                        progress=progress_enabled(args))
+        except ValueError as exc:
+            if str(exc).startswith("text encoder"):
+                raise ValueError(f"--captions: {exc}") from None
+            raise
         labels = list(args.captions)
     else:
         feats = load_npy(args.text_features, "--text-features")
