@@ -32,14 +32,13 @@ from typing import Any, Callable
 import numpy as np
 
 from xmodal.data import layout
+from xmodal.data.check import frames_note, split_name_notes
 from xmodal.data.npyfile import load_array
 
 VIDEO_COLUMNS = ("video", "video_id", "image")
 TEXT_COLUMNS = ("caption", "text")
 #: the layout roles an import writes (canonical names; experts too): the files it owns in ``out``.
 IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "text_names")
-#: the split names of the default config (``data.train_split`` / ``val_split`` / ``test_split``).
-DEFAULT_SPLITS = ("train", "val", "test")
 _BAD_ID = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -329,19 +328,6 @@ def _publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def split_name_notes(names: list[str], configured: tuple[str, ...] = DEFAULT_SPLITS) -> list[str]:
-    """One note per split name that is not a configured one (``Train``, ``validation``)."""
-    notes = []
-    for name in names:
-        if name in configured:
-            continue
-        near = next((c for c in configured if c.lower() == name.lower()), None)
-        hint = f"differs from {near!r} only in case" if near else f"is not one of {', '.join(configured)}"
-        notes.append(f"split {name!r} {hint}: training reads data.train_split / val_split / test_split "
-                     f"(default {', '.join(DEFAULT_SPLITS)}); rename it or set those keys")
-    return notes
-
-
 def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: str | os.PathLike,
                  split: str = "train", text_features: str | os.PathLike | None = None,
                  encode: Callable[[list[str]], np.ndarray] | None = None,
@@ -368,8 +354,9 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             many frames (:func:`sample_frames`); None keeps every frame.
 
     Returns:
-        ``{split: {"videos", "texts", "max_frames", "longest": (video, frames),
-        "experts": {name: videos with it}, "notes": [...]}}``.
+        ``{split: {"videos", "texts", "max_frames", "frames_note": str or None,
+        "experts": {name: videos with it}, "notes": [...]}}`` (``notes``: split names the
+        default config does not read, videos in several splits; the same for every split).
     """
     if max_frames is not None and (isinstance(max_frames, bool) or int(max_frames) != max_frames
                                    or max_frames < 1):
@@ -448,11 +435,9 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
         p("video_names").write_text("".join(v + "\n" for v in videos), encoding="utf-8")
         p("text_names").write_text("video_index\tvideo\ttext\n" + "".join(
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
-        lengths = [len(a) for a in per_video]
-        longest = int(np.argmax(lengths))
         summary[name] = {"videos": len(videos), "texts": len(idx),
                          "max_frames": 1 if mask is None else int(mask.shape[1]),
-                         "longest": (videos[longest], lengths[longest]), "experts": {}}
+                         "frames_note": frames_note([len(a) for a in per_video], videos), "experts": {}}
         for expert, found in expert_files.items():
             feats, emask = pad_expert([None if found[v] is None else read_features(found[v], max_frames)
                                        for v in videos], expert, videos, [found[v] for v in videos])
