@@ -179,6 +179,10 @@ def test_huge_header_is_refused_before_allocation(tmp_path, capsys):
     assert main(["data", "check", str(tmp_path / "out")]) == 1
     out = capsys.readouterr().out
     assert "PROBLEM: " in out and "val_text_features.npy: its header declares" in out
+    # the commands that read .npy flags (eval, index, query) check headers the same way
+    forge(tmp_path / "sim.npy", (2 ** 30, 2 ** 30))
+    assert main(["eval", "--sim", str(tmp_path / "sim.npy"), "--text-to-video", str(tmp_path / "tf.npy")]) == 2
+    assert "--sim" in (err := _one_line(capsys)) and "header declares" in err
     # an .npz given to --text-features: one line
     np.savez(tmp_path / "tf.npz", a=np.ones((36, 4)))
     assert _import(tmp_path, tf="tf.npz", out="o3") == 2

@@ -39,7 +39,11 @@ def _write(root, split="train", n=12, k=2, f=5, d=6, dt=4, seed=0, experts=False
 
 
 def test_doctests_of_the_data_modules():
-    for mod in (xmodal.data.layout, xmodal.data.types, xmodal.data.importer, xmodal.models.towers):
+    import xmodal.data.check
+    import xmodal.data.inputs
+
+    for mod in (xmodal.data.layout, xmodal.data.types, xmodal.data.importer, xmodal.models.towers,
+                xmodal.data.check, xmodal.data.inputs):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
 

@@ -45,7 +45,7 @@ def frames_note(lengths: Any, names: list[str] | None = None) -> str | None:
     the frames of the next longest and padding fills over half of the frame array.
 
     >>> frames_note([1000, 40, 30, 20], ["long", "a", "b", "c"])[:52]
-    "the longest video ('long', 1000 frames) is 25x the n"
+    "the longest video ('long', 1000 frames, row 0) is 25"
     """
     lengths = np.asarray(lengths, dtype=np.int64).ravel()
     if lengths.size < 2:

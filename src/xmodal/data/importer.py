@@ -62,7 +62,7 @@ def check_video_id(video: str, where: str) -> str:
     """
     parts = video.replace("\\", "/").split("/")
     if (_BAD_ID.search(video) or video.startswith(("/", "\\")) or os.path.isabs(video) or ".." in parts
-            or re.match(r"^[A-Za-z]:", video)):
+            or re.match(r"^[A-Za-z]:[\\/]", video)):
         raise ValueError(f"{where}: video id {video!r} is not a file name inside --features "
                          f"(no absolute path, '..' or control character)")
     return video
