@@ -166,20 +166,40 @@ def test_query_captions_through_registered_encoder(run_dir, feats, tmp_path, cap
         encoders.ENCODERS.pop("test-lookup", None)
 
 
-@pytest.mark.parametrize("name", ["selected", "none", "dn", "qbnorm"])
-def test_eval_run_matches_similarity_then_text_video(run_dir, feats, capsys, name):
+def reference_v2t_scores(model, text_features, video_features, name):
+    """[V, T] video -> text scores of the run's normaliser ``name`` fitted for that direction
+    (independent float64 code; the transpose of the t2v scores for none / dn)."""
+    if name in ("none", "dn"):
+        return reference_scores(model, text_features, video_features, name).T
+    tt = model.test_time
+    x = model.encode_text(text_features).double()
+    y = model.encode_video(video_features).double()
+    bank = tt.banks["ncl" if name == "ncl" else "train"][1]
+    bias = SinkhornBias(tt.temperature, iters=tt.hparams["iters"]).fit(bank.double(), x).bias
+    return (y @ x.T + bias[None, :]).numpy()
+
+
+@pytest.mark.parametrize("name", ["selected", "none", "dn", "sinkhorn", "ncl", "qbnorm"])
+@pytest.mark.parametrize("v2t_scores", ["normalized", "transpose"])
+def test_eval_run_matches_similarity_then_text_video(run_dir, feats, capsys, name, v2t_scores):
+    """Default: each direction scored by the normaliser fitted for it (the trainer's metrics.json);
+    ``--v2t-scores transpose``: v2t ranks the t2v scores transposed (metrics.text_video of them)."""
     paths, split = feats
     assert main(["eval", "--run", str(run_dir), "--video-features", paths["video"], "--text-features",
-                 paths["text"], "--text-to-video", paths["t2v"], "--normalizer", name, "--json"]) == 0
+                 paths["text"], "--text-to-video", paths["t2v"], "--normalizer", name, "--json",
+                 "--v2t-scores", v2t_scores]) == 0
     out = json.loads(capsys.readouterr().out)
     model = xmodal.load_model(run_dir)
     resolved = model.test_time.selected if name == "selected" else name
-    if resolved == "qbnorm":
-        from xmodal.commands._runs import run_similarity
-        sim = run_similarity(model, split.text, split.video, "qbnorm")
+    if resolved == "qbnorm":  # QB-Norm: the library's scores (tests/test_testtime.py checks them)
+        sim = model.similarity(split.text, split.video, "qbnorm").double().numpy()
+        sim_v2t = model.similarity(split.text, split.video, "qbnorm", direction="v2t").double().numpy()
     else:
         sim = reference_scores(model, split.text, split.video, resolved)
+        sim_v2t = reference_v2t_scores(model, split.text, split.video, resolved)
     want = text_video(sim, split.text_to_video)
+    if v2t_scores == "normalized":
+        want["v2t"] = text_video(np.ascontiguousarray(sim_v2t.T), split.text_to_video)["v2t"]
     assert out["t2v"] == pytest.approx(want["t2v"], abs=1e-6)
     assert out["v2t"] == pytest.approx(want["v2t"], abs=1e-6)
     assert out["info"]["texts"] == 150 and out["info"]["videos"] == 50

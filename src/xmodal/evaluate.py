@@ -25,10 +25,14 @@ def embed_split(model, split, batch_size: int = 8192) -> tuple[torch.Tensor, tor
 
 
 def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray,
-                      relevancy: np.ndarray | None = None) -> dict:
-    """``{"t2v": {...}, "v2t": {...}}`` as ``xmodal.metrics.text_video`` (v2t: all-captions
-    protocol), where each direction may come from its own (normalised) similarity matrix
-    ``[M, N]`` / ``[N, M]`` (``sim_v2t=None``: the transpose of ``sim_t2v``).
+                      relevancy: np.ndarray | None = None, *, ks=(1, 5, 10, 50), ties: str = "pessimistic",
+                      v2t: str = "all-captions", block_size: int | None = None) -> dict:
+    """``{"t2v": {...}, "v2t": {...}}`` as ``xmodal.metrics.text_video``, where each direction
+    may come from its own (normalised) similarity matrix ``[M, N]`` / ``[N, M]``
+    (``sim_v2t=None``: the transpose of ``sim_t2v``). This is the protocol of the trainer's
+    ``metrics.json`` and of ``xmodal eval --run`` (the defaults are the trainer's); ``ks``,
+    ``ties``, ``v2t`` (``all-captions`` or ``max-over-captions``) and ``block_size`` as in
+    :func:`xmodal.metrics.text_video`.
 
     With ``relevancy`` ``[M, N]`` (texts x videos, e.g. ``split.mir_relevancy()``) each
     direction also gets ``"mAP"`` and ``"nDCG"`` (EPIC-100 MIR, :func:`xmodal.metrics.mir`;
@@ -41,17 +45,23 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
     """
     from xmodal.metrics import mir, retrieval, text_video
 
+    opts = {"ks": ks, "ties": ties, "block_size": block_size}
     if sim_v2t is None:
-        out = text_video(sim_t2v, text_to_video)
-    else:
+        out = text_video(sim_t2v, text_to_video, v2t=v2t, **opts)
+    elif v2t == "all-captions":
         t2v = torch.as_tensor(text_to_video)
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
-        out = {"t2v": retrieval(sim_t2v, t2v), "v2t": retrieval(sim_v2t, own)}
+        out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
+    else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
+        out = {"t2v": retrieval(sim_t2v, torch.as_tensor(text_to_video), **opts),
+               "v2t": text_video(sim_v2t.T, text_to_video, v2t=v2t, **opts)["v2t"]}
     if relevancy is not None:
+        if ties not in ("pessimistic", "optimistic"):
+            raise ValueError(f"ties: mAP / nDCG support pessimistic or optimistic, got {ties!r}")
         rel = torch.as_tensor(np.asarray(relevancy, dtype=np.float32))
-        v2t = sim_t2v.T if sim_v2t is None else sim_v2t
-        for direction, sim, r in (("t2v", sim_t2v, rel), ("v2t", v2t, rel.T)):
-            out[direction].update(mir(sim, r.contiguous().to(sim.device)))
+        v2t_sim = sim_t2v.T if sim_v2t is None else sim_v2t
+        for direction, sim, r in (("t2v", sim_t2v, rel), ("v2t", v2t_sim, rel.T)):
+            out[direction].update(mir(sim, r.contiguous().to(sim.device), ties=ties))
     return out
 
 

@@ -3,27 +3,42 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-import numpy as np
 
 NAME = "data"
 HELP = "import a table of (video, caption) pairs into the data layout, or check a data directory"
 DESCRIPTION = """Your own data in the layout xmodal train reads (README.md, "Your data"):
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
-                     [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...]
-  xmodal data check mydata [--split train ...]
+                     [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...] [--max-frames N]
+  xmodal data check mydata [--split train ...] [--config CONFIG]
 
-import: pairs.csv (header: video_id,caption[,split]) or pairs.jsonl; per-video features
-feats/<video_id>.npy or .npz ([D] or [F, D], any number of frames: padded + mask), or a
-glob ('feats/*.npy'); captions encoded with MiniLM unless --text-features gives a .npy
-with one row per pair.
-check: lists every problem at once (missing files, shapes, dtypes, NaN, ids out of range,
-videos without captions) and a summary per split; exit code 1 if there are problems."""
+import: pairs.csv (header: video_id,caption[,split]; UTF-8 with or without BOM, ',' or ';')
+or pairs.jsonl; per-video features feats/<video_id>.npy or .npz ([D] or [F, D], any number
+of frames: padded + mask; --max-frames N samples longer videos uniformly), or a glob
+('feats/*.npy'); captions encoded with MiniLM unless --text-features gives a .npy with one
+row per pair. Built in a temporary folder and renamed to --out at the end: a failure leaves
+nothing, a re-import replaces every file of the previous one; an --out holding other files
+is refused.
+check: lists every problem at once, naming file, row and video (missing files, shapes,
+dtypes, NaN, ids out of range, videos without captions, padding without a mask, relevancy
+outside [0, 1], feature sizes or experts that differ between splits, videos in two splits,
+split names the config does not read) and a summary per split; exit code 1 if there are
+problems."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from xmodal.cli import add_common_args
+
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     imp = sub.add_parser("import", help="pairs table + per-video feature files -> data layout")
     imp.add_argument("pairs", help=".csv (header row) or .jsonl of (video_id, caption[, split])")
@@ -36,61 +51,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--expert", action="append", default=[], metavar="NAME=DIR_OR_GLOB",
                      help="a further expert's per-video files (repeatable) -> {split}_video_features.NAME.npy; "
                           "videos without a file are masked in {split}_video_mask.NAME.npy")
+    imp.add_argument("--max-frames", type=_positive, default=None, metavar="N",
+                     help="sample longer videos uniformly to N frames (the middle frame of N equal "
+                          "segments; experts too), so one long video does not pad the whole split")
+    add_common_args(imp, threads=None, progress=False)
     chk = sub.add_parser("check", help="list every problem of a data directory and summarise it")
     chk.add_argument("root", help="data directory")
     chk.add_argument("--split", action="append", default=None, help="split(s) to check (default: all found)")
-
-
-def _stats(values: np.ndarray) -> str:
-    if values.size == 0:
-        return "-"
-    return f"min {values.min()}, median {float(np.median(values)):g}, max {values.max()}"
+    chk.add_argument("--config", default=None, metavar="YAML",
+                     help="the training config: its data.train_split / val_split / test_split are the "
+                          "split names expected (default train, val, test)")
+    add_common_args(chk, threads=None, progress=False)
 
 
 def summarize(arrays: dict) -> list[str]:
-    """Counts, frames per video and captions per video of one inspected split."""
-    from xmodal.data.types import present_rows
+    """Former home of :func:`xmodal.data.check.summarize`."""
+    from xmodal.data.check import summarize as _summarize
 
-    video, text, t2v = arrays.get("video"), arrays.get("text"), arrays.get("text_to_video")
-    lines = []
-    if isinstance(video, np.ndarray) and video.ndim in (2, 3):
-        n = video.shape[0]
-        mask = arrays.get("video_mask")
-        if video.ndim == 2:
-            frames = "1 (no frame axis)"
-        elif isinstance(mask, np.ndarray) and mask.shape == video.shape[:2]:
-            frames = _stats(mask.sum(1)) + f" (padded to {video.shape[1]})"
-        else:
-            frames = f"{video.shape[1]} (no mask)"
-        lines.append(f"videos {n}, feature dim {video.shape[-1]}, frames per video: {frames}")
-        for name, feats in arrays.get("experts", {}).items():
-            m = arrays.get("expert_masks", {}).get(name)
-            ok = isinstance(m, np.ndarray) and m.shape in (feats.shape[:1], feats.shape[:2]) and m.dtype == bool
-            here = int(present_rows(m, feats.shape[0]).sum()) if ok or m is None else "?"
-            lines.append(f"expert {name}: shape {list(feats.shape)}, present for {here} of {feats.shape[0]} videos")
-        if isinstance(t2v, np.ndarray) and t2v.ndim == 1 and np.issubdtype(t2v.dtype, np.integer) and (
-                t2v.size == 0 or (t2v.min() >= 0 and t2v.max() < n)):
-            lines.append(f"captions per video: {_stats(np.bincount(t2v, minlength=n))}")
-    if isinstance(text, np.ndarray) and text.ndim == 2:
-        lines.append(f"texts {text.shape[0]}, feature dim {text.shape[1]}")
-    return lines
+    return _summarize(arrays)
+
+
+def _configured(path: str | None) -> tuple[str, ...] | None:
+    if path is None:
+        return None
+    from xmodal.config import load_config
+
+    try:
+        cfg = load_config(path)
+    except (ValueError, TypeError, OSError) as exc:
+        raise ValueError(f"--config: {exc}") from None
+    d = cfg.data
+    return tuple(s for s in (d.train_split, d.val_split, d.test_split) if s)
 
 
 def check(root: str, splits: list[str] | None = None) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """``({split: problems}, {split: summary lines})`` for every split of ``root``."""
-    from xmodal.data import layout
-    from xmodal.data.loaders import inspect_split
+    """``({split: problems}, {split: summary lines})`` for every split of ``root``
+    (cross-split problems: :func:`xmodal.data.check.check_directory`)."""
+    from xmodal.data.check import check_directory
 
-    if not Path(root).is_dir():
-        raise ValueError(f"root: data directory {root} not found")
-    splits = splits or layout.splits_in(root)
-    if not splits:
-        raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see the README section 'Your data')")
-    problems, summaries = {}, {}
-    for split in splits:
-        arrays, problems[split] = inspect_split(root, split, uncaptioned=True)
-        summaries[split] = summarize(arrays)
-    return problems, summaries
+    res = check_directory(root, splits)
+    return res["problems"], res["summaries"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,21 +108,37 @@ def run(args: argparse.Namespace) -> int:
                     raise ValueError(f"--text-model: {exc}") from None
         experts = parse_experts(args.expert)
         summary = import_pairs(args.pairs, features=args.features, out=args.out, split=args.split,
-                               text_features=args.text_features, encode=encode, experts=experts)
+                               text_features=args.text_features, encode=encode, experts=experts,
+                               max_frames=args.max_frames)
+        notes = []
         for split, s in summary.items():
             print(f"{split}: {s['videos']} videos, {s['texts']} texts, up to {s['max_frames']} frames per video")
             for expert, n in s["experts"].items():
                 print(f"  expert {expert}: {n} of {s['videos']} videos")
+            if s.get("frames_note"):
+                print(f"  note: {s['frames_note']}")
+            notes = s.get("notes", [])
+        for note in notes:
+            print(f"note: {note}")
         print(f"wrote {args.out} (check it with: xmodal data check {args.out})")
         return 0
-    problems, summaries = check(args.root, args.split)
+    from xmodal.data.check import check_directory
+
+    res = check_directory(args.root, args.split, _configured(args.config))
     total = 0
-    for split in summaries:
+    for split, lines in res["summaries"].items():
         print(f"[{split}]")
-        for line in summaries[split]:
+        for line in lines:
             print(f"  {line}")
-        for p in problems[split]:
+        for p in res["problems"][split]:
             print(f"  PROBLEM: {p}")
-        total += len(problems[split])
+        total += len(res["problems"][split])
+    if res["across"]:
+        print("[across splits]")
+        for p in res["across"]:
+            print(f"  PROBLEM: {p}")
+        total += len(res["across"])
+    for note in res["notes"]:
+        print(f"note: {note}")
     print(f"{total} problem(s)" if total else "ok: no problems")
     return 1 if total else 0

@@ -16,10 +16,12 @@ DESCRIPTION = """Evaluate retrieval exactly (ties handled by --ties; no full sor
 galleries are streamed block by block from the embeddings, never materialising the
 score matrix). Inputs are .npy files:
 
-  a trained run on raw features (its heads -> cosine -> its stored test-time normaliser):
-    xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
-                [--video-mask MASK.npy] [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...]
+  a trained run on raw features (its heads -> cosine -> its stored test-time normaliser;
+  the numbers of the run's metrics.json for the same split):
     xmodal eval --run RUN --data DIR [--split test]     (the data layout; masks and experts)
+    xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
+                [--video-mask MASK.npy] [--expert NAME=NPY [--expert-mask NAME=NPY]] [--no-mask]
+                [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...] [--v2t-scores transpose]
   embeddings, one correct item per query (int [Q]) or several (bool [Q, G]):
     xmodal eval --queries q.npy --gallery g.npy --positives p.npy [--bias b.npy]
   text <-> video with several captions per video (int caption -> video map):
@@ -43,14 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train'")
     r.add_argument("--video-features", metavar="NPY", help="raw video/image features [V, Dv] or [V, F, Dv]")
     r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt]")
-    r.add_argument("--video-mask", metavar="NPY", help="bool [V, F] frame mask of --video-features "
-                   "(True = real frame; padded frames never change an embedding)")
-    r.add_argument("--data", metavar="DIR", help="instead of the three feature files: a data directory in "
-                   "the layout of the README's 'Your data' (frame masks and several experts included)")
-    r.add_argument("--split", default="test", help="split of --data to evaluate (default test)")
+    from xmodal.commands import _video_inputs
+
+    _video_inputs.add_arguments(parser, group=r)
     r.add_argument("--normalizer", default="selected", metavar="NAME",
                    help="test-time normaliser of the run: selected (default, chosen on val), none, "
                         "or any fitted name (dn, sinkhorn, ncl, qbnorm, is, dsl)")
+    r.add_argument("--v2t-scores", default="normalized", choices=("normalized", "transpose"),
+                   help="video -> text scores: normalized (default: the normaliser fitted for that "
+                        "direction, exactly the trainer's metrics.json) or transpose (the t2v scores "
+                        "transposed; equal for none and dn)")
     g = parser.add_argument_group("embeddings")
     g.add_argument("--queries", metavar="NPY", help="query embeddings [Q, D]")
     g.add_argument("--gallery", metavar="NPY", help="gallery embeddings [G, D]")
@@ -81,19 +85,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_npy(path: str | None, flag: str) -> np.ndarray:
+    """A ``.npy`` given by ``flag``; the header is checked before any allocation
+    (:func:`xmodal.data.npyfile.load_array`); an ``.npz`` or a corrupt file is one line naming both."""
+    from xmodal.data.npyfile import load_array
+
     if path is None:
         raise ValueError(f"{flag}: required")
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{flag}: no such file: {path}")
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except Exception as exc:  # numpy raises ValueError/OSError/EOFError for broken files
-        why = "no valid .npy header" if "pickle" in str(exc) else str(exc)
-        raise ValueError(f"{flag}: {path} is not a readable .npy array ({why})") from None
-    if not isinstance(arr, np.ndarray):
-        raise ValueError(f"{flag}: {path} holds several arrays (.npz); give a single .npy")
-    return arr
+    return load_array(p, f"{flag}: {path}")
 
 
 def _l2(x: np.ndarray) -> np.ndarray:
@@ -139,32 +140,16 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
         if args.l2:
             raise ValueError("--l2: applies to embeddings, not to --sim or --run (a run's scores "
                              "are cosine similarities already)")
+    run_only = [f for f, v in (("--video-mask", args.video_mask), ("--expert", args.expert),
+                               ("--expert-mask", args.expert_mask), ("--no-mask", args.no_mask)) if v]
+    if run_only and args.run is None:
+        raise ValueError(f"{run_only[0]}: only with --run")
+    if args.v2t_scores != "normalized" and mode not in ("run", "run-data"):
+        raise ValueError("--v2t-scores: only with --run")
     if mode == "labels":
         return _evaluate_labels(args, ks)
     if mode in ("run", "run-data"):
-        from xmodal.commands._runs import load_run, run_similarity
-        from xmodal.index import selected_normalizer
-
-        model = load_run(args.run)
-        name = selected_normalizer(model, args.normalizer)
-        if mode == "run-data":
-            if args.text_to_video or args.video_mask:
-                raise ValueError("--data: the directory holds the text -> video map and masks; "
-                                 "drop --text-to-video / --video-mask")
-            from xmodal.data import load_paired_split
-
-            split = load_paired_split(args.data, args.split)
-            tf, (vf, vmask), t2v = split.text, split.video_input(), split.text_to_video
-        else:
-            tf = load_npy(args.text_features, "--text-features")
-            vf = load_npy(args.video_features, "--video-features")
-            t2v = load_npy(args.text_to_video, "--text-to-video")
-            vmask = load_npy(args.video_mask, "--video-mask") if args.video_mask else None
-        sim = run_similarity(model, tf, vf, normalizer=args.normalizer, video_mask=vmask)
-        res = metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t, block_size=args.block_size)
-        return res, "retrieval", {"texts": sim.shape[0], "videos": sim.shape[1], "v2t": args.v2t,
-                                  "scores": f"run {args.run}: heads -> cosine -> normaliser {name} (t2v scores; "
-                                            "v2t ranks their transpose, as metrics.text_video)"}
+        return _evaluate_run(args, mode, ks)
     if mode == "embeddings":
         q, g = load_npy(args.queries, "--queries"), load_npy(args.gallery, "--gallery")
         if args.l2:
@@ -204,6 +189,47 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
     return res, "retrieval", {"queries": shape[0], "gallery": shape[1], "scores": "precomputed (--sim)"}
 
 
+def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> tuple[dict, str, dict]:
+    """A run on raw features, by the trainer's protocol (:func:`xmodal.evaluate.retrieval_metrics`):
+    each direction scored by the normaliser fitted for it, mAP / nDCG where the split has a relevancy."""
+    from xmodal.commands import _video_inputs
+    from xmodal.commands._runs import load_run
+    from xmodal.evaluate import retrieval_metrics
+    from xmodal.index import selected_normalizer
+
+    model = load_run(args.run)
+    name = selected_normalizer(model, args.normalizer)
+    relevancy = None
+    if mode == "run-data":
+        if args.text_to_video:
+            raise ValueError("--data: the directory holds the text -> video map; drop --text-to-video")
+        _video_inputs.check_no_flags(args)
+        from xmodal.data import load_paired_split
+
+        split = load_paired_split(args.data, args.split)
+        tf, t2v = split.text, split.text_to_video
+        vf, vmask = _video_inputs.from_split(split, model)
+        relevancy = split.mir_relevancy()
+    else:
+        tf = load_npy(args.text_features, "--text-features")
+        t2v = load_npy(args.text_to_video, "--text-to-video")
+        vf, vmask = _video_inputs.from_flags(args, model, load_npy)
+    text = model.encode_text(tf)
+    video = model.encode_video(vf, vmask)
+    sim_t2v, sim_v2t = model.test_time.similarities(text, video, name)
+    if args.v2t_scores == "transpose":
+        sim_v2t = None
+    if relevancy is not None and args.ties == "average":
+        raise ValueError("--ties: this split has a relevancy (mAP / nDCG), which supports pessimistic or "
+                         "optimistic ties")
+    res = retrieval_metrics(sim_t2v, sim_v2t, t2v, relevancy, ks=ks, ties=args.ties, v2t=args.v2t,
+                            block_size=args.block_size)
+    v2t_how = ("v2t ranks the t2v scores transposed (--v2t-scores transpose)" if sim_v2t is None and
+               args.v2t_scores == "transpose" else "v2t scores normalised for that direction, as metrics.json")
+    return res, "retrieval", {"texts": sim_t2v.shape[0], "videos": sim_t2v.shape[1], "v2t": args.v2t,
+                              "scores": f"run {args.run}: heads -> cosine -> normaliser {name} ({v2t_how})"}
+
+
 def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dict, str, dict]:
     from xmodal.metrics.ranking import label_retrieval_from_sim as label_retrieval
 
@@ -217,7 +243,9 @@ def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dic
         if args.normalizer not in ("selected", "none"):
             raise ValueError("--normalizer: text -> video normalisers do not apply to video -> video "
                              "retrieval; leave it out")
-        v = model.encode_video(load_npy(args.video_features, "--video-features"))
+        from xmodal.commands import _video_inputs
+
+        v = model.encode_video(*_video_inputs.from_flags(args, model, load_npy))
         sim, scores = v @ v.T, f"run {args.run}: video head -> cosine"
     else:
         v = load_npy(args.video, "--video")

@@ -7,6 +7,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,13 @@ HELP = "export a FAISS index of videos encoded by a run, with its DN / NCL norma
 DESCRIPTION = """Encode raw video/image features with a trained run's video head and write a
 self-contained search index to --out (searched by 'xmodal query'):
 
-  xmodal index --run RUN --video-features V.npy --out DIR [--normalizer selected]
+  xmodal index --run RUN --data DIR --split test --out IDX [--normalizer selected]
+  xmodal index --run RUN --video-features V.npy [--video-mask M.npy] [--expert NAME=NPY ...]
+               --out IDX
+
+Frame masks and experts: --data reads them from the data layout (names from S_videos.txt);
+with --video-features give --video-mask / --expert / --expert-mask (features whose rows end
+in all-zero frames are refused without a mask, unless --no-mask).
 
 The run's test-time normaliser is folded into the index so that FAISS's inner
 product is the normalised score: DN exactly (gallery y - lam mu_y, queries shifted
@@ -34,8 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--run", required=True, metavar="RUN",
                         help="run directory or checkpoint written by 'xmodal train'")
-    parser.add_argument("--video-features", required=True, metavar="NPY",
-                        help="raw video/image features [V, Dv] or [V, F, Dv]")
+    parser.add_argument("--video-features", metavar="NPY",
+                        help="raw video/image features [V, Dv] or [V, F, Dv] (or --data DIR --split S)")
+    from xmodal.commands import _video_inputs
+
+    _video_inputs.add_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory to write")
     parser.add_argument("--normalizer", default="selected", metavar="NAME",
                         help="selected (default: the run's choice on val), none, dn, sinkhorn or ncl")
@@ -50,10 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=None, progress=False)
 
 
-def build(run: str, video_features: np.ndarray, out: str | Path, *, normalizer: str = "selected",
+def build(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
           kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
-          overwrite: bool = False) -> dict:
-    """Write the index directory; returns its ``meta.json`` content."""
+          overwrite: bool = False, video_mask: Any = None) -> dict:
+    """Write the index directory; returns its ``meta.json`` content.
+
+    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts)."""
     from xmodal.commands._runs import checkpoint_file, load_run
     from xmodal.index import BiasedIndex, fold_run_normalizer
 
@@ -61,7 +73,7 @@ def build(run: str, video_features: np.ndarray, out: str | Path, *, normalizer: 
     if (out / "meta.json").exists() and not overwrite:
         raise ValueError(f"--out: {out} already holds an index (pass --overwrite to replace it)")
     model = load_run(run)
-    video = model.encode_video(video_features)
+    video = model.encode_video(video_features, video_mask)
     folded = fold_run_normalizer(model, video, normalizer)
     if names is not None and len(names) != video.shape[0]:
         raise ValueError(f"--names: {len(names)} names but --video-features has {video.shape[0]} rows")
@@ -96,10 +108,25 @@ def run(args: argparse.Namespace) -> int:
         from xmodal.data.loaders import read_captions
 
         names = read_captions(args.names)
-    feats = load_npy(args.video_features, "--video-features")
+    from xmodal.commands import _video_inputs
+    from xmodal.commands._runs import load_run
+
+    model = load_run(args.run)
+    if args.data is not None:
+        _video_inputs.check_no_flags(args)
+        from xmodal.data import load_paired_split
+
+        split = load_paired_split(args.data, args.split)
+        feats, mask = _video_inputs.from_split(split, model)
+        if names is None and split.video_names is not None:
+            names = list(split.video_names)
+    elif args.video_features is None:
+        raise ValueError("--video-features: required (or --data DIR --split S)")
+    else:
+        feats, mask = _video_inputs.from_flags(args, model, load_npy)
     try:
         meta = build(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
-                     text_encoder=args.text_encoder, overwrite=args.overwrite)
+                     text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features"}

@@ -7,25 +7,65 @@ column (``video``, ``video_id`` or ``image``), a caption column (``caption`` or
 or the files a glob matches (stem = video id); each holds ``[D]`` (one vector) or
 ``[F, D]`` (frames, any ``F``); an ``.npz`` its only array or the one named
 ``features``. Variable-length videos are zero-padded to the longest and a frame mask
-``{split}_video_mask.npy`` is written. Videos are numbered in order of first
-appearance in the table; texts keep the table order.
+``{split}_video_mask.npy`` is written (``max_frames``: longer videos are first sampled
+uniformly, see :func:`sample_frames`). Videos are numbered in order of first appearance
+in the table; texts keep the table order.
+
+The layout is built in a temporary folder beside ``out`` and renamed to ``out`` at the
+end: a failed import leaves nothing, and a second import into the same ``out`` replaces
+every file of the first (splits and experts included). ``out`` may only hold files an
+import writes; anything else there is refused, never deleted.
 """
 
 from __future__ import annotations
 
 import csv
 import glob
+import io
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from xmodal.data import layout
+from xmodal.data.check import frames_note, split_name_notes
+from xmodal.data.npyfile import load_array
 
 VIDEO_COLUMNS = ("video", "video_id", "image")
 TEXT_COLUMNS = ("caption", "text")
+#: the layout roles an import writes (canonical names; experts too): the files it owns in ``out``.
+IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "text_names")
+_BAD_ID = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _read_csv(path: Path) -> list[dict]:
+    """Rows of a CSV: UTF-8 with or without a byte-order mark (spreadsheet exports),
+    delimiter ``,``, ``;`` or tab (detected on the header line)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        text = f.read()
+    header = text.split("\n", 1)[0]
+    counts = {d: header.count(d) for d in (",", ";", "\t")}
+    delimiter = max(counts, key=lambda d: counts[d]) if any(counts.values()) else ","
+    rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
+    return [{(k or "").strip(): v for k, v in r.items()} for r in rows]
+
+
+def check_video_id(video: str, where: str) -> str:
+    """A video id names a file inside ``--features``: no absolute path, ``..`` or control character.
+
+    >>> check_video_id("P01/P01_11", "pairs: pairs.csv line 2")
+    'P01/P01_11'
+    """
+    parts = video.replace("\\", "/").split("/")
+    if (_BAD_ID.search(video) or video.startswith(("/", "\\")) or os.path.isabs(video) or ".." in parts
+            or re.match(r"^[A-Za-z]:[\\/]", video)):
+        raise ValueError(f"{where}: video id {video!r} is not a file name inside --features "
+                         f"(no absolute path, '..' or control character)")
+    return video
 
 
 def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -42,8 +82,10 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
         raise ValueError(f"pairs: {path} not found")
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        with open(path, encoding="utf-8", newline="") as f:
-            raw = list(csv.DictReader(f))
+        try:
+            raw = _read_csv(path)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"pairs: {path} is not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     elif suffix in (".jsonl", ".ndjson"):
         raw = []
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -68,12 +110,14 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     rows, bad = [], []
     for i, r in enumerate(raw):
         video, caption = r.get(vcol), r.get(tcol)
+        line = i + (2 if suffix == ".csv" else 1)
         if video in (None, "") or caption is None or not str(caption).strip():
-            bad.append(i + (2 if suffix == ".csv" else 1))
+            bad.append(line)
             continue
-        row = {"video": str(video), "caption": " ".join(str(caption).split())}  # no tabs/newlines in the TSV
-        if r.get("split"):
-            row["split"] = str(r["split"])
+        row = {"video": check_video_id(str(video).strip(), f"pairs: {path.name} line {line}"),
+               "caption": " ".join(str(caption).split())}  # no tabs/newlines in the TSV
+        if r.get("split") and str(r["split"]).strip():
+            row["split"] = str(r["split"]).strip()
         rows.append(row)
     if bad:
         raise ValueError(f"pairs: {path}: {len(bad)} row(s) without a video id or caption (lines {bad[:5]})")
@@ -86,6 +130,8 @@ def feature_files(features: str | os.PathLike, videos: list[str], *, flag: str =
     (``allow_missing``: missing ids map to ``None``, e.g. an expert some videos lack)."""
     spec = str(features)
     if Path(spec).is_dir():
+        for v in videos:
+            check_video_id(v, flag)
         lookup = lambda v: next((p for p in (Path(spec) / f"{v}.npy", Path(spec) / f"{v}.npz")  # noqa: E731
                                  if p.is_file()), None)
     else:
@@ -101,31 +147,48 @@ def feature_files(features: str | os.PathLike, videos: list[str], *, flag: str =
     return found  # type: ignore[return-value]
 
 
-def read_features(path: Path) -> np.ndarray:
-    """One video's features, float32 ``[F, D]`` (a ``[D]`` vector becomes one frame)."""
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{path}: not a readable .npy/.npz ({exc})") from None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            keys = list(data.keys())
-            if "features" in keys:
-                arr = data["features"]
-            elif len(keys) == 1:
-                arr = data[keys[0]]
-            else:
-                raise ValueError(f"{path}: several arrays {keys}; name the features one 'features'")
-    else:
-        arr = data
+def sample_frames(arr: np.ndarray, max_frames: int | None) -> np.ndarray:
+    """At most ``max_frames`` frames of ``[F, D]``, sampled uniformly over the whole video:
+    the middle frame of each of ``max_frames`` equal segments (frame ``floor((i + 1/2) F / N)``).
+
+    >>> sample_frames(np.arange(10)[:, None], 4)[:, 0].tolist()
+    [1, 3, 6, 8]
+    """
+    if max_frames is None or arr.shape[0] <= max_frames:
+        return arr
+    idx = np.floor((np.arange(max_frames) + 0.5) * arr.shape[0] / max_frames).astype(np.int64)
+    return arr[idx]
+
+
+def read_features(path: Path, max_frames: int | None = None) -> np.ndarray:
+    """One video's features, float32 ``[F, D]`` (a ``[D]`` vector becomes one frame);
+    ``max_frames``: see :func:`sample_frames`."""
+    arr = load_array(path, npz="features")
     if arr.ndim == 1:
         arr = arr[None]
     if arr.ndim != 2 or 0 in arr.shape or not np.issubdtype(arr.dtype, np.floating):
         raise ValueError(f"{path}: expected float features [D] or [F, D], got shape {arr.shape} dtype {arr.dtype}")
-    return arr.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(arr).all(1))
+    if bad.size:
+        raise ValueError(f"{path}: NaN/inf in frame(s) {bad[:5].tolist()}{' ...' if bad.size > 5 else ''}")
+    return sample_frames(arr, max_frames).astype(np.float32)
 
 
-def pad_frames(per_video: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+def _dim_culprits(dims: list[int | None], names: list[str], files: list[Path | None], flag: str) -> None:
+    """Raise naming the videos whose feature size is not the most common one."""
+    present = [d for d in dims if d is not None]
+    if len(set(present)) <= 1:
+        return
+    values, counts = np.unique(present, return_counts=True)
+    common = int(values[np.argmax(counts)])
+    odd = [(n, f, d) for n, f, d in zip(names, files, dims) if d is not None and d != common]
+    listed = ", ".join(f"{n} ({f}: {d})" for n, f, d in odd[:5]) + (" ..." if len(odd) > 5 else "")
+    raise ValueError(f"{flag}: {len(odd)} video(s) have a feature size other than the {common} of the "
+                     f"{int(counts.max())} others: {listed}")
+
+
+def pad_frames(per_video: list[np.ndarray], names: list[str] | None = None,
+               files: list[Path] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Stack ``[F_i, D]`` arrays into ``[N, max F, D]`` (zero padding) and a bool mask
     ``[N, max F]``; all single-frame -> ``([N, D], None)``.
 
@@ -133,6 +196,8 @@ def pad_frames(per_video: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | No
     >>> v.shape, m.tolist()
     ((2, 2, 3), [[True, True], [True, False]])
     """
+    if names is not None:
+        _dim_culprits([a.shape[1] for a in per_video], names, files or [None] * len(names), "--features")
     dims = {a.shape[1] for a in per_video}
     if len(dims) != 1:
         raise ValueError(f"--features: videos have different feature dims {sorted(dims)}")
@@ -145,8 +210,8 @@ def pad_frames(per_video: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | No
     return out, np.arange(lengths.max())[None, :] < lengths[:, None]
 
 
-def pad_expert(per_video: list[np.ndarray | None], name: str = "expert"
-               ) -> tuple[np.ndarray, np.ndarray | None]:
+def pad_expert(per_video: list[np.ndarray | None], name: str = "expert", names: list[str] | None = None,
+               files: list[Path | None] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Stack one expert's ``[F_i, D]`` arrays (``None``: the video lacks the expert).
 
     Returns ``([N, D], None)`` when every video has one vector; ``([N, D], bool [N])``
@@ -160,6 +225,9 @@ def pad_expert(per_video: list[np.ndarray | None], name: str = "expert"
     present = [a for a in per_video if a is not None]
     if not present:
         raise ValueError(f"--expert {name}: no video of the split has a feature file")
+    if names is not None:
+        _dim_culprits([None if a is None else a.shape[1] for a in per_video], names,
+                      files or [None] * len(names), f"--expert {name}")
     dims = {a.shape[1] for a in present}
     if len(dims) != 1:
         raise ValueError(f"--expert {name}: videos have different feature dims {sorted(dims)}")
@@ -200,22 +268,81 @@ def parse_experts(specs: list[str] | None) -> dict[str, str]:
 
 
 def _save(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, arr)
-    tmp.replace(path)
+    np.save(path, arr)  # inside the import's private temporary folder
+
+
+def import_owns(name: str) -> bool:
+    """Whether a file name in ``--out`` is one an import writes (and may replace)."""
+    parsed = layout.parse(name)
+    return parsed is not None and parsed[3] and parsed[1] in IMPORT_ROLES
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _prepare_out(out: Path) -> Path:
+    """Check ``out`` and return a fresh private temporary folder beside it."""
+    if out.is_symlink():
+        raise ValueError(f"--out: {out} is a symbolic link; give a real folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} is a file; give a folder (new or from an earlier import)")
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if not (p.is_file() and not p.is_symlink()
+                                                                and import_owns(p.name)))
+        if foreign:
+            raise ValueError(f"--out: {out} holds {len(foreign)} file(s) that 'xmodal data import' does not "
+                             f"write ({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); an import "
+                             f"replaces the whole folder, so give a new or empty folder")
+    parent = out.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in parent.glob(f".{out.name}.import-*"):  # left by a killed import
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)) and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    tmp = parent / f".{out.name}.import-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished folder to ``out``, replacing an earlier import's folder."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = out.parent / f".{out.name}.import-old-{os.getpid()}"
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: str | os.PathLike,
                  split: str = "train", text_features: str | os.PathLike | None = None,
                  encode: Callable[[list[str]], np.ndarray] | None = None,
-                 experts: dict[str, str | os.PathLike] | None = None) -> dict[str, dict[str, Any]]:
+                 experts: dict[str, str | os.PathLike] | None = None,
+                 max_frames: int | None = None) -> dict[str, dict[str, Any]]:
     """Write the layout of :mod:`xmodal.data.layout` under ``out``, one split per
     ``split`` value of the table (rows without one go to ``split``).
 
     Args:
-        pairs: the ``.csv`` / ``.jsonl`` table.
-        features: directory or glob of per-video ``.npy`` / ``.npz`` files.
-        out: output directory (created).
+        pairs: the ``.csv`` / ``.jsonl`` table (CSV: UTF-8 with or without a BOM, delimiter
+            ``,``, ``;`` or tab).
+        features: directory or glob of per-video ``.npy`` / ``.npz`` files (ids name files
+            inside the directory: no absolute path or ``..``).
+        out: output directory; built in a temporary folder beside it and renamed at the end,
+            replacing an earlier import's folder entirely. A folder holding other files is refused.
         split: split name of rows with no ``split`` column value.
         text_features: a ``.npy`` ``[rows, Dt]`` aligned with the table rows; else
             ``encode(captions)`` (default: the MiniLM encoder of :mod:`xmodal.encoders`).
@@ -223,13 +350,32 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             ``features``), written as ``{split}_video_features.NAME.npy``; videos without a
             file for an expert get zeros and ``{split}_video_mask.NAME.npy`` marks them
             (see :func:`pad_expert`).
+        max_frames: longer videos (main features and experts) are sampled uniformly to this
+            many frames (:func:`sample_frames`); None keeps every frame.
 
     Returns:
-        ``{split: {"videos", "texts", "max_frames", "experts": {name: videos with it}}}``.
+        ``{split: {"videos", "texts", "max_frames", "frames_note": str or None,
+        "experts": {name: videos with it}, "notes": [...]}}`` (``notes``: split names the
+        default config does not read, videos in several splits; the same for every split).
     """
+    if max_frames is not None and (isinstance(max_frames, bool) or int(max_frames) != max_frames
+                                   or max_frames < 1):
+        raise ValueError(f"--max-frames: expected a positive integer, got {max_frames!r}")
     rows = read_pairs(pairs)
+    by_split: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_split.setdefault(r.get("split", split), []).append(i)
+    for name in by_split:
+        layout.names(name, "video")  # validates the split name
+    lowered: dict[str, list[str]] = {}
+    for name in by_split:
+        lowered.setdefault(name.lower(), []).append(name)
+    clash = [v for v in lowered.values() if len(v) > 1]
+    if clash:
+        raise ValueError(f"pairs: split names that differ only in case: {', '.join(map(repr, clash[0]))}; "
+                         f"they would become separate splits")
     if text_features is not None:
-        tf = np.load(text_features, allow_pickle=False)
+        tf = load_array(text_features, f"--text-features: {text_features}")
         if tf.ndim != 2 or tf.shape[0] != len(rows) or not np.issubdtype(tf.dtype, np.floating):
             raise ValueError(f"--text-features: expected float [{len(rows)}, Dt] (one row per pair), "
                              f"got shape {tf.shape} dtype {tf.dtype}")
@@ -239,44 +385,64 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
 
             encode = lambda caps: encode_text(caps, progress=False)  # noqa: E731
         tf = np.asarray(encode([r["caption"] for r in rows]), dtype=np.float32)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    by_split: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        by_split.setdefault(r.get("split", split), []).append(i)
+    bad = np.flatnonzero(~np.isfinite(tf).all(1))
+    if bad.size:
+        raise ValueError(f"--text-features: NaN/inf in the row(s) of pair(s) {bad[:5].tolist()}"
+                         f"{' ...' if bad.size > 5 else ''} (0 = the table's first row)")
     all_videos = list(dict.fromkeys(r["video"] for r in rows))
     files = feature_files(features, all_videos)
     expert_files = {}
     for name, spec in (experts or {}).items():
         layout.check_expert_name(name)
         expert_files[name] = feature_files(spec, all_videos, flag=f"--expert {name}", allow_missing=True)
+    out = Path(out)
+    tmp = _prepare_out(out)
+    try:
+        summary = _write_splits(tmp, rows, by_split, tf, files, expert_files, max_frames)
+        _publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    notes = split_name_notes(list(by_split))
+    seen: dict[str, list[str]] = {}
+    for name, idx in by_split.items():
+        for v in dict.fromkeys(rows[i]["video"] for i in idx):
+            seen.setdefault(v, []).append(name)
+    shared = [v for v, where in seen.items() if len(where) > 1]
+    if shared:
+        notes.append(f"{len(shared)} video(s) appear in several splits ({', '.join(shared[:5])}"
+                     f"{' ...' if len(shared) > 5 else ''}): test results would be inflated (leakage)")
+    for s in summary.values():
+        s["notes"] = notes
+    return summary
+
+
+def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], tf: np.ndarray,
+                  files: dict[str, Path], expert_files: dict[str, dict[str, Path | None]],
+                  max_frames: int | None) -> dict[str, dict[str, Any]]:
     summary = {}
     for name, idx in by_split.items():
-        layout.names(name, "video")  # validates the split name
         videos = list(dict.fromkeys(rows[i]["video"] for i in idx))
         row_of = {v: j for j, v in enumerate(videos)}
-        video, mask = pad_frames([read_features(files[v]) for v in videos])
+        per_video = [read_features(files[v], max_frames) for v in videos]
+        video, mask = pad_frames(per_video, videos, [files[v] for v in videos])
         p = lambda role: out / layout.names(name, role)[0]  # noqa: E731
         _save(p("video"), video)
         if mask is not None:
             _save(p("video_mask"), mask)
-        elif p("video_mask").exists():
-            p("video_mask").unlink()  # a stale mask from an earlier import would not match
         _save(p("text"), tf[idx].astype(np.float32))
         _save(p("text_to_video"), np.array([row_of[rows[i]["video"]] for i in idx], dtype=np.int64))
         p("video_names").write_text("".join(v + "\n" for v in videos), encoding="utf-8")
         p("text_names").write_text("video_index\tvideo\ttext\n" + "".join(
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
         summary[name] = {"videos": len(videos), "texts": len(idx),
-                         "max_frames": 1 if mask is None else int(mask.shape[1]), "experts": {}}
+                         "max_frames": 1 if mask is None else int(mask.shape[1]),
+                         "frames_note": frames_note([len(a) for a in per_video], videos), "experts": {}}
         for expert, found in expert_files.items():
-            feats, emask = pad_expert([None if found[v] is None else read_features(found[v]) for v in videos],
-                                      expert)
-            fpath, mpath = out / f"{name}_video_features.{expert}.npy", out / f"{name}_video_mask.{expert}.npy"
-            _save(fpath, feats)
+            feats, emask = pad_expert([None if found[v] is None else read_features(found[v], max_frames)
+                                       for v in videos], expert, videos, [found[v] for v in videos])
+            _save(out / f"{name}_video_features.{expert}.npy", feats)
             if emask is not None:
-                _save(mpath, emask)
-            elif mpath.exists():
-                mpath.unlink()  # stale
+                _save(out / f"{name}_video_mask.{expert}.npy", emask)
             summary[name]["experts"][expert] = sum(found[v] is not None for v in videos)
     return summary

@@ -48,3 +48,23 @@ def pooled(features: Any, mask: Any) -> torch.Tensor:
     if m is not None and m.ndim == 1:
         return x.masked_fill(~m[:, None, None], 0.0).mean(1)
     return masked_mean(x if m is None else x.masked_fill(~m[..., None], 0.0), m)
+
+
+def padded_rows(features: Any, *, missing_rows: bool = False) -> np.ndarray:
+    """Rows that look zero-padded but come without a mask: ``[N, F, D]`` (``F > 1``) rows whose
+    last frame is all zero or not finite; with ``missing_rows`` (an expert ``[N, D]``) rows
+    that are all zero or not finite (a video lacking the expert). Such rows need a mask, else
+    their padding is averaged in as real frames.
+
+    >>> x = np.ones((3, 4, 2)); x[1, 2:] = 0
+    >>> padded_rows(x).tolist()
+    [1]
+    """
+    x = np.asarray(features.detach().cpu() if hasattr(features, "detach") else features)
+    if x.ndim == 3 and x.shape[1] > 1:
+        last = x[:, -1].reshape(x.shape[0], -1)
+    elif x.ndim == 2 and missing_rows:
+        last = x
+    else:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((last == 0).all(1) | ~np.isfinite(last).all(1))

@@ -118,6 +118,30 @@ def splits_in(root: str | os.PathLike) -> list[str]:
     return sorted(s for s in found if s)
 
 
+_EXPERT_FILE = re.compile(r"^(?P<split>.+)_video_(?P<kind>features|mask)\.(?P<expert>[A-Za-z0-9_-]+)\.npy$")
+
+
+def parse(name: str) -> tuple[str, str, str | None, bool] | None:
+    """``(split, role, expert, canonical)`` of a layout file name, or ``None`` for any other name.
+
+    ``role`` is a key of :data:`ROLES` (experts: ``"video"`` / ``"video_mask"`` with
+    ``expert`` set); ``canonical`` is False for an alias (e.g. ``S_image_features.npy``).
+    Roles added to :data:`ROLES` are recognised here without further change.
+
+    >>> parse("train_video_mask.audio.npy"), parse("dev_caption_to_image.npy"), parse("notes.txt")
+    (('train', 'video_mask', 'audio', True), ('dev', 'text_to_video', None, False), None)
+    """
+    m = _EXPERT_FILE.match(name)
+    if m and m["expert"] != MAIN_EXPERT:
+        return m["split"], "video" if m["kind"] == "features" else "video_mask", m["expert"], True
+    for role, patterns in ROLES.items():
+        for i, pattern in enumerate(patterns):
+            suffix = pattern.replace("{split}", "")
+            if name.endswith(suffix) and len(name) > len(suffix) and "/" not in name:
+                return name[: -len(suffix)], role, None, i == 0
+    return None
+
+
 def check_expert_name(name: str) -> str:
     if not isinstance(name, str) or not EXPERT_NAME.match(name) or name == MAIN_EXPERT:
         raise ValueError(f"experts: bad expert name {name!r} (letters, digits, '_' or '-'; "

@@ -15,19 +15,14 @@ from typing import Any
 import numpy as np
 
 from xmodal.data import layout
-from xmodal.data.types import PairedSplit, check_relevancy, split_problems
+from xmodal.data.inputs import padded_rows
+from xmodal.data.npyfile import load_array
+from xmodal.data.types import PairedSplit, check_relevancy, rows_text, split_problems
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise ValueError(f"{path}: file not found")
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise ValueError(f"{path}: not a readable .npy array ({exc})") from None
-    if not isinstance(arr, np.ndarray):
-        raise ValueError(f"{path}: expected a single .npy array, got {type(arr).__name__}")
-    return arr
+    """A ``.npy`` array; its header is checked before anything is allocated (:mod:`xmodal.data.npyfile`)."""
+    return load_array(path)
 
 
 def read_captions(path: str | os.PathLike) -> list[str]:
@@ -63,9 +58,11 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     Returns:
         ``(arrays, problems)``: ``arrays`` holds what could be read (keys ``video``,
         ``text``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
-        ``video_labels``, ``text_labels``, ``captions``, ``video_names``; float
-        features as float32 copies); ``problems`` lists every problem found, one
-        message each, naming the file.
+        ``video_labels``, ``text_labels``, ``captions``, ``video_names``, ``relevancy``;
+        float features as float32 copies); ``problems`` lists every problem found, one
+        message each, naming the file and the rows (and video names) concerned:
+        also frame features padded with zeros but without a mask, and a relevancy
+        outside ``[0, 1]``.
     """
     root = Path(root)
     if not isinstance(split, str) or not split:
@@ -98,11 +95,6 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     for name, path in layout.expert_files(root, split).items():
         read(f"experts.{name}", path, f"video.{name}")
         read(f"expert_masks.{name}", layout.expert_mask_file(root, split, name), f"video_mask.{name}")
-    if any(k in out for k in ("video", "text", "text_to_video")):
-        problems += split_problems(out.get("video"), out.get("text"), out.get("text_to_video"),
-                                   video_mask=out.get("video_mask"), experts=out["experts"],
-                                   expert_masks=out["expert_masks"], video_labels=out.get("video_labels"),
-                                   text_labels=out.get("text_labels"), labels=labels, uncaptioned=uncaptioned)
     for role, key, count_key in (("text_names", "captions", "text"), ("video_names", "video_names", "video")):
         path = layout.find(root, split, role)
         if not names or path is None:
@@ -120,7 +112,46 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
             problems.append(f"{path}: {len(values)} {what} but {labels.get(count_key, count_key)} has {n} rows")
         else:
             out[key] = values
+    vnames = out.get("video_names")
+    if any(k in out for k in ("video", "text", "text_to_video")):
+        problems += split_problems(out.get("video"), out.get("text"), out.get("text_to_video"),
+                                   video_mask=out.get("video_mask"), experts=out["experts"],
+                                   expert_masks=out["expert_masks"], video_labels=out.get("video_labels"),
+                                   text_labels=out.get("text_labels"), labels=labels, uncaptioned=uncaptioned,
+                                   video_names=vnames)
+    problems += _padding_problems(root, split, out, labels)
+    rel_path = layout.find(root, split, "relevancy")  # optional [T, V] graded relevancy (EPIC-100 MIR)
+    if rel_path is not None:
+        try:
+            rel = _load_npy(rel_path)
+            t, v = out.get("text"), out.get("video")
+            if isinstance(t, np.ndarray) and t.ndim == 2 and isinstance(v, np.ndarray) and v.ndim in (2, 3):
+                out["relevancy"] = check_relevancy(rel, t.shape[0], v.shape[0], str(rel_path))
+        except (ValueError, TypeError) as exc:
+            problems.append(str(exc))
     return out, problems
+
+
+def _padding_problems(root: Path, split: str, out: dict, labels: dict) -> list[str]:
+    """Frame features that end in zero (or non-finite) frames with no mask file: padding that
+    would be averaged in as real frames. One problem per array, naming its rows and videos."""
+    problems = []
+    arrays = [("video", "video_mask", out.get("video"), out.get("video_mask"), False)]
+    arrays += [(f"video.{k}", f"video_mask.{k}", v, out["expert_masks"].get(k), True)
+               for k, v in out["experts"].items()]
+    for key, mask_key, x, mask, expert in arrays:
+        if (mask is not None or mask_key in labels or not isinstance(x, np.ndarray) or x.ndim not in (2, 3)
+                or not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all()):
+            continue  # a mask file (even a broken one), or a problem reported already
+        rows = padded_rows(x, missing_rows=expert)
+        if rows.size:
+            mask_name = (layout.names(split, "video_mask")[0] if not expert
+                         else f"{split}_video_mask.{key.split('.', 1)[1]}.npy")
+            what = "end in all-zero frames" if x.ndim == 3 else "are all zero"
+            problems.append(f"{labels.get(key, key)}: {rows.size} video(s) {what} ({rows_text(rows, out.get('video_names'))}) "
+                            f"and there is no {mask_name}: padding would count as real frames; write the mask "
+                            f"(True = real frame; 'xmodal data import' writes it)")
+    return problems
 
 
 def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = True) -> PairedSplit:
@@ -147,14 +178,7 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
     if problems:
         raise ValueError("; ".join(problems))
     labels = arrays.get("video_labels")
-    relevancy = None
-    rel_path = layout.find(root, split, "relevancy")  # optional [T, V] graded relevancy (EPIC-100 MIR)
-    if rel_path is not None:
-        try:
-            relevancy = check_relevancy(_load_npy(rel_path), arrays["text"].shape[0], arrays["video"].shape[0],
-                                        str(rel_path))
-        except TypeError as exc:
-            raise ValueError(str(exc)) from None
+    relevancy = arrays.get("relevancy")
     return PairedSplit(video=arrays["video"], text=arrays["text"],
                        text_to_video=arrays["text_to_video"].astype(np.int64),
                        video_labels=None if labels is None else labels.astype(np.int64),

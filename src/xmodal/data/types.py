@@ -22,8 +22,23 @@ def present_rows(mask: np.ndarray | None, n: int) -> np.ndarray:
     return mask if mask.ndim == 1 else mask.any(1)
 
 
+def rows_text(rows: np.ndarray, names: list[str] | None = None, what: str = "row") -> str:
+    """``"rows [3, 17] (videos v3, v17)"``: at most 5 rows, with their names when known.
+
+    >>> rows_text(np.array([3]), ["a", "b", "c", "d"])
+    "rows [3]: videos 'd'"
+    """
+    rows = np.asarray(rows).ravel()
+    shown = rows[:5].tolist()
+    more = " ..." if rows.size > 5 else ""
+    text = f"{what}s {shown}{more}"
+    if names is not None and len(names) > int(rows.max(initial=-1)):
+        text += f": videos {', '.join(repr(names[r]) for r in shown)}{more}"
+    return text
+
+
 def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: str,
-                      frame_mask_only: bool) -> list[str]:
+                      frame_mask_only: bool, names: list[str] | None = None) -> list[str]:
     """Problems of one video feature array and its mask (``n``: expected rows)."""
     if not isinstance(x, np.ndarray) or x.ndim not in (2, 3):
         return [f"{label}: expected an array [N, D] or [N, F, D], got {_shape(x)}"]
@@ -48,29 +63,35 @@ def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: 
             real = mask
     if not out and np.issubdtype(x.dtype, np.floating):
         # Padded frames and missing experts may hold anything: only real values must be finite.
-        vals = x if real is None else x[real]
-        bad = int((~np.isfinite(vals)).sum())
+        bad_vals = ~np.isfinite(x)
+        if real is not None:
+            bad_vals &= real.reshape(real.shape + (1,) * (x.ndim - real.ndim))
+        bad = int(bad_vals.sum())
         if bad:
-            out.append(f"{label}: contains {bad} NaN/inf value(s)" + (" in real frames" if real is not None else ""))
+            rows = np.flatnonzero(bad_vals.reshape(x.shape[0], -1).any(1))
+            out.append(f"{label}: contains {bad} NaN/inf value(s)" + (" in real frames" if real is not None else "")
+                       + f" in {rows_text(rows, names)}")
     return out
 
 
 def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any = None,
                    experts: dict | None = None, expert_masks: dict | None = None,
                    video_labels: Any = None, text_labels: Any = None, labels: dict | None = None,
-                   uncaptioned: bool = False) -> list[str]:
+                   uncaptioned: bool = False, video_names: list[str] | None = None) -> list[str]:
     """Every problem of a split's arrays, one message each, naming the array.
 
     ``labels`` maps role names (``video``, ``video_mask``, ``text``, ``text_to_video``,
     ``video_labels``, ``text_labels``, ``video.EXPERT``, ``video_mask.EXPERT``) to the
     names used in messages (file names for the loader, argument names otherwise).
-    ``uncaptioned``: also report videos that no text points to.
+    ``uncaptioned``: also report videos that no text points to. ``video_names``: named
+    beside the rows of a problem.
     """
     labels = labels or {}
     lab = lambda role: labels.get(role, role)  # noqa: E731
     experts, expert_masks = experts or {}, expert_masks or {}
     # None (a file that is missing, reported elsewhere): the checks needing it are skipped.
-    out = [] if video is None else _feature_problems(video, lab("video"), None, video_mask, lab("video_mask"), True)
+    out = [] if video is None else _feature_problems(video, lab("video"), None, video_mask, lab("video_mask"), True,
+                                                     video_names)
     n = video.shape[0] if isinstance(video, np.ndarray) and video.ndim in (2, 3) else None
     for name, feats in experts.items():
         try:
@@ -78,7 +99,7 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
         except ValueError as exc:
             out.append(str(exc))
         out += _feature_problems(feats, lab(f"video.{name}"), n, expert_masks.get(name),
-                                 lab(f"video_mask.{name}"), False)
+                                 lab(f"video_mask.{name}"), False, video_names)
     for name in expert_masks:
         if name not in experts:
             out.append(f"{lab(f'video_mask.{name}')}: a mask for expert {name!r}, which has no features")
@@ -98,8 +119,8 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
         empty = np.flatnonzero(~present)
         if empty.size:
             what = "no real frame" if not experts else "no real frame in any expert"
-            out.append(f"{lab('video_mask')}: {empty.size} video(s) have {what} (rows {empty[:5].tolist()}"
-                       f"{' ...' if empty.size > 5 else ''}); drop them or unmask a frame")
+            out.append(f"{lab('video_mask')}: {empty.size} video(s) have {what} ({rows_text(empty, video_names)}); "
+                       f"drop them or unmask a frame")
     if text is None:
         t = None
     elif not isinstance(text, np.ndarray) or text.ndim != 2:
@@ -123,8 +144,8 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
         elif n is not None and uncaptioned:
             lonely = np.flatnonzero(np.bincount(t2v, minlength=n) == 0)
             if lonely.size:
-                out.append(f"{lab('text_to_video')}: {lonely.size} video(s) have no text (rows "
-                           f"{lonely[:5].tolist()}{' ...' if lonely.size > 5 else ''})")
+                out.append(f"{lab('text_to_video')}: {lonely.size} video(s) have no text "
+                           f"({rows_text(lonely, video_names)})")
     for role, arr, count in (("video_labels", video_labels, n), ("text_labels", text_labels, t)):
         if arr is not None and count is not None:
             a = np.asarray(arr)
@@ -144,8 +165,11 @@ def check_relevancy(relevancy: Any, num_texts: int, num_videos: int, name: str =
         raise TypeError(f"{name}: expected a float array, got {r.dtype}")
     if r.shape != (num_texts, num_videos):
         raise ValueError(f"{name}: expected shape [{num_texts}, {num_videos}] (texts x videos), got {list(r.shape)}")
-    if not np.isfinite(r).all() or (r.size and (r.min() < 0 or r.max() > 1)):
-        raise ValueError(f"{name}: values must be finite and lie in [0, 1]")
+    bad = ~np.isfinite(r) | (r < 0) | (r > 1)
+    if bad.any():
+        rows, cols = np.nonzero(bad)
+        raise ValueError(f"{name}: values must be finite and lie in [0, 1]; {int(bad.sum())} do not, the first "
+                         f"at row {rows[0]} (text), column {cols[0]} (video): {float(r[rows[0], cols[0]])}")
     return r.astype(np.float32)
 
 

@@ -214,11 +214,14 @@ class TwoTower(nn.Module):
 
         Args:
             text_features: ``[T, Dt]``.
-            video_features: ``[V, Dv]`` or ``[V, F, Dv]``.
+            video_features: ``[V, Dv]`` or ``[V, F, Dv]``; for a run with experts a dict
+                ``{"video": ..., EXPERT: ...}`` holding every expert of the run.
             normalizer: ``"selected"`` (chosen on val when training), ``"none"`` or a fitted name.
             direction: ``"t2v"`` (texts query videos, ``[T, V]``) or ``"v2t"`` (``[V, T]``;
-                the transpose for ``none``/``dn``, its own gallery biases otherwise).
-            video_mask: optional bool ``[V, F]`` (True = real frame).
+                the transpose for ``none``/``dn``, its own gallery biases otherwise: the
+                trainer's ``metrics.json`` scores each direction this way).
+            video_mask: optional bool ``[V, F]`` (True = real frame); with experts a dict of
+                ``[V]`` (expert present) / ``[V, Fe]`` masks, as :meth:`encode_video`.
 
         Shape:
             ``[T, V]`` (``direction="t2v"``) or ``[V, T]``, on the model's device.

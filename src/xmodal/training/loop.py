@@ -41,6 +41,7 @@ from torch import nn
 from xmodal import dist
 from xmodal.config import Config, save_config, to_dict
 from xmodal.data import inputs as video_inputs
+from xmodal.data.check import check_same_sizes
 from xmodal.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noqa: F401  (former home)
                              retrieval_metrics, score)
 from xmodal.metrics import modality_gap
@@ -207,6 +208,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         save_config(cfg, out / "config.yaml")
 
     splits = load_splits(cfg)
+    check_same_sizes(splits)  # a mismatched val / test split fails now, not after training
     train_split, val_split = splits["train"], splits["val"]
     torch.manual_seed(tc.seed)
     model = build_model(video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1],

@@ -1,0 +1,249 @@
+"""``xmodal data check``: every problem of a data directory, within and across splits.
+
+Per split, :func:`xmodal.data.loaders.inspect_split` lists what the loader would refuse.
+Across splits this module adds what costs hours later: feature sizes (main features,
+experts, texts) that differ from the training split's (a run trained on one cannot embed
+the other), experts present in one split and not another, videos shared by two splits
+(leakage, by video name and by identical feature rows), split names the config does not
+read (``Train``, ``validation``), and splits whose frame axis is set by one long video.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xmodal.data import layout
+
+#: the split names of the default config (``data.train_split`` / ``val_split`` / ``test_split``).
+DEFAULT_SPLITS = ("train", "val", "test")
+
+
+def split_name_notes(names: list[str], configured: tuple[str, ...] = DEFAULT_SPLITS) -> list[str]:
+    """One note per split name that is not a configured one (``Train``, ``validation``).
+
+    >>> split_name_notes(["train", "Train"])[0][:40]
+    "split 'Train' differs from 'train' only "
+    """
+    notes = []
+    for name in names:
+        if name in configured:
+            continue
+        near = next((c for c in configured if c.lower() == name.lower()), None)
+        hint = f"differs from {near!r} only in case" if near else f"is not one of {', '.join(configured)}"
+        notes.append(f"split {name!r} {hint}: training reads data.train_split / val_split / test_split "
+                     f"(here {', '.join(configured)}); rename its files or set those keys")
+    return notes
+
+
+def frames_note(lengths: Any, names: list[str] | None = None) -> str | None:
+    """A note when one video sets a split's frame axis: the longest video has at least twice
+    the frames of the next longest and padding fills over half of the frame array.
+
+    >>> frames_note([1000, 40, 30, 20], ["long", "a", "b", "c"])[:52]
+    "the longest video ('long', 1000 frames, row 0) is 25"
+    """
+    lengths = np.asarray(lengths, dtype=np.int64).ravel()
+    if lengths.size < 2:
+        return None
+    order = np.argsort(-lengths, kind="stable")
+    first, second = int(lengths[order[0]]), int(lengths[order[1]])
+    padding = 1.0 - lengths.sum() / (first * lengths.size)
+    if first < 8 or first < 2 * max(second, 1) or padding <= 0.5:
+        return None
+    who = repr(names[order[0]]) + ", " if names is not None and len(names) == lengths.size else ""
+    return (f"the longest video ({who}{first} frames, row {int(order[0])}) is {first / max(second, 1):.0f}x the "
+            f"next longest ({second}): every video is padded to {first} frames ({100 * padding:.0f}% of the "
+            f"frame array is padding); re-import with --max-frames {second} (uniform sampling)")
+
+
+def _frame_lengths(arrays: dict) -> np.ndarray | None:
+    video, mask = arrays.get("video"), arrays.get("video_mask")
+    if isinstance(video, np.ndarray) and video.ndim == 3 and isinstance(mask, np.ndarray) \
+            and mask.shape == video.shape[:2] and mask.dtype == np.bool_:
+        return mask.sum(1)
+    return None
+
+
+def _dims(root: Path, split: str, arrays: dict) -> dict[str, tuple[int, str]]:
+    """``{what: (feature size, file name)}`` of one split's readable arrays."""
+    out = {}
+    for key, role in (("video", "video"), ("text", "text")):
+        x = arrays.get(key)
+        path = layout.find(root, split, role)
+        if isinstance(x, np.ndarray) and x.ndim >= 2 and path is not None:
+            out[key] = (int(x.shape[-1]), path.name)
+    for name, x in arrays.get("experts", {}).items():
+        if isinstance(x, np.ndarray) and x.ndim in (2, 3):
+            out[f"expert {name}"] = (int(x.shape[-1]), f"{split}_video_features.{name}.npy")
+    return out
+
+
+def _row_hashes(x: Any) -> dict[bytes, int]:
+    """``{hash of a video's feature row: row}`` (all-zero rows left out)."""
+    if not isinstance(x, np.ndarray) or x.ndim not in (2, 3) or not x.size:
+        return {}
+    flat = np.ascontiguousarray(x.reshape(x.shape[0], -1))
+    nonzero = flat.any(1)
+    return {hashlib.blake2b(flat[i].tobytes(), digest_size=16).digest(): i
+            for i in range(flat.shape[0]) if nonzero[i]}
+
+
+def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
+                         reference: str | None = None) -> list[str]:
+    """Problems between splits: feature sizes and experts against ``reference`` (the
+    training split; default ``train`` when present, else the first), and shared videos."""
+    root = Path(root)
+    splits = list(arrays)
+    if len(splits) < 2:
+        return []
+    ref = reference if reference in arrays else ("train" if "train" in arrays else splits[0])
+    problems = []
+    ref_dims = _dims(root, ref, arrays[ref])
+    for split in splits:
+        if split == ref:
+            continue
+        dims = _dims(root, split, arrays[split])
+        for what, (d, fname) in dims.items():
+            if what in ref_dims and ref_dims[what][0] != d:
+                problems.append(f"{fname}: feature size {d}, but {ref_dims[what][1]} has {ref_dims[what][0]}: "
+                                f"a run trained on {ref!r} cannot embed {split!r}; every split needs the same sizes")
+            elif what not in ref_dims and what.startswith("expert "):
+                problems.append(f"{fname}: expert {what[7:]!r} is not in split {ref!r} (a run trained there has "
+                                f"no tower for it)")
+        for what, (d, fname) in ref_dims.items():
+            if what.startswith("expert ") and what not in dims:
+                problems.append(f"{split}_video_features.{what[7:]}.npy: file not found; split {ref!r} has "
+                                f"expert {what[7:]!r} ({fname}) and a run trained there needs it in every split")
+    for i, a in enumerate(splits):
+        for b in splits[i + 1:]:
+            na, nb = arrays[a].get("video_names"), arrays[b].get("video_names")
+            if na is not None and nb is not None:
+                shared = sorted(set(na) & set(nb))
+                if shared:
+                    rows_a = [na.index(v) for v in shared[:5]]
+                    rows_b = [nb.index(v) for v in shared[:5]]
+                    problems.append(f"{len(shared)} video(s) are in both {a!r} and {b!r} (leakage): "
+                                    f"{', '.join(map(repr, shared[:5]))}{' ...' if len(shared) > 5 else ''} "
+                                    f"({a} rows {rows_a}, {b} rows {rows_b})")
+                    continue
+            ha, hb = _row_hashes(arrays[a].get("video")), _row_hashes(arrays[b].get("video"))
+            same = sorted(set(ha) & set(hb), key=lambda h: ha[h])
+            if same:
+                problems.append(f"{len(same)} video(s) of {a!r} and {b!r} have identical features (leakage?): "
+                                f"{a} rows {[ha[h] for h in same[:5]]}, {b} rows {[hb[h] for h in same[:5]]}"
+                                f"{' ...' if len(same) > 5 else ''}")
+    return problems
+
+
+def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
+                    configured: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Inspect every split of ``root`` and the splits against each other.
+
+    Args:
+        root: the data directory.
+        splits: the splits to check (default: every split found).
+        configured: the config's split names (train, val, test first); default
+            :data:`DEFAULT_SPLITS`. Names differing from one only in case are problems;
+            other unconfigured names are notes.
+
+    Returns:
+        ``{"problems": {split: [...]}, "summaries": {split: [...]}, "across": [...],
+        "notes": [...]}``: every problem names its file, and rows / videos where it has them.
+    """
+    from xmodal.data.loaders import inspect_split
+
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"root: data directory {root} not found")
+    configured = tuple(configured or DEFAULT_SPLITS)
+    found = splits or layout.splits_in(root)
+    if not found:
+        raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see the README "
+                         f"section 'Your data')")
+    problems, summaries, arrays = {}, {}, {}
+    for split in found:
+        arrays[split], problems[split] = inspect_split(root, split, uncaptioned=True)
+        summaries[split] = summarize(arrays[split])
+    across = cross_split_problems(root, arrays, configured[0])
+    notes = []
+    for note in split_name_notes(found, configured):
+        (across if "only in case" in note else notes).append(note)
+    for split in found:
+        lengths = _frame_lengths(arrays[split])
+        note = None if lengths is None else frames_note(lengths, arrays[split].get("video_names"))
+        if note:
+            notes.append(f"{split}: {note}")
+    return {"problems": problems, "summaries": summaries, "across": across, "notes": notes}
+
+
+def _stats(values: np.ndarray) -> str:
+    if values.size == 0:
+        return "-"
+    return f"min {values.min()}, median {float(np.median(values)):g}, max {values.max()}"
+
+
+def summarize(arrays: dict) -> list[str]:
+    """Counts, frames per video and captions per video of one inspected split."""
+    from xmodal.data.types import present_rows
+
+    video, text, t2v = arrays.get("video"), arrays.get("text"), arrays.get("text_to_video")
+    lines = []
+    if isinstance(video, np.ndarray) and video.ndim in (2, 3):
+        n = video.shape[0]
+        mask = arrays.get("video_mask")
+        if video.ndim == 2:
+            frames = "1 (no frame axis)"
+        elif isinstance(mask, np.ndarray) and mask.shape == video.shape[:2]:
+            frames = _stats(mask.sum(1)) + f" (padded to {video.shape[1]})"
+        else:
+            frames = f"{video.shape[1]} (no mask)"
+        lines.append(f"videos {n}, feature dim {video.shape[-1]}, frames per video: {frames}")
+        for name, feats in arrays.get("experts", {}).items():
+            m = arrays.get("expert_masks", {}).get(name)
+            ok = isinstance(m, np.ndarray) and m.shape in (feats.shape[:1], feats.shape[:2]) and m.dtype == bool
+            here = int(present_rows(m, feats.shape[0]).sum()) if ok or m is None else "?"
+            lines.append(f"expert {name}: shape {list(feats.shape)}, present for {here} of {feats.shape[0]} videos")
+        if isinstance(t2v, np.ndarray) and t2v.ndim == 1 and np.issubdtype(t2v.dtype, np.integer) and (
+                t2v.size == 0 or (t2v.min() >= 0 and t2v.max() < n)):
+            lines.append(f"captions per video: {_stats(np.bincount(t2v, minlength=n))}")
+    if isinstance(text, np.ndarray) and text.ndim == 2:
+        lines.append(f"texts {text.shape[0]}, feature dim {text.shape[1]}")
+    if isinstance(arrays.get("relevancy"), np.ndarray):
+        r = arrays["relevancy"]
+        lines.append(f"relevancy {list(r.shape)}: {int((r > 0).sum())} graded entries > 0, "
+                     f"{int((r == 1).sum())} equal to 1")
+    return lines
+
+
+def check_same_sizes(splits: dict[str, Any]) -> None:
+    """Raise when a split's feature sizes or experts differ from ``splits["train"]``'s
+    (:class:`~xmodal.data.PairedSplit` s; the trainer calls this before epoch 1, so a
+    mismatched test split fails at once instead of after training)."""
+    ref = splits.get("train")
+    if ref is None:
+        return
+    def sizes(s: Any) -> dict[str, int]:
+        return {"video features": int(s.video.shape[-1]), "text features": int(s.text.shape[-1]),
+                **{f"expert {k!r}": int(v.shape[-1]) for k, v in s.experts.items()}}
+
+    want, problems = sizes(ref), []
+    for role, split in splits.items():
+        if role == "train" or split is None:
+            continue
+        got = sizes(split)
+        for what in sorted(set(want) | set(got)):
+            if what not in got:
+                problems.append(f"{split.name or role} has no {what} (train {ref.name or ''} has size {want[what]})")
+            elif what not in want:
+                problems.append(f"{split.name or role} has {what} that the training split lacks")
+            elif got[what] != want[what]:
+                problems.append(f"{split.name or role} has {what} of size {got[what]}, the training split "
+                                f"{ref.name or ''} {want[what]}")
+    if problems:
+        raise ValueError("data: every split needs the training split's feature sizes and experts: "
+                         + "; ".join(problems) + " (xmodal data check names the files)")
