@@ -49,6 +49,10 @@ class DataConfig:
     file's folder, on the command line to the working directory, see :func:`load_config`).
     ``noise``: fraction of training pairs whose text is shuffled to a wrong video
     (Cali-NCE Table 7). ``max_train_texts``: 0 = all.
+    ``val_from_train``: when > 0, that many training videos (with all their texts) are
+    held out of training as the validation split (epoch, normaliser and early-stopping
+    selection); ``val_split`` is then not read, so ``test_split`` stays a pure test. The
+    held-out rows are drawn with a fixed seed (the same for every ``train.seed``).
     """
 
     name: str = "synthetic"
@@ -59,6 +63,7 @@ class DataConfig:
     synthetic: dict = field(default_factory=dict)
     noise: float = 0.0
     max_train_texts: int = 0
+    val_from_train: int = 0
 
 
 @dataclass(frozen=True)
@@ -320,7 +325,9 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"data.root: directory {d.root!r} not found{where}")
         from xmodal.data.layout import missing_files  # h-data: the one list of layout names
 
-        for split_field in ("train_split", "val_split"):
+        if d.val_from_train < 0:
+            raise ValueError(f"data.val_from_train: must be >= 0, got {d.val_from_train}")
+        for split_field in ("train_split",) + (("val_split",) if not d.val_from_train else ()):
             missing = missing_files(root, getattr(d, split_field))
             if missing:
                 raise ValueError(f"data.{split_field}: missing file(s) in {root}: {'; '.join(missing)}")

@@ -71,11 +71,14 @@ def load_splits(cfg: Config) -> dict:
         if d.test_split and d.test_split in all_splits:
             splits["test"] = all_splits[d.test_split]
     else:
-        splits = {"train": xdata.load_paired_split(d.root, d.train_split),
-                  "val": xdata.load_paired_split(d.root, d.val_split)}
+        splits = {"train": xdata.load_paired_split(d.root, d.train_split)}
+        if not d.val_from_train:
+            splits["val"] = xdata.load_paired_split(d.root, d.val_split)
         if d.test_split and not xdata.layout.missing_files(d.root, d.test_split):
             splits["test"] = xdata.load_paired_split(d.root, d.test_split)
     train = splits["train"]
+    if d.val_from_train:
+        train, splits["val"] = carve_validation(train, d.val_from_train)
     if d.max_train_texts and train.num_texts > d.max_train_texts:
         keep = np.sort(np.random.default_rng(cfg.train.seed).choice(train.num_texts, d.max_train_texts,
                                                                      replace=False))
@@ -87,6 +90,17 @@ def load_splits(cfg: Config) -> dict:
         train = shuffle_pairs(train, d.noise, seed=cfg.train.seed)
     splits["train"] = train
     return splits
+
+
+def carve_validation(train, num_videos: int, seed: int = 0x7A1) -> tuple:
+    """``(train without the held-out videos, held-out validation split)``: ``num_videos``
+    training videos drawn with a fixed ``seed``, each with all its texts, so selection on the
+    validation split never sees the test split (``data.val_from_train``)."""
+    if not 0 < num_videos < train.num_videos:
+        raise ValueError(f"data.val_from_train: must lie in [1, {train.num_videos - 1}] "
+                         f"(the training split has {train.num_videos} videos), got {num_videos}")
+    held = np.random.default_rng(seed).permutation(train.num_videos)
+    return train.subset(np.sort(held[num_videos:])), train.subset(np.sort(held[:num_videos]))
 
 
 # --------------------------------------------------------------------------- pieces
