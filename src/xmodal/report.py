@@ -159,6 +159,28 @@ def _summary(run: Path, metrics: dict) -> str:
     return table(["", "value"], rows, left_cols=2)
 
 
+def _provenance_section(run: Path) -> list[str]:
+    """``provenance.json`` (xmodal.training.provenance): command, versions, git, times, data hashes."""
+    path = run / "provenance.json"
+    if not path.is_file():
+        return []
+    try:
+        p = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ["<h2>Provenance</h2>", f'<p class="muted">{_e(path.name)} is unreadable.</p>']
+    keys = ["command", "xmodal_version", "torch_version", "python_version", "git_revision", "git_dirty",
+            "started", "resumed", "finished"]
+    rows = [[k, ", ".join(map(str, p[k])) if isinstance(p.get(k), list) else
+             ("–" if p.get(k) is None else str(p[k]))] for k in keys if k in p]
+    parts = ["<h2>Provenance</h2>", table(["", "value"], rows, left_cols=2)]
+    data = p.get("data") or {}
+    if data:
+        parts.append(table(["data file read", "sha256"], [[f, h] for f, h in data.items()], left_cols=2))
+    else:
+        parts.append('<p class="muted">No data files read (built-in synthetic data).</p>')
+    return parts
+
+
 def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any) -> list[str]:
     """t2v R@K per head/tail group of the val texts (classes: labels, else k-means)."""
     from xmodal.data import kmeans_classes
@@ -250,6 +272,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
             "<h2>Summary</h2>", _summary(run, metrics)]
+    body += _provenance_section(run)
     if (run / "config.yaml").is_file():
         body.append("<details><summary>config.yaml</summary><pre>"
                     f"{_e((run / 'config.yaml').read_text())}</pre></details>")

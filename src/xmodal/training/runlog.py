@@ -9,9 +9,9 @@ and TensorBoard scalars (``train.log_to``).
   history every epoch (temporary file + rename), so after a kill and a resume they
   hold each epoch exactly once and match the checkpoint.
 - ``tensorboard/events.out.tfevents.*`` (``tensorboard``): per step (at the step's 0-based
-  index) ``train/loss``, ``train/lr``, ``train/temperature`` and ``train/<term>`` for each
+  index) ``train/loss``, ``train/lr``, ``train/temperature`` and ``train/terms/<term>`` for each
   loss term; per epoch (at the number of steps done, ``log.jsonl``'s ``step``) ``epoch/train_loss``, ``epoch/lr``, ``epoch/temperature``,
-  ``epoch/modality_gap``, ``epoch/<term>``, ``val/<direction>/<metric>`` and
+  ``epoch/modality_gap``, ``epoch/terms/<term>``, ``val/<direction>/<metric>`` and
   ``val/<selection metric>``; at the end ``final/<split>/<normaliser>/<direction>/<metric>``
   for every fitted test-time normaliser. A resumed run opens a new event file with
   ``purge_step`` at its first step, so TensorBoard drops what the killed process wrote
@@ -50,7 +50,7 @@ def epoch_scalars(record: dict, metric: str) -> dict[str, float]:
         out["epoch/modality_gap"] = record["modality_gap"]
     if record.get("scheduled") is not None:
         out["epoch/scheduled"] = record["scheduled"]
-    _flat("epoch", record.get("loss_terms") or {}, out)
+    _flat("epoch/terms", record.get("loss_terms") or {}, out)
     _flat("val", record["val"], out)
     out[f"val/{metric}"] = record[f"val_{metric}"]
     return {k: float(v) for k, v in out.items()}
@@ -137,7 +137,7 @@ class RunLog:
         if temperature is not None:
             self.writer.add_scalar("train/temperature", temperature, s)
         for k, v in (terms or {}).items():
-            self.writer.add_scalar(f"train/{k}", float(v), s)
+            self.writer.add_scalar(f"train/terms/{k}", float(v), s)
 
     def epoch(self, history: list[dict], *, improved: bool) -> None:
         """After the checkpoint of an epoch: rewrite the files, add its scalars, print its line."""
