@@ -236,3 +236,21 @@ def test_encode_text_off_a_terminal_prints_no_loading_bar(tmp_path):
     for stream in (res.stdout, res.stderr):
         assert "Loading weights" not in stream and "\r" not in stream and "it/s" not in stream, stream
     assert np.load(tmp_path / "t.npy", allow_pickle=False).shape[0] == 2
+
+
+def test_train_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
+    """``xmodal train ... | head -1``: the epoch lines go to a closed pipe; no traceback."""
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny(train={"epochs": 3})))
+    p = subprocess.Popen([sys.executable, "-m", "xmodal", "train", str(cfg), "--out", str(tmp_path / "run"),
+                          "--no-plots", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=_env())
+    first = p.stdout.readline().decode()
+    p.stdout.close()  # `head -1` exits after the first line
+    err = p.stderr.read().decode()
+    p.wait(timeout=600)
+    assert first.startswith("epoch   1/3")
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Broken pipe" not in err, err
+    assert p.returncode == 141
