@@ -350,12 +350,6 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     return summary
 
 
-def write_log(path: Path, history: list[dict]) -> None:
-    """``log.jsonl`` rewritten from the checkpointed history (temp file + rename), so the
-    log always matches the checkpoint, even after a kill between the two writes."""
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in history))
-
-
 def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: dict, state: dict,
            *, show: bool = False) -> dict:
     """Restore the best epoch, fit the test-time normalisers once, select one on val, write ``model.pt``."""
