@@ -63,13 +63,16 @@ from xmodal.training.parts import (average_gradients, build_loss_from_config, co
 # --------------------------------------------------------------------------- data
 
 
-def load_splits(cfg: Config) -> dict:
-    """``{"train", "val"[, "test"]}`` :class:`~xmodal.data.PairedSplit` s for ``cfg.data``,
-    with ``data.noise`` of the training pairs shuffled and ``max_train_texts`` applied."""
+def load_splits(cfg: Config, splits: dict | None = None) -> dict:
+    """``{"train", "val"[, "test"]}`` :class:`~xmodal.data.PairedSplit` s for ``cfg.data``
+    (or the in-memory ``splits`` given instead of its files), with ``data.noise`` of the
+    training pairs shuffled and ``max_train_texts`` applied."""
     import xmodal.data as xdata
 
     d = cfg.data
-    if d.name == "synthetic":
+    if splits is not None:
+        splits = _given_splits(splits)
+    elif d.name == "synthetic":
         all_splits = xdata.synthetic(**d.synthetic, seed=cfg.train.seed)
         splits = {"train": all_splits[d.train_split], "val": all_splits[d.val_split]}
         if d.test_split and d.test_split in all_splits:
@@ -91,6 +94,21 @@ def load_splits(cfg: Config) -> dict:
         train = shuffle_pairs(train, d.noise, seed=cfg.train.seed)
     splits["train"] = train
     return splits
+
+
+def _given_splits(splits: Any) -> dict:
+    from xmodal.data import PairedSplit
+
+    if not isinstance(splits, dict) or not {"train", "val"} <= set(splits):
+        raise ValueError("splits: expected a dict with 'train' and 'val' (and optionally 'test') PairedSplits")
+    out = {}
+    for key, value in splits.items():
+        if key not in ("train", "val", "test"):
+            raise ValueError(f"splits: unknown key {key!r}; expected train, val, test")
+        if not isinstance(value, PairedSplit):
+            raise TypeError(f"splits[{key!r}]: expected a PairedSplit, got {type(value).__name__}")
+        out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- pieces
@@ -148,7 +166,8 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 
 def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_after_epochs: int | None = None,
-          progress: bool | None = None, verbose: bool = True, command: str | None = None) -> dict:
+          progress: bool | None = None, verbose: bool = True, command: str | None = None,
+          splits: dict | None = None) -> dict:
     """Train, select the test-time normaliser on validation, write the run directory.
 
     Args:
@@ -161,6 +180,8 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         progress: tqdm bars on stderr (default: ``cfg.train.progress`` and stderr a terminal; rank 0 only).
         verbose: print one line per epoch on stdout (rank 0), terminal or not.
         command: the command line recorded in ``provenance.json`` (default ``sys.argv``).
+        splits: in-memory ``{"train", "val"[, "test"]}`` PairedSplits used instead of the
+            files of ``cfg.data`` (see :func:`xmodal.training.fit`).
 
     Returns:
         A summary dict (also ``metrics.json``): best epoch, val/test metrics per
@@ -180,7 +201,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         if is_main:
             remove_stale_temporaries(out)
         return _train(cfg, Path(out), resume=resume, stop_after_epochs=stop_after_epochs, progress=progress,
-                      verbose=verbose, command=command)
+                      verbose=verbose, command=command, splits=splits)
     finally:
         if lock is not None:
             lock.release()
@@ -204,7 +225,7 @@ def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer) -> 
 
 
 def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None, progress: bool | None,
-           verbose: bool = True, command: str | None = None) -> dict:
+           verbose: bool = True, command: str | None = None, splits: dict | None = None) -> dict:
     from tqdm.auto import tqdm
 
     tc = cfg.train
@@ -214,7 +235,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     if is_main:
         save_config(cfg, out / "config.yaml")
 
-    splits = load_splits(cfg)
+    in_memory, splits = splits is not None, load_splits(cfg, splits)
     train_split, val_split = splits["train"], splits["val"]
     torch.manual_seed(tc.seed)
     model = build_model(video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1],
@@ -260,7 +281,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer)
     logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
                   enabled=is_main, echo=verbose)
-    prov = provenance.start(out, provenance.data_files(cfg), command=command, resumed=resumed) if is_main else {}
+    data_files = [] if in_memory else provenance.data_files(cfg)
+    prov = provenance.start(out, data_files, command=command, resumed=resumed) if is_main else {}
 
     epochs_this_call = 0
     while not state["done"] and state["epoch"] < tc.epochs:
