@@ -87,3 +87,14 @@ def test_fit_names_bad_splits():
         fit(_cfg({}), {"train": s["train"]}, verbose=False)
     with pytest.raises(TypeError, match=r"splits\['val'\]"):
         fit(_cfg({}), {"train": s["train"], "val": s["val"].text}, verbose=False)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import xmodal.data.types
+    import xmodal.training.inmemory
+
+    for mod in (xmodal.data.types, xmodal.training.inmemory):
+        res = doctest.testmod(mod)
+        assert res.attempted > 0 and res.failed == 0, mod.__name__
