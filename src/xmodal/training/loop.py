@@ -235,7 +235,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     if is_main:
         save_config(cfg, out / "config.yaml")
 
-    in_memory, splits = splits is not None, load_splits(cfg, splits)
+    in_memory = splits is not None
+    splits = load_splits(cfg, splits) if in_memory else load_splits(cfg)
     train_split, val_split = splits["train"], splits["val"]
     torch.manual_seed(tc.seed)
     model = build_model(video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1],
