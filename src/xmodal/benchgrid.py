@@ -148,7 +148,7 @@ def run_cell(cell: Cell, root: Path, **kw: Any) -> dict | None:
         summary = json.loads(done.read_text())
         if summary.get("config") == _cfg_fingerprint(cfg):
             return summary
-    summary = train(cfg, out, resume=True, progress=False)
+    summary = train(cfg, out, resume=True, progress=False, verbose=False)  # a grid: its own table
     summary["config"] = _cfg_fingerprint(cfg)
     done.write_text(json.dumps(summary, indent=1))
     return summary

@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         apply_threads(args)
         return int(args._run(args) or 0)
+    except BrokenPipeError:
+        return _stdout_gone()
     except UsageError as exc:
         print(f"{exc.prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -180,6 +182,20 @@ def main(argv: list[str] | None = None) -> int:
         # One-line errors for bad input; tracebacks are for bugs.
         print(f"xmodal {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (``xmodal ... | head``): end quietly, as a command
+    killed by SIGPIPE does, with nothing more written to the closed pipe (Python would
+    otherwise print a BrokenPipeError while flushing stdout at exit)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, the shell's status for a writer whose reader left
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import yaml
 KNOWN_LOSSES = ("infonce", "ntxent", "maxmargin", "mimaxmargin", "milnce", "dcl", "crossclr", "ncl", "calince")
 NORMALIZER_NAMES = ("none", "dn", "sinkhorn", "ncl", "qbnorm", "is", "dsl")
 SAMPLINGS = ("captions", "videos", "k_captions")
+LOG_TARGETS = ("csv", "tensorboard")
 
 
 class _Loader(yaml.SafeLoader):
@@ -38,6 +39,14 @@ _Loader.add_implicit_resolver(
 
 def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None) -> Any:
+    """A config field with its help text (the one source of ``xmodal config`` comments and
+    ``docs/config.md``); ``factory`` for mutable defaults (``dict``)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -55,30 +64,31 @@ class DataConfig:
     held-out rows are drawn with a fixed seed (the same for every ``train.seed``).
     """
 
-    name: str = "synthetic"
-    root: str = ""
-    train_split: str = "train"
-    val_split: str = "val"
-    test_split: str = "test"
-    synthetic: dict = field(default_factory=dict)
-    noise: float = 0.0
-    max_train_texts: int = 0
-    val_from_train: int = 0
+    name: str = key("synthetic", "synthetic (built-in generator) | paired (feature files under data.root)")
+    root: str = key("", "data directory of a paired layout (relative paths: to this file's folder)")
+    train_split: str = key("train", "split prefix of the training files ({split}_video_features.npy ...)")
+    val_split: str = key("val", "split used for early stopping and choosing the test-time normaliser")
+    test_split: str = key("test", "split evaluated at the end when its files exist; '' = none")
+    synthetic: dict = key(help="knobs of xmodal.data.synthetic, e.g. {num_train: 2000, zipf_exponent: 1.0}",
+                          factory=dict)
+    noise: float = key(0.0, "fraction of training pairs whose text is shuffled to a wrong video (Cali-NCE Table 7)")
+    max_train_texts: int = key(0, "train on a seeded random subset of this many texts; 0 = all")
+    val_from_train: int = key(0, "hold this many seeded training videos out as the validation split (val_split is then not read)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    kind: str = "linear"          # linear | mlp | meanp | transformer (video tower)
-    text_kind: str = ""           # "" = same as kind (linear for frame-pooling kinds)
-    dim: int = 256
-    width: int = 1024
-    depth: int = 1
-    dropout: float = 0.0
-    layers: int = 2
-    heads: int = 8
-    hidden: int = 512
-    standardize: bool = True
-    fusion: str = "gated"         # several video experts: concat | gated (Collaborative Experts)
+    kind: str = key("linear", "video tower: linear | mlp | meanp (CLIP4Clip mean pooling) | transformer")
+    text_kind: str = key("", "text tower kind; '' = same as kind (linear for frame-pooling kinds)")
+    dim: int = key(256, "joint embedding dimension")
+    width: int = key(1024, "hidden width of mlp towers")
+    depth: int = key(1, "hidden layers of mlp towers")
+    dropout: float = key(0.0, "dropout in the towers, in [0, 1)")
+    layers: int = key(2, "transformer layers of transformer towers")
+    heads: int = key(8, "attention heads of transformer towers (must divide hidden)")
+    hidden: int = key(512, "model width of transformer towers")
+    standardize: bool = key(True, "standardise input features with training-set mean and std")
+    fusion: str = key("gated", "several video experts: concat | gated (Collaborative Experts)")
 
 
 @dataclass(frozen=True)
@@ -86,22 +96,24 @@ class LossConfig:
     """``name`` is a key of ``xmodal.losses.LOSSES``; ``temperature`` / ``margin`` /
     ``learnable`` are passed when set; ``kwargs`` go to the constructor verbatim."""
 
-    name: str = "infonce"
-    temperature: float | None = 0.05
-    margin: float | None = None
-    learnable: bool = False
-    kwargs: dict = field(default_factory=dict)
+    name: str = key("infonce", "objective: infonce | ntxent | maxmargin | mimaxmargin | milnce | dcl | crossclr "
+                               "| ncl | calince")
+    temperature: float | None = key(0.05, "softmax temperature of temperature losses (null: the loss's default)")
+    margin: float | None = key(None, "margin of margin losses (null: the loss's default)")
+    learnable: bool = key(False, "learn the temperature (log-parametrised) instead of fixing it")
+    kwargs: dict = key(help="further constructor arguments of the loss, verbatim (e.g. {queue_size: 4096})",
+                       factory=dict)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "adam"            # adam | adamw | radam
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple = (0.9, 0.999)
-    grad_clip: float = 1.0        # 0 disables clipping
-    warmup_epochs: float = 1.0    # linear LR warm-up, then cosine decay
-    min_lr_ratio: float = 0.0
+    name: str = key("adam", "optimiser: adam | adamw | radam")
+    lr: float = key(1e-3, "peak learning rate (after warm-up; cosine decay to min_lr_ratio * lr)")
+    weight_decay: float = key(0.0, "weight decay (decoupled for adamw)")
+    betas: tuple = key((0.9, 0.999), "Adam betas [beta1, beta2]")
+    grad_clip: float = key(1.0, "clip the gradient norm to this value; 0 disables clipping")
+    warmup_epochs: float = key(1.0, "linear LR warm-up over this many epochs, then cosine decay")
+    min_lr_ratio: float = key(0.0, "final LR as a fraction of lr, in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -128,17 +140,18 @@ class ScheduleConfig:
     class bounds: the defaults here are xmodal's choices (margins centred on 0.2).
     """
 
-    kind: str = "constant"
-    alpha: float = 0.04
-    period_epochs: float = 10.0
-    cycles: int = 0               # > 0: whole cosine cycles ending at the last step (overrides period_epochs)
-    class_temperature: bool = False
-    classes: str = "kmeans"       # labels | kmeans
-    k: int = 200
-    t_min: float = 0.03
-    t_max: float = 0.1
-    m_min: float = 0.1
-    m_max: float = 0.3
+    kind: str = key("constant", "TS++ schedule of the temperature (margin): constant | cosine (eq. 4.1) "
+                                "| linear (eq. 4.2)")
+    alpha: float = key(0.04, "schedule amplitude: the value moves within base +- alpha/2 (absolute units)")
+    period_epochs: float = key(10.0, "cosine period in epochs (unless cycles > 0)")
+    cycles: int = key(0, "> 0: whole cosine cycles ending at the last step, at the peak (overrides period_epochs)")
+    class_temperature: bool = key(False, "per-class values from class frequencies (TS++ eqs. 4.3-4.6)")
+    classes: str = key("kmeans", "classes of class_temperature: labels (dataset) | kmeans (over caption features)")
+    k: int = key(200, "k-means clusters for classes: kmeans (TS++ sec. 5.4)")
+    t_min: float = key(0.03, "lowest per-class temperature")
+    t_max: float = key(0.1, "highest per-class temperature")
+    m_min: float = key(0.1, "lowest per-class margin (margin losses)")
+    m_max: float = key(0.3, "highest per-class margin (margin losses)")
 
 
 @dataclass(frozen=True)
@@ -159,33 +172,36 @@ class TestTimeConfig:
     depends on the validation split that also selects the normaliser.
     """
 
-    normalizers: tuple = ("none", "dn", "sinkhorn", "ncl", "qbnorm")
-    bank_size: int = 5000
-    dn_lam: float = 0.25
-    dn_source: str = "train"      # train | val
-    dn_num_samples: int = 100
-    dn_seeds: int = 1             # sampling seeds averaged (dn_source val: use 5, the paper's)
-    qb_k: int = 1
-    qb_beta: float = 20.0
-    sinkhorn_iters: int = 4
-    oracle: bool = True
+    normalizers: tuple = key(("none", "dn", "sinkhorn", "ncl", "qbnorm"),
+                             "candidate test-time normalisers tried on val: none | dn | sinkhorn | ncl | qbnorm "
+                             "| is | dsl")
+    bank_size: int = key(5000, "random training texts / videos in the query and gallery banks")
+    dn_lam: float = key(0.25, "DN's lambda (the share of the mean subtracted)")
+    dn_source: str = key("train", "where DN's means come from: train (query banks) | val (the DN paper's protocol)")
+    dn_num_samples: int = key(100, "rows DN averages per seed")
+    dn_seeds: int = key(1, "DN sampling seeds averaged (dn_source val: 5, the paper's)")
+    qb_k: int = key(1, "QB-Norm's k (top-k of the query bank)")
+    qb_beta: float = key(20.0, "QB-Norm's inverse temperature beta")
+    sinkhorn_iters: int = key(4, "Sinkhorn iterations of the sinkhorn / ncl biases")
+    oracle: bool = key(True, "also report Sinkhorn fitted on the evaluated queries (an oracle, never selected)")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 0
-    epochs: int = 20
-    batch_size: int = 256
-    sampling: str = "captions"    # captions: every caption once per epoch; videos: one caption per video;
-    #                               k_captions: each video once with captions_per_video of its captions (MIL-NCE)
-    captions_per_video: int = 4   # K of k_captions; must divide batch_size
-    metric: str = "rsum"          # early-stopping / selection metric on val: rsum | r1 (mean of t2v/v2t R@1)
-    #                               | map (mAP T->V, EPIC-100 MIR; needs relevancy, TS++ Table 5.1)
-    patience: int = 5             # epochs without improvement before stopping; 0 = never
-    device: str = "auto"          # auto | cpu | cuda
-    amp: bool = True              # mixed precision, only ever used on GPU
-    progress: bool = True
-    eval_batch_size: int = 8192
+    seed: int = key(0, "seed of the model init, batches, synthetic data and test-time banks")
+    epochs: int = key(20, "maximum number of epochs")
+    batch_size: int = key(256, "pairs per optimisation step (the global batch under torchrun)")
+    sampling: str = key("captions", "captions: every caption once per epoch | videos: one caption per video | "
+                                    "k_captions: each video with captions_per_video captions (MIL-NCE)")
+    captions_per_video: int = key(4, "K of k_captions; must divide batch_size")
+    metric: str = key("rsum", "early-stopping / selection metric on val: rsum | r1 (mean of t2v/v2t R@1) | "
+                              "map (mAP T->V, EPIC-100 MIR; needs relevancy)")
+    patience: int = key(5, "epochs without improvement before stopping; 0 = never")
+    device: str = key("auto", "auto | cpu | cuda")
+    amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU")
+    progress: bool = key(True, "progress bars on a terminal (never in a log file)")
+    eval_batch_size: int = key(8192, "rows per batch when embedding a split for evaluation")
+    log_to: tuple = key((), "extra logs beside log.jsonl: csv (RUN/log.csv) | tensorboard (RUN/tensorboard/)")
 
 
 @dataclass(frozen=True)
@@ -413,6 +429,8 @@ def validate(cfg: Config) -> None:
     _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
     if tr.patience < 0:
         raise ValueError(f"train.patience: must be >= 0, got {tr.patience}")
+    for target in tr.log_to:
+        _one_of(target, "train.log_to", LOG_TARGETS)
 
 
 def parse_overrides(overrides: Iterable[str]) -> list[tuple[list[str], Any]]:

@@ -15,7 +15,9 @@ where ``inputs`` is a list of captions (``kind="text"``) or image paths (``kind=
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +138,35 @@ def minilm_model_dir() -> Path:
 _CACHE: dict[str, object] = {}
 
 
+@contextlib.contextmanager
+def _hf_progress(progress: bool):
+    """transformers / huggingface_hub progress bars on only when ``progress`` and stderr is a
+    terminal (so no bar's carriage returns land in a log file); restored afterwards."""
+    show = bool(progress) and sys.stderr.isatty()
+    undo = []
+    try:
+        from transformers.utils import logging as hf_logging
+
+        if not show and hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            undo.append(hf_logging.enable_progress_bar)
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        if not show and not are_progress_bars_disabled():
+            disable_progress_bars()
+            undo.append(enable_progress_bars)
+    except ImportError:
+        pass
+    try:
+        yield
+    finally:
+        for fn in undo:
+            fn()
+
+
 def _minilm(captions: list[str], *, batch_size: int, progress: bool) -> np.ndarray:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -146,7 +177,8 @@ def _minilm(captions: list[str], *, batch_size: int, progress: bool) -> np.ndarr
         except ImportError:
             raise ModuleNotFoundError("the 'minilm' encoder needs sentence-transformers "
                                       "(pip install 'xmodal[encoders]')") from None
-        _CACHE["minilm"] = SentenceTransformer(str(model_dir), device="cpu")
+        with _hf_progress(progress):  # transformers' "Loading weights" bar: a terminal's only
+            _CACHE["minilm"] = SentenceTransformer(str(model_dir), device="cpu")
     st = _CACHE["minilm"]
     return st.encode(captions, batch_size=batch_size, show_progress_bar=progress,
                      normalize_embeddings=True, convert_to_numpy=True)

@@ -26,7 +26,7 @@ import torch
 
 from xmodal._validate import as_tensor, choice, float_matrix
 
-__all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "selected_normalizer",
+__all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "selected_normalizer", "best_foldable",
            "FOLDABLE"]
 
 #: Run normalisers an inner-product index can hold exactly.
@@ -164,9 +164,23 @@ def selected_normalizer(model: Any, normalizer: str = "selected") -> str:
     return _test_time(model).resolve(normalizer)
 
 
+def best_foldable(model: Any, metric: str = "rsum") -> str:
+    """The run's best normaliser on val (by ``metric``, as the trainer selects) among those
+    an index can hold (:data:`FOLDABLE`); ``"none"`` when no other was fitted."""
+    from xmodal.evaluate import score
+
+    tt = _test_time(model)
+    val = tt.val or {}
+    names = [n for n in dict.fromkeys(["none", *tt.names]) if n in FOLDABLE and n in val]
+    if not names:
+        return "none"
+    # ties prefer none, then the earlier name, as xmodal.testtime.select does
+    return max(names, key=lambda n: (score(val[n], metric), n == "none", -names.index(n)))
+
+
 @torch.no_grad()
-def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "selected"
-                        ) -> dict[str, Any]:
+def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "selected", *,
+                        metric: str = "rsum") -> dict[str, Any]:
     """The index form of a run's text -> video normaliser over a new gallery.
 
     The one place that reads the run's test-time state for the index (adapt here when
@@ -176,11 +190,14 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
     Args:
         model: a loaded run (``xmodal.load_model``).
         video_embeddings: ``[N, D]`` L2-normalised gallery embeddings (``model.encode_video``).
-        normalizer: ``"selected"``, ``"none"``, ``"dn"``, ``"sinkhorn"`` or ``"ncl"``.
+        normalizer: ``"selected"``, ``"none"``, ``"dn"``, ``"sinkhorn"`` or ``"ncl"``. When the
+            run selected a normaliser that cannot be folded (QB-Norm, IS, DSL), ``"selected"``
+            falls back to :func:`best_foldable` and says so in ``fallback_from``.
+        metric: the run's selection metric (``train.metric``) for that fallback.
 
     Returns:
         ``{"normalizer": name, "gallery": [N, D], "bias": [N] or None,
-        "query_shift": [D] or None}``: the biased score of a text embedding ``x`` is
+        "query_shift": [D] or None}`` (and ``"fallback_from"`` after a fallback): the biased score of a text embedding ``x`` is
         ``(x - query_shift) . gallery_j + bias_j``.
 
     Shape:
@@ -189,6 +206,9 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
     name = selected_normalizer(model, normalizer)
     video = float_matrix(video_embeddings, "video_embeddings")
     out: dict[str, Any] = {"normalizer": name, "gallery": video, "bias": None, "query_shift": None}
+    if normalizer == "selected" and name not in FOLDABLE:
+        out.update(normalizer=best_foldable(model, metric), fallback_from=name)
+        name = out["normalizer"]
     if name == "none":
         return out
     if name not in FOLDABLE:

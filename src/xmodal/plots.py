@@ -74,8 +74,43 @@ def _gap(r: dict) -> float | None:
     return _num(r.get("modality_gap"))
 
 
+def _epoch_ticks(ax) -> None:
+    """Epochs are whole numbers: no 1.5 on an epoch axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _legend_below(ax, handles=None, labels=None) -> None:
+    """The legend under the panel (below its x label), so it never covers a curve."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+              frameon=False)
+
+
+def _legend_right(ax, handles=None, labels=None) -> None:
+    """The legend right of the panel, outside the plotting area."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+              frameon=False)
+
+
+def _save(fig, path: str | Path) -> Path:
+    out = Path(path)
+    fig.savefig(out, dpi=100, bbox_inches="tight")  # "tight": the legends outside the panels are kept
+    _plt().close(fig)
+    return out
+
+
 def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = None) -> Path:
-    """Training curves per epoch from ``log.jsonl``.
+    """Training curves per epoch from ``log.jsonl`` (:func:`curves_figure`) written to ``path``."""
+    return _save(curves_figure(log, per_step=per_step), path)
+
+
+def curves_figure(log: list[dict], *, per_step: tuple | None = None):
+    """The figure of :func:`plot_curves`: training curves per epoch from ``log.jsonl``.
 
     Panels: training loss (and the per-term / per-direction losses of ``loss_terms``
     when logged); validation R@1 both ways with the selection metric (``val_rsum`` or
@@ -84,6 +119,7 @@ def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = N
     validation modality gap when ``modality_gap`` is logged (TS++ Fig. 5.6).
     ``per_step``: ``(steps, values, steps_per_epoch)`` of a schedule, drawn as a line so
     that a schedule faster than an epoch is not aliased by the end-of-epoch samples.
+    Legends sit under the panels (clear of every curve); epoch ticks are integers.
     """
     plt = _plt()
     ep = [r["epoch"] for r in log]
@@ -91,6 +127,8 @@ def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = N
     has_gap = any(g is not None for g in gap)
     n = 4 if has_gap else 3
     fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.8))
+    for a in axes:
+        _epoch_ticks(a)
     ax = list(axes)
     ax[0].plot(ep, [r["train_loss"] for r in log], marker="o", color="k", label="total")
     terms = sorted({k for r in log for k in _terms(r)} - {"loss"})
@@ -99,7 +137,7 @@ def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = N
                    ls="--", color=f"C{i}", label=name)
     ax[0].set(title="training loss", xlabel="epoch")
     if terms:
-        ax[0].legend(fontsize=8)
+        _legend_below(ax[0])
     for i, d in enumerate(("t2v", "v2t")):
         ax[1].plot(ep, [r["val"][d]["R@1"] for r in log], marker="o", color=f"C{i}", label=f"{d} R@1")
     ax[1].set(title="validation", xlabel="epoch", ylabel="R@1 (%)")
@@ -115,7 +153,7 @@ def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = N
     if best:
         handles.append(ax[1].axvline(best, color="grey", ls="--", lw=1))
         labels.append(f"best epoch ({best})")
-    ax[1].legend(handles, labels, fontsize=8, loc="lower right")
+    _legend_below(ax[1], handles, labels)
     sched = [_num(r.get("scheduled")) for r in log]
     used = [s if s is not None else _num(r.get("temperature")) for s, r in zip(sched, log)]
     what = "scheduled value" if any(s is not None for s in sched) else "temperature"
@@ -129,15 +167,12 @@ def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = N
     h2 = tw.plot(ep, [r["lr"] for r in log], marker=".", color="C7", ls="--", label="LR (end of epoch)")
     tw.set_ylabel("LR")
     h1, l1 = ax[2].get_legend_handles_labels()
-    ax[2].legend(h1 + h2, l1 + [h2[0].get_label()], fontsize=8, loc="best")
+    _legend_below(ax[2], h1 + h2, l1 + [h2[0].get_label()])
     if has_gap:
         ax[3].plot(ep, gap, marker="o", color="C4")
         ax[3].set(title="modality gap (val)", xlabel="epoch", ylabel="||mean(v) - mean(t)||")
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def plot_schedule(steps: np.ndarray, values: np.ndarray, path: str | Path, *, label: str = "temperature",
@@ -148,15 +183,13 @@ def plot_schedule(steps: np.ndarray, values: np.ndarray, path: str | Path, *, la
     fig, ax = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
     ax[0, 0].plot(steps, values)
     ax[0, 0].set(title=f"{label} schedule", xlabel="step", ylabel=label)
+    _epoch_ticks(ax[0, 0])  # steps are whole numbers too
     if class_values is not None:
         ax[0, 1].scatter(class_counts, class_values, s=10)
         ax[0, 1].set(xscale="log", title=f"per-class {label} (TS++ eq. 4.3)", xlabel="class size K_c",
                      ylabel=label)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(fig, path)
 
 
 CAPTION_MASS = ("Retrieval mass of a gallery item = sum over queries of softmax(sim / tau) (NCL Sec. 3.2). "
@@ -168,9 +201,16 @@ CAPTION_FNFP = ("False-negative rate: positive (query, item) pairs whose item is
 
 
 def plot_retrieval_mass(masses: dict[str, np.ndarray], expected: float, path: str | Path,
-                        title: str = "", caption: str = CAPTION_MASS) -> Path:
+                        title: str = "", caption: str = CAPTION_MASS, item: str = "gallery item") -> Path:
+    """:func:`retrieval_mass_figure` written to ``path``."""
+    return _save(retrieval_mass_figure(masses, expected, title=title, caption=caption, item=item), path)
+
+
+def retrieval_mass_figure(masses: dict[str, np.ndarray], expected: float, *, title: str = "",
+                          caption: str = CAPTION_MASS, item: str = "gallery item"):
     """Per-item retrieval mass, one step histogram per normaliser (log-spaced bins,
-    distinct line styles so overlapping curves stay readable), with a caption."""
+    distinct line styles so overlapping curves stay readable; the legend right of the
+    panel), with a caption. ``item``: what a gallery row is (``image`` / ``video``)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     allm = np.concatenate([np.asarray(m, dtype=np.float64) for m in masses.values()])
@@ -183,14 +223,11 @@ def plot_retrieval_mass(masses: dict[str, np.ndarray], expected: float, path: st
         ax.hist(np.clip(m, lo, bins[-1]), bins=bins, histtype="step", lw=1.8, ls=styles[i % len(styles)],
                 color=f"C{i}", label=f"{name} (mean |dev| {dev:.2f})")
     ax.axvline(expected, color="k", ls="--", lw=1, label=f"balanced ({expected:.2g})")
-    ax.set(xscale="log", xlabel="retrieval mass per gallery item (log scale)", ylabel="items", title=title)
+    ax.set(xscale="log", xlabel=f"retrieval mass per {item} (log scale)", ylabel=f"{item}s", title=title)
     _plain_ticks(ax)
-    ax.legend(fontsize=8)
+    _legend_right(ax)
     _caption(fig, caption)
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def _plain_ticks(ax) -> None:
@@ -211,8 +248,14 @@ def _caption(fig, text: str) -> None:
 
 def plot_fn_fp(results: dict[str, dict], path: str | Path, title: str = "",
                caption: str = CAPTION_FNFP) -> Path:
+    """:func:`fn_fp_figure` written to ``path``."""
+    return _save(fn_fp_figure(results, title=title, caption=caption), path)
+
+
+def fn_fp_figure(results: dict[str, dict], *, title: str = "", caption: str = CAPTION_FNFP):
     """FN and FP rates against the bins' mean retrieval mass (NCL Fig. 3), one colour per
-    normaliser; ``results[name]`` is :func:`xmodal.metrics.fn_fp_by_mass` output."""
+    normaliser (one legend, right of the panels); ``results[name]`` is
+    :func:`xmodal.metrics.fn_fp_by_mass` output."""
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     expected = None
@@ -230,13 +273,22 @@ def plot_fn_fp(results: dict[str, dict], path: str | Path, title: str = "",
         if expected is not None:
             a.axvline(expected, color="k", ls="--", lw=1, label="balanced")
         a.set_ylim(-2, 102)
-        a.legend(fontsize=8)
+    _legend_right(ax[1])
     fig.suptitle(title, fontsize=10)
     _caption(fig, caption)
-    out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
+
+
+def gallery_item(cfg: Any) -> str:
+    """What the gallery holds, as the data names it: ``"image"`` when the validation split's
+    features are ``{split}_image_features.npy`` (Flickr8k), else ``"video"``."""
+    d = getattr(cfg, "data", None)
+    if d is None or d.name != "paired" or not d.root:
+        return "video"
+    from xmodal.data import layout
+
+    path = layout.find(d.root, d.val_split, "video")
+    return "image" if path is not None and path.name.endswith("_image_features.npy") else "video"
 
 
 def t2v_similarity(model: Any, split: Any, name: str) -> torch.Tensor:
@@ -285,7 +337,9 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     else:
         written.append(plot_curves(log, run_dir / "curves.png"))
     a = mass_analysis(model, splits["val"])
-    title = f"text->video on val, tau={model.temperature:.3f}"
-    written.append(plot_retrieval_mass(a["masses"], a["expected"], run_dir / "retrieval_mass.png", title=title))
+    item = gallery_item(cfg)
+    title = f"text->{item} on val, tau={model.temperature:.3f}"
+    written.append(plot_retrieval_mass(a["masses"], a["expected"], run_dir / "retrieval_mass.png", title=title,
+                                       item=item))
     written.append(plot_fn_fp(a["fn_fp"], run_dir / "fn_fp.png", title=title))
     return written

@@ -159,7 +159,29 @@ def _summary(run: Path, metrics: dict) -> str:
     return table(["", "value"], rows, left_cols=2)
 
 
-def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any) -> list[str]:
+def _provenance_section(run: Path) -> list[str]:
+    """``provenance.json`` (xmodal.training.provenance): command, versions, git, times, data hashes."""
+    path = run / "provenance.json"
+    if not path.is_file():
+        return []
+    try:
+        p = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ["<h2>Provenance</h2>", f'<p class="muted">{_e(path.name)} is unreadable.</p>']
+    keys = ["command", "xmodal_version", "torch_version", "python_version", "git_revision", "git_dirty",
+            "started", "resumed", "finished"]
+    rows = [[k, ", ".join(map(str, p[k])) if isinstance(p.get(k), list) else
+             ("–" if p.get(k) is None else str(p[k]))] for k in keys if k in p]
+    parts = ["<h2>Provenance</h2>", table(["", "value"], rows, left_cols=2)]
+    data = p.get("data") or {}
+    if data:
+        parts.append(table(["data file read", "sha256"], [[f, h] for f, h in data.items()], left_cols=2))
+    else:
+        parts.append('<p class="muted">No data files read (built-in synthetic data).</p>')
+    return parts
+
+
+def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any, item: str = "video") -> list[str]:
     """t2v R@K per head/tail group of the val texts (classes: labels, else k-means)."""
     from xmodal.data import kmeans_classes
     from xmodal.metrics import head_tail_groups, retrieval_by_group
@@ -179,7 +201,7 @@ def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any) -> list[st
         ids, how = lab[train.num_texts:], f"k-means classes of the captions (k={k}, TS++ Sec. 4.1.2)"
     groups = head_tail_groups(ids, class_counts=counts, head_mass=0.8)
     parts = [f'<p class="muted">Classes: {_e(how)}; head = the most frequent training classes '
-             f"holding 80% of the training texts, tail = the rest. Text-to-video on val.</p>"]
+             f"holding 80% of the training texts, tail = the rest. Text-to-{_e(item)} on val.</p>"]
     header = ["normaliser", "group", "queries", "R@1", "R@5", "R@10", "MdR", "MnR"]
     rows = []
     for n in dict.fromkeys(["none", name]):
@@ -201,7 +223,8 @@ def _names(root: Any, split: str, stem: str, n: int) -> list[str] | None:
 
 
 def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: int = 0, top: int = 5,
-                     video_names: list[str] | None = None, images: Path | None = None) -> list[str]:
+                     video_names: list[str] | None = None, images: Path | None = None,
+                     item: str | None = None) -> list[str]:
     """For a seeded sample of text queries: the top results, the correct one marked, its rank."""
     import torch
 
@@ -211,7 +234,8 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
     rng = np.random.default_rng(seed)
     queries = np.sort(rng.choice(split.num_texts, size=min(num, split.num_texts), replace=False))
     t2v = split.text_to_video
-    parts = [f'<p class="muted">Text -&gt; {"image" if images else "video"} retrieval on '
+    item = item or ("image" if images else "video")
+    parts = [f'<p class="muted">Text -&gt; {_e(item)} retrieval on '
              f"{_e(split.name or 'val')} with normaliser <b>{_e(name)}</b>; {len(queries)} queries "
              f"drawn with seed {seed}. Green: the correct item. Rank: pessimistic ties.</p>"]
     for q in queries:
@@ -224,7 +248,7 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
         items = []
         shown = order if correct in order else order + [correct]
         for pos, j in enumerate(shown):
-            label = video_names[j] if video_names else f"item {j}"
+            label = video_names[j] if video_names else f"{item} {j}"
             r = pos + 1 if j in order else rank
             img = ""
             if images is not None and video_names:
@@ -243,13 +267,14 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     from xmodal.config import load_config
     from xmodal.metrics import normalization_error
     from xmodal.models import load_model
-    from xmodal.plots import (mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass, read_log,
+    from xmodal.plots import (gallery_item, mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass, read_log,
                               t2v_similarity)
     from xmodal.training.loop import load_splits
 
     metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
             "<h2>Summary</h2>", _summary(run, metrics)]
+    body += _provenance_section(run)
     if (run / "config.yaml").is_file():
         body.append("<details><summary>config.yaml</summary><pre>"
                     f"{_e((run / 'config.yaml').read_text())}</pre></details>")
@@ -270,20 +295,22 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
         val = splits["val"]
         name = model.test_time.get("normalizer", "none")
         a = mass_analysis(model, val)
-        title = f"text->video on val, tau={model.temperature:.3f}"
+        item = gallery_item(cfg)
+        title = f"text->{item} on val, tau={model.temperature:.3f}"
         errs = [[n, normalization_error(t2v_similarity(model, val, n), model.temperature),
                  float(np.abs(m - a["expected"]).max())] for n, m in a["masses"].items()]
         body += ["<h2>Retrieval mass (NCL Sec. 3.2, Figs. 2-3)</h2>",
                  table(["normaliser", "normalisation error (eq. 5)", "max |mass - balanced|"], errs,
                        best_cols=[1, 2], lower=lambda h: True, digits=3),
-                 _png(plot_retrieval_mass(a["masses"], a["expected"], tmp / "m.png", title=title), "mass"),
+                 _png(plot_retrieval_mass(a["masses"], a["expected"], tmp / "m.png", title=title, item=item),
+                      "mass"),
                  _png(plot_fn_fp(a["fn_fp"], tmp / "f.png", title=title), "fn/fp by mass")]
-        body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg)
+        body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg, item)
         root = cfg.data.root if cfg.data.name != "synthetic" else None
         names = _names(root, cfg.data.val_split, "images", val.num_videos)
         body += ["<h2>Example rankings</h2>"] + examples_section(
             model, val, name, num=num_examples, seed=seed, video_names=names,
-            images=images if names else None)
+            images=images if names else None, item=item)
     return page(f"xmodal report: {run.name}", body)
 
 

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         for name, cfg in zip(losses, configs):
             if progress:
                 print(f"== training {name} on the synthetic default (seed {args.seed}) ==", flush=True)
-            results[name] = train(cfg, f"{root}/{name}", resume=False, progress=progress)
+            results[name] = train(cfg, f"{root}/{name}", resume=False, progress=progress, verbose=progress)
     print()
     print(format_table(results))
     print(f"\nsynthetic default: {args.num_train} train videos x 3 captions, {args.num_eval} val / "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ product is the normalised score: DN exactly (gallery y - lam mu_y, queries shift
 by -lam mu_x), NCL / Sinkhorn as the per-video bias b_j fitted on the run's stored
 query bank against this gallery. QB-Norm, IS and DSL depend on each query's scores
 against the whole gallery and cannot be folded: choose --normalizer none, dn,
-sinkhorn or ncl for such runs. DIR holds index.faiss, query_shift.npy, meta.json
+sinkhorn or ncl for such runs; with --normalizer selected on such a run the
+best foldable one on val is used, and a note says so. DIR holds index.faiss, query_shift.npy, meta.json
 and a copy of the run's checkpoint (for the text head)."""
 
 FORMAT = "xmodal-index"
@@ -74,7 +76,7 @@ def build(run: str, video_features: Any, out: str | Path, *, normalizer: str = "
         raise ValueError(f"--out: {out} already holds an index (pass --overwrite to replace it)")
     model = load_run(run)
     video = model.encode_video(video_features, video_mask)
-    folded = fold_run_normalizer(model, video, normalizer)
+    folded = fold_run_normalizer(model, video, normalizer, metric=_run_metric(run))
     if names is not None and len(names) != video.shape[0]:
         raise ValueError(f"--names: {len(names)} names but --video-features has {video.shape[0]} rows")
     index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind)
@@ -90,8 +92,23 @@ def build(run: str, video_features: Any, out: str | Path, *, normalizer: str = "
             "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
             "dim": int(video.shape[1]), "text_dim": _text_dim(model),
             "text_encoder": text_encoder, "names": names is not None}
+    if "fallback_from" in folded:
+        meta["fallback_from"] = folded["fallback_from"]
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+def _run_metric(run: str) -> str:
+    """The run's selection metric (``train.metric`` of its saved config; ``rsum`` if unknown)."""
+    import torch
+
+    from xmodal.commands._runs import checkpoint_file
+
+    try:
+        payload = torch.load(checkpoint_file(run), map_location="cpu", weights_only=True)
+        return str(payload["config"]["train"]["metric"])
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError):
+        return "rsum"
 
 
 def _text_dim(model) -> int | None:
@@ -133,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
         if sep and name in flags:
             raise type(exc)(f"{flags[name]}:{rest}") from None
         raise
+    if "fallback_from" in meta:
+        print(f"note: the run selected {meta['fallback_from']}, which depends on each query's scores against "
+              f"the whole gallery and cannot be folded into an index; using {meta['normalizer']}, the best "
+              f"foldable normaliser on val (--normalizer NAME to choose another)", file=sys.stderr)
     print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index, "
           f"normaliser {meta['normalizer']} folded in; {time.perf_counter() - start:.1f} s)")
     return 0

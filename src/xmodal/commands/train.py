@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = train(cfg, args.out, resume=not args.no_resume, progress=_progress(args, cfg))
     except OSError as exc:
-        if isinstance(exc, FileNotFoundError):
+        if isinstance(exc, (FileNotFoundError, BrokenPipeError)):  # `| head`: xmodal.cli ends quietly
             raise
         # a full disk or an unwritable run directory: one line, not a traceback
         print(f"xmodal train: error: {exc.strerror or exc}", file=sys.stderr)

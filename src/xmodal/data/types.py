@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -238,6 +240,24 @@ class PairedSplit:
             raise ValueError(f"video_names: expected {self.video.shape[0]} names, got {len(self.video_names)}")
         if self.relevancy is not None:
             self.relevancy = check_relevancy(self.relevancy, self.text.shape[0], self.video.shape[0])
+
+    def save(self, root: str | os.PathLike, split: str) -> list[Path]:
+        """Write this split as split ``split`` of the file layout under ``root``
+        (:func:`xmodal.data.writer.save_split`); :func:`~xmodal.data.load_paired_split`
+        reads back an equal split. Returns the files written.
+
+        >>> import numpy as np, tempfile
+        >>> from xmodal.data import load_paired_split
+        >>> s = PairedSplit.from_arrays(video=np.ones((2, 4)), text=np.ones((3, 5)), text_to_video=[0, 1, 1])
+        >>> root = tempfile.mkdtemp()
+        >>> [p.name for p in s.save(root, "train")]
+        ['train_text_features.npy', 'train_text_to_video.npy', 'train_video_features.npy']
+        >>> load_paired_split(root, "train").text_to_video.tolist()
+        [0, 1, 1]
+        """
+        from xmodal.data.writer import save_split
+
+        return save_split(self, root, split)
 
     @classmethod
     def from_arrays(cls, *, video: Any, text: Any, text_to_video: Any, video_mask: Any = None,

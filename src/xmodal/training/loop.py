@@ -6,7 +6,9 @@
     selected on validation (:mod:`xmodal.testtime`) -> ``model.pt``
 
 Run directory (``out``): ``config.yaml`` (resolved config), ``log.jsonl`` (one JSON
-object per epoch), ``checkpoint.pt`` (everything needed to resume exactly: model,
+object per epoch; ``log.csv`` and ``tensorboard/`` with ``train.log_to``, see
+:mod:`xmodal.training.runlog`), ``provenance.json`` (command, versions, git revision,
+sha256 of the data files, :mod:`xmodal.training.provenance`), ``checkpoint.pt`` (everything needed to resume exactly: model,
 loss state incl. queues, optimiser, RNG, early-stopping state; rewritten atomically
 every epoch), ``model.pt`` (the selected model with its fitted test-time normalisers,
 what :func:`xmodal.load_model` reads), ``metrics.json``, PNG plots, and ``.lock`` (one
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -48,6 +51,8 @@ from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
 from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, load_checkpoint,
                          prepare_run_dir, remove_stale_temporaries)
+from xmodal.training import provenance
+from xmodal.training.runlog import RunLog
 from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
 from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
                                   text_classes)
@@ -59,13 +64,16 @@ from xmodal.training.parts import (average_gradients, build_loss_from_config, co
 # --------------------------------------------------------------------------- data
 
 
-def load_splits(cfg: Config) -> dict:
-    """``{"train", "val"[, "test"]}`` :class:`~xmodal.data.PairedSplit` s for ``cfg.data``,
-    with ``data.noise`` of the training pairs shuffled and ``max_train_texts`` applied."""
+def load_splits(cfg: Config, splits: dict | None = None) -> dict:
+    """``{"train", "val"[, "test"]}`` :class:`~xmodal.data.PairedSplit` s for ``cfg.data``
+    (or the in-memory ``splits`` given instead of its files), with ``data.noise`` of the
+    training pairs shuffled and ``max_train_texts`` applied."""
     import xmodal.data as xdata
 
     d = cfg.data
-    if d.name == "synthetic":
+    if splits is not None:
+        splits = _given_splits(splits)
+    elif d.name == "synthetic":
         all_splits = xdata.synthetic(**d.synthetic, seed=cfg.train.seed)
         splits = {"train": all_splits[d.train_split], "val": all_splits[d.val_split]}
         if d.test_split and d.test_split in all_splits:
@@ -101,6 +109,21 @@ def carve_validation(train, num_videos: int, seed: int = 0x7A1) -> tuple:
                          f"(the training split has {train.num_videos} videos), got {num_videos}")
     held = np.random.default_rng(seed).permutation(train.num_videos)
     return train.subset(np.sort(held[num_videos:])), train.subset(np.sort(held[:num_videos]))
+
+
+def _given_splits(splits: Any) -> dict:
+    from xmodal.data import PairedSplit
+
+    if not isinstance(splits, dict) or not {"train", "val"} <= set(splits):
+        raise ValueError("splits: expected a dict with 'train' and 'val' (and optionally 'test') PairedSplits")
+    out = {}
+    for key, value in splits.items():
+        if key not in ("train", "val", "test"):
+            raise ValueError(f"splits: unknown key {key!r}; expected train, val, test")
+        if not isinstance(value, PairedSplit):
+            raise TypeError(f"splits[{key!r}]: expected a PairedSplit, got {type(value).__name__}")
+        out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- pieces
@@ -158,7 +181,8 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 
 def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_after_epochs: int | None = None,
-          progress: bool | None = None) -> dict:
+          progress: bool | None = None, verbose: bool = True, command: str | None = None,
+          splits: dict | None = None) -> dict:
     """Train, select the test-time normaliser on validation, write the run directory.
 
     Args:
@@ -168,7 +192,11 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         resume: continue an interrupted run (else start over, overwriting).
         stop_after_epochs: return after this many epochs *of this call* without
             finishing (simulates a kill; used by the resume tests).
-        progress: tqdm bars (default ``cfg.train.progress``, rank 0 only).
+        progress: tqdm bars on stderr (default: ``cfg.train.progress`` and stderr a terminal; rank 0 only).
+        verbose: print one line per epoch on stdout (rank 0), terminal or not.
+        command: the command line recorded in ``provenance.json`` (default ``sys.argv``).
+        splits: in-memory ``{"train", "val"[, "test"]}`` PairedSplits used instead of the
+            files of ``cfg.data`` (see :func:`xmodal.training.fit`).
 
     Returns:
         A summary dict (also ``metrics.json``): best epoch, val/test metrics per
@@ -187,7 +215,8 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
     try:
         if is_main:
             remove_stale_temporaries(out)
-        return _train(cfg, Path(out), resume=resume, stop_after_epochs=stop_after_epochs, progress=progress)
+        return _train(cfg, Path(out), resume=resume, stop_after_epochs=stop_after_epochs, progress=progress,
+                      verbose=verbose, command=command, splits=splits)
     finally:
         if lock is not None:
             lock.release()
@@ -210,18 +239,19 @@ def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer) -> 
                           f"use --no-resume or another --out") from None
 
 
-def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None, progress: bool | None
-           ) -> dict:
+def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None, progress: bool | None,
+           verbose: bool = True, command: str | None = None, splits: dict | None = None) -> dict:
     from tqdm.auto import tqdm
 
     tc = cfg.train
     is_main = dist.rank() == 0
-    show = (tc.progress if progress is None else progress) and is_main
+    show = (tc.progress and sys.stderr.isatty() if progress is None else progress) and is_main  # bars: a terminal's
     device = resolve_device(tc.device)
     if is_main:
         save_config(cfg, out / "config.yaml")
 
-    splits = load_splits(cfg)
+    in_memory = splits is not None
+    splits = load_splits(cfg, splits) if in_memory else load_splits(cfg)
     check_same_sizes(splits)  # a mismatched val / test split fails now, not after training
     train_split, val_split = splits["train"], splits["val"]
     torch.manual_seed(tc.seed)
@@ -263,10 +293,13 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     state = {"epoch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
              "history": [], "best_model": None, "train_time": 0.0, "done": False}
     ckpt_path = out / "checkpoint.pt"
-    if resume and ckpt_path.is_file():
+    resumed = resume and ckpt_path.is_file()
+    if resumed:
         state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer)
-    elif is_main and (out / "log.jsonl").exists():
-        (out / "log.jsonl").unlink()
+    logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
+                  enabled=is_main, echo=verbose)
+    data_files = [] if in_memory else provenance.data_files(cfg)
+    prov = provenance.start(out, data_files, command=command, resumed=resumed) if is_main else {}
 
     epochs_this_call = 0
     while not state["done"] and state["epoch"] < tc.epochs:
@@ -309,6 +342,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             for k, x in (getattr(loss_fn, "last_terms", None) or {}).items():
                 terms[k] = terms.get(k, 0.0) + (x.detach() if isinstance(x, torch.Tensor) else float(x))
             bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", refresh=False)
+            if logs.per_step:
+                logs.step(step, loss=value, lr=lr, temperature=plan.mean_value(step) if plan.active
+                          else loss_temperature(cfg, loss_fn), terms=getattr(loss_fn, "last_terms", None))
         train_loss = float(dist.all_reduce_mean(torch.tensor(float(np.mean(losses))))) if losses else float("nan")
         state["train_time"] += time.perf_counter() - t0
 
@@ -335,28 +371,22 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         if tc.patience and state["bad_epochs"] >= tc.patience:
             state["done"] = True
         if is_main:
-            if show:
-                mir_txt = f"  t2v mAP {val['t2v']['mAP']:.2f}" if "mAP" in val["t2v"] else ""
-                tqdm.write(f"epoch {epoch + 1:3d}  loss {train_loss:.4f}  val t2v R@1 {val['t2v']['R@1']:.2f}  "
-                           f"v2t R@1 {val['v2t']['R@1']:.2f}{mir_txt}  {tc.metric} {current:.2f}"
-                           + ("  *" if improved else ""))
             atomic_save({"config": to_dict(cfg), "model": model_payload(model), "loss": loss_fn.state_dict(),
                          "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
                          "generators": generator_states(loss_fn), "state": state},
                         ckpt_path)
-            write_log(out / "log.jsonl", state["history"])
+        logs.epoch(state["history"], improved=improved)  # log.jsonl (+ csv, tensorboard), the epoch line
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < tc.epochs \
                 and not state["done"]:
+            logs.close()
             return {"stopped": True, "epoch": state["epoch"]}
 
-    return finish(cfg, out, model, loss_fn, splits, state, show=show)
-
-
-def write_log(path: Path, history: list[dict]) -> None:
-    """``log.jsonl`` rewritten from the checkpointed history (temp file + rename), so the
-    log always matches the checkpoint, even after a kill between the two writes."""
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in history))
+    summary = finish(cfg, out, model, loss_fn, splits, state, show=show)
+    logs.final(summary, state["step"])
+    if is_main:
+        provenance.finish(out, prov)
+    return summary
 
 
 def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: dict, state: dict,
@@ -388,5 +418,5 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         atomic_save({"config": to_dict(cfg), "model": model_payload(model), "summary": summary}, out / "model.pt")
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=1))
         if show:
-            print(f"best epoch {summary['best_epoch']}, selected test-time normaliser: {best}")
+            print(f"best epoch {summary['best_epoch']}, selected test-time normaliser: {best}", flush=True)
     return summary

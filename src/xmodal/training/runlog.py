@@ -1,0 +1,189 @@
+"""What a training run reports while it runs: the epoch line, ``log.jsonl``, ``log.csv``
+and TensorBoard scalars (``train.log_to``).
+
+- stdout: one line per epoch (loss, val R@1 both ways, the selection metric, time per
+  epoch, ETA), flushed at once, whether or not stdout is a terminal, so a run under
+  ``nohup``, SLURM or ``| tee`` shows its epochs live. Progress bars are the loop's,
+  on a terminal only.
+- ``log.jsonl`` (always) and ``log.csv`` (``csv``): rewritten from the checkpointed
+  history every epoch (temporary file + rename), so after a kill and a resume they
+  hold each epoch exactly once and match the checkpoint.
+- ``tensorboard/events.out.tfevents.*`` (``tensorboard``): per step (at the step's 0-based
+  index) ``train/loss``, ``train/lr``, ``train/temperature`` and ``train/terms/<term>`` for each
+  loss term; per epoch (at the number of steps done, ``log.jsonl``'s ``step``) ``epoch/train_loss``, ``epoch/lr``, ``epoch/temperature``,
+  ``epoch/modality_gap``, ``epoch/terms/<term>``, ``val/<direction>/<metric>`` and
+  ``val/<selection metric>``; at the end ``final/<split>/<normaliser>/<direction>/<metric>``
+  for every fitted test-time normaliser. A resumed run opens a new event file with
+  ``purge_step`` at its first step, so TensorBoard drops what the killed process wrote
+  after its last checkpoint, and writes the last checkpointed epoch's scalars again.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from xmodal.config import LOG_TARGETS  # noqa: F401,E402  (re-exported; the list lives beside the config)
+TB_DIR = "tensorboard"
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """Nested dict of numbers -> ``{"a/b/c": number}`` (non-numbers skipped)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}/{k}" if prefix else str(k), v, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[prefix] = value
+    return out
+
+
+def epoch_scalars(record: dict, metric: str) -> dict[str, float]:
+    """The TensorBoard scalars of one ``log.jsonl`` record, ``{tag: value}``."""
+    out = {"epoch/train_loss": record["train_loss"], "epoch/lr": record["lr"],
+           "epoch/temperature": record["temperature"], "epoch/time_s": record["epoch_time"]}
+    if record.get("modality_gap") is not None:
+        out["epoch/modality_gap"] = record["modality_gap"]
+    if record.get("scheduled") is not None:
+        out["epoch/scheduled"] = record["scheduled"]
+    _flat("epoch/terms", record.get("loss_terms") or {}, out)
+    _flat("val", record["val"], out)
+    out[f"val/{metric}"] = record[f"val_{metric}"]
+    return {k: float(v) for k, v in out.items()}
+
+
+def csv_row(record: dict) -> dict[str, Any]:
+    """One ``log.csv`` row: the record's numbers, nested keys joined by ``/``."""
+    return _flat("", {k: v for k, v in record.items()}, {})
+
+
+def csv_text(history: list[dict]) -> str:
+    rows = [csv_row(r) for r in history]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def epoch_line(record: dict, *, epochs: int, metric: str, improved: bool, history: list[dict]) -> str:
+    """``epoch   3/20  loss 1.2345  val t2v R@1 12.34  v2t R@1 11.00  rsum 123.45 *  2.1 s/epoch  ETA 0:00:36``.
+
+    ETA: the mean time of the epochs so far times the epochs left (an upper bound when
+    early stopping ends the run sooner).
+    """
+    val = record["val"]
+    mir = f"  t2v mAP {val['t2v']['mAP']:.2f}" if "mAP" in val["t2v"] else ""
+    times = [r["epoch_time"] for r in history if "epoch_time" in r] or [record["epoch_time"]]
+    per = sum(times) / len(times)
+    left = max(0, epochs - record["epoch"])
+    return (f"epoch {record['epoch']:3d}/{epochs}  loss {record['train_loss']:.4f}  "
+            f"val t2v R@1 {val['t2v']['R@1']:.2f}  v2t R@1 {val['v2t']['R@1']:.2f}{mir}  "
+            f"{metric} {record[f'val_{metric}']:.2f}{' *' if improved else '  '}  "
+            f"{record['epoch_time']:.1f} s/epoch  ETA {_clock(per * left)}")
+
+
+class RunLog:
+    """The run's logs; every method is a no-op on ranks other than 0 (``enabled=False``).
+
+    Args:
+        out: the run directory.
+        log_to: ``train.log_to`` (a subset of ``("csv", "tensorboard")``).
+        metric: the selection metric (``train.metric``).
+        epochs: ``train.epochs`` (for the ETA).
+        history: the checkpointed epoch records (a resumed run's; empty on a fresh start).
+        enabled: write anything at all (rank 0).
+        echo: print the epoch line on stdout.
+    """
+
+    def __init__(self, out: Path, *, log_to: tuple = (), metric: str = "rsum", epochs: int = 1,
+                 history: list[dict] | None = None, enabled: bool = True, echo: bool = True) -> None:
+        self.out, self.metric, self.epochs = Path(out), metric, epochs
+        self.enabled, self.echo = enabled, echo and enabled
+        self.csv = enabled and "csv" in log_to
+        self.writer = None
+        first_step = history[-1]["step"] if history else 0
+        if enabled and "tensorboard" in log_to:
+            self.writer = _summary_writer(self.out / TB_DIR, first_step)
+            if history:
+                self._epoch_scalars(history[-1])
+        if enabled and first_step == 0:  # a fresh start: logs of an overwritten run go
+            for name in ("log.jsonl", "log.csv"):
+                (self.out / name).unlink(missing_ok=True)
+
+    @property
+    def per_step(self) -> bool:
+        """Whether :meth:`step` records anything (the loop skips its host syncs otherwise)."""
+        return self.writer is not None
+
+    def step(self, step: int, *, loss: float, lr: float, temperature: float | None = None,
+             terms: dict | None = None) -> None:
+        """Per-step scalars of the step with 0-based index ``step``."""
+        if self.writer is None:
+            return
+        s = step
+        self.writer.add_scalar("train/loss", loss, s)
+        self.writer.add_scalar("train/lr", lr, s)
+        if temperature is not None:
+            self.writer.add_scalar("train/temperature", temperature, s)
+        for k, v in (terms or {}).items():
+            self.writer.add_scalar(f"train/terms/{k}", float(v), s)
+
+    def epoch(self, history: list[dict], *, improved: bool) -> None:
+        """After the checkpoint of an epoch: rewrite the files, add its scalars, print its line."""
+        if not self.enabled:
+            return
+        from xmodal.runs import atomic_write_text
+
+        record = history[-1]
+        atomic_write_text(self.out / "log.jsonl", "".join(json.dumps(r) + "\n" for r in history))
+        if self.csv:
+            atomic_write_text(self.out / "log.csv", csv_text(history))
+        if self.writer is not None:
+            self._epoch_scalars(record)
+        if self.echo:
+            print(epoch_line(record, epochs=self.epochs, metric=self.metric, improved=improved,
+                             history=history), flush=True)
+
+    def _epoch_scalars(self, record: dict) -> None:
+        for tag, v in epoch_scalars(record, self.metric).items():
+            if math.isfinite(v):
+                self.writer.add_scalar(tag, v, record["step"], walltime=time.time())
+        self.writer.flush()
+
+    def final(self, summary: dict, step: int) -> None:
+        """The per-normaliser val/test metrics of the selected model, at the last step."""
+        if self.writer is not None:
+            for split in ("val", "test"):
+                for tag, v in _flat(f"final/{split}", summary.get(split) or {}, {}).items():
+                    if math.isfinite(float(v)):
+                        self.writer.add_scalar(tag, v, step)
+        self.close()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _summary_writer(folder: Path, first_step: int):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ValueError("train.log_to: 'tensorboard' needs the tensorboard package "
+                         "(pip install 'xmodal[tensorboard]')") from None
+    if first_step == 0 and folder.is_dir():  # a fresh start replaces the old run's event files
+        for f in folder.glob("events.out.tfevents.*"):
+            f.unlink()
+    return SummaryWriter(str(folder), purge_step=first_step or None)
+
