@@ -16,6 +16,9 @@ DESCRIPTION = """Your own data in the layout xmodal train reads (README.md, "You
   xmodal data check mydata [--split train ...]
 
 import: pairs.csv (header: video_id,caption[,split]) or pairs.jsonl; per-video features
+(clips inside long videos: header video_id,clip_id[,start,end],caption: the clips are the
+rows, features per clip feats/<clip_id>.npy, and {split}_video_to_group.npy + {split}_groups.txt
+hold the long videos; clips ordered by start within their video)
 feats/<video_id>.npy or .npz ([D] or [F, D], any number of frames: padded + mask), or a
 glob ('feats/*.npy'); captions encoded with MiniLM unless --text-features gives a .npy
 with one row per pair.
@@ -73,6 +76,9 @@ def summarize(arrays: dict) -> list[str]:
             lines.append(f"captions per video: {_stats(np.bincount(t2v, minlength=n))}")
     if isinstance(text, np.ndarray) and text.ndim == 2:
         lines.append(f"texts {text.shape[0]}, feature dim {text.shape[1]}")
+    g = arrays.get("video_to_group")
+    if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and np.issubdtype(g.dtype, np.integer) and g.min() >= 0:
+        lines.append(f"groups (long videos) {int(g.max()) + 1}, clips per group: {_stats(np.bincount(g)[np.bincount(g) > 0])}")
     return lines
 
 

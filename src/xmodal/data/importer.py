@@ -9,6 +9,12 @@ or the files a glob matches (stem = video id); each holds ``[D]`` (one vector) o
 ``features``. Variable-length videos are zero-padded to the longest and a frame mask
 ``{split}_video_mask.npy`` is written. Videos are numbered in order of first
 appearance in the table; texts keep the table order.
+
+Clips inside long videos (CrossCLR / COOT): a table with a clip column (``clip_id`` or
+``clip``) beside ``video_id`` (or ``group``), e.g. ``video_id,clip_id,start,end,caption``,
+makes each clip a row of the layout (features ``DIR/<clip id>.npy``) and writes
+``{split}_video_to_group.npy`` / ``{split}_groups.txt`` (:mod:`xmodal.data.groups`): clips
+grouped by video in order of first appearance, by ``start`` within a video when given.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from xmodal.data import layout
+from xmodal.data import groups, layout
 
 VIDEO_COLUMNS = ("video", "video_id", "image")
 TEXT_COLUMNS = ("caption", "text")
@@ -65,6 +71,10 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     if vcol is None or tcol is None:
         raise ValueError(f"pairs: {path} needs a video column ({'/'.join(VIDEO_COLUMNS)}) and a caption "
                          f"column ({'/'.join(TEXT_COLUMNS)}); found {sorted(keys)}")
+    gcol = None
+    ccol = next((c for c in groups.CLIP_COLUMNS if c in keys), None)
+    if ccol is not None:  # clips inside long videos: the clip is the row, the video its group
+        gcol, vcol = next((c for c in groups.GROUP_COLUMNS if c in keys), vcol), ccol
     rows, bad = [], []
     for i, r in enumerate(raw):
         video, caption = r.get(vcol), r.get(tcol)
@@ -74,6 +84,11 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
         row = {"video": str(video), "caption": " ".join(str(caption).split())}  # no tabs/newlines in the TSV
         if r.get("split"):
             row["split"] = str(r["split"])
+        if gcol is not None:
+            if r.get(gcol) in (None, ""):
+                bad.append(i + (2 if suffix == ".csv" else 1))
+                continue
+            row.update(group=str(r[gcol]), start=str(r.get("start") or ""))
         rows.append(row)
     if bad:
         raise ValueError(f"pairs: {path}: {len(bad)} row(s) without a video id or caption (lines {bad[:5]})")
@@ -254,6 +269,9 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
     for name, idx in by_split.items():
         layout.names(name, "video")  # validates the split name
         videos = list(dict.fromkeys(rows[i]["video"] for i in idx))
+        hier = "group" in rows[idx[0]]
+        if hier:  # clips inside long videos (xmodal.data.groups)
+            videos, video_to_group, group_names = groups.order_clips([rows[i] for i in idx], videos)
         row_of = {v: j for j, v in enumerate(videos)}
         video, mask = pad_frames([read_features(files[v]) for v in videos])
         p = lambda role: out / layout.names(name, role)[0]  # noqa: E731
@@ -265,6 +283,12 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         _save(p("text"), tf[idx].astype(np.float32))
         _save(p("text_to_video"), np.array([row_of[rows[i]["video"]] for i in idx], dtype=np.int64))
         p("video_names").write_text("".join(v + "\n" for v in videos), encoding="utf-8")
+        if hier:
+            _save(p("video_to_group"), video_to_group)
+            p("group_names").write_text("".join(g + "\n" for g in group_names), encoding="utf-8")
+        else:
+            for role in ("video_to_group", "group_names"):
+                p(role).unlink(missing_ok=True)  # stale groups of an earlier import would not match
         p("text_names").write_text("video_index\tvideo\ttext\n" + "".join(
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
         summary[name] = {"videos": len(videos), "texts": len(idx),

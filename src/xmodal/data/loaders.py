@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from xmodal.data import layout
+from xmodal.data.groups import group_problems
 from xmodal.data.types import PairedSplit, check_relevancy, split_problems
 
 
@@ -63,7 +64,8 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     Returns:
         ``(arrays, problems)``: ``arrays`` holds what could be read (keys ``video``,
         ``text``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
-        ``video_labels``, ``text_labels``, ``captions``, ``video_names``; float
+        ``video_labels``, ``text_labels``, ``captions``, ``video_names``,
+        ``video_to_group``, ``group_names``; float
         features as float32 copies); ``problems`` lists every problem found, one
         message each, naming the file.
     """
@@ -103,6 +105,27 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
                                    video_mask=out.get("video_mask"), experts=out["experts"],
                                    expert_masks=out["expert_masks"], video_labels=out.get("video_labels"),
                                    text_labels=out.get("text_labels"), labels=labels, uncaptioned=uncaptioned)
+    group_path = layout.find(root, split, "video_to_group")
+    read("video_to_group", group_path, "video_to_group")
+    if "video_to_group" in out:
+        n = out["video"].shape[0] if isinstance(out.get("video"), np.ndarray) and out["video"].ndim else None
+        problems += group_problems(out["video_to_group"], n, str(group_path))
+    names_path = layout.find(root, split, "group_names")
+    if names_path is not None and names:
+        if group_path is None:
+            problems.append(f"{names_path}: group names without {layout.describe(split, 'video_to_group')}")
+        else:
+            try:
+                values = [v for v in read_captions(names_path) if v.strip()]
+            except ValueError as exc:
+                problems.append(str(exc))
+                values = None
+            g = out.get("video_to_group")
+            count = int(g[-1]) + 1 if isinstance(g, np.ndarray) and g.ndim == 1 and g.size else None
+            if values is not None and count is not None and len(values) != count:
+                problems.append(f"{names_path}: {len(values)} names but {group_path.name} has {count} groups")
+            elif values is not None:
+                out["group_names"] = values
     for role, key, count_key in (("text_names", "captions", "text"), ("video_names", "video_names", "video")):
         path = layout.find(root, split, role)
         if not names or path is None:
@@ -163,4 +186,7 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
                        captions=arrays.get("captions"), name=f"{Path(root).name}/{split}",
                        video_mask=arrays.get("video_mask"), experts=arrays["experts"],
                        expert_masks=arrays["expert_masks"], video_names=arrays.get("video_names"),
-                       relevancy=relevancy)
+                       relevancy=relevancy,
+                       video_to_group=None if arrays.get("video_to_group") is None
+                       else arrays["video_to_group"].astype(np.int64),
+                       group_names=arrays.get("group_names") if arrays.get("video_to_group") is not None else None)
