@@ -74,6 +74,12 @@ class ModelConfig:
     hidden: int = 512
     standardize: bool = True
     fusion: str = "gated"         # several video experts: concat | gated (Collaborative Experts)
+    hierarchy: bool = False       # clips inside videos (CrossCLR app. A / COOT): global towers over a group's
+    #                               clip / sentence embeddings; needs S_video_to_group.npy; train.batch_size
+    #                               then counts whole groups (long videos), train.sampling is not used
+    global_heads: int = 8         # global transformer heads (Table 7: 8); its width is model.dim
+    global_layers: int = 1        # global transformer layers (Table 7: 1)
+    pooling: str = "atn"          # global pooler: atn (attention, Table 7 YouCook2) | max (LSMDC)
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,9 @@ class LossConfig:
     margin: float | None = None
     learnable: bool = False
     kwargs: dict = field(default_factory=dict)
+    global_weight: float = 0.6    # model.hierarchy: L = L_local + global_weight * L_global (CrossCLR app. A)
+    global_name: str = ""         # the global level's loss ("" = name)
+    global_kwargs: dict | None = None  # None = kwargs without queue entries (app. A: no queue at the global level)
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,11 @@ class OptimConfig:
     grad_clip: float = 1.0        # 0 disables clipping
     warmup_epochs: float = 1.0    # linear LR warm-up, then cosine decay
     min_lr_ratio: float = 0.0
+    scheduler: str = "cosine"     # cosine (after warm-up) | plateau (ReduceLROnPlateau on the val metric
+    #                               after warm-up; CrossCLR sec. 4.3 / Table 7: patience 6, cooldown 4)
+    plateau_factor: float = 0.1   # "reduced by a factor of 10" (sec. 4.3)
+    plateau_patience: int = 6
+    plateau_cooldown: int = 4
 
 
 @dataclass(frozen=True)
@@ -336,12 +350,23 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"model.dropout: must lie in [0, 1), got {m.dropout}")
     if m.kind == "transformer" and m.hidden % m.heads:
         raise ValueError(f"model.heads: must divide model.hidden ({m.hidden}), got {m.heads}")
+    _one_of(m.pooling, "model.pooling", ("atn", "max"))
+    for name in ("global_heads", "global_layers"):
+        if getattr(m, name) <= 0:
+            raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
+    if m.hierarchy and m.dim % m.global_heads:
+        raise ValueError(f"model.global_heads: must divide model.dim ({m.dim}), got {m.global_heads}")
     lo = cfg.loss
     _one_of(lo.name, "loss.name", known_losses())
     if lo.temperature is not None:
         _positive(lo.temperature, "loss.temperature")
     if lo.margin is not None:
         _nonneg(lo.margin, "loss.margin")
+    _nonneg(lo.global_weight, "loss.global_weight")
+    if lo.global_name:
+        _one_of(lo.global_name, "loss.global_name", known_losses())
+    if lo.global_kwargs is not None and not isinstance(lo.global_kwargs, dict):
+        raise ValueError(f"loss.global_kwargs: expected a mapping, got {lo.global_kwargs!r}")
     for key, value in lo.kwargs.items():
         if any(word in str(key) for word in ("temperature", "margin")) and value is not None and (
                 isinstance(value, (bool, str)) or not isinstance(value, (int, float))):
@@ -356,6 +381,12 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {list(o.betas)}")
     if not 0 <= o.min_lr_ratio <= 1:
         raise ValueError(f"optim.min_lr_ratio: must lie in [0, 1], got {o.min_lr_ratio}")
+    _one_of(o.scheduler, "optim.scheduler", ("cosine", "plateau"))
+    if not 0 < o.plateau_factor < 1:
+        raise ValueError(f"optim.plateau_factor: must lie in (0, 1), got {o.plateau_factor}")
+    for name in ("plateau_patience", "plateau_cooldown"):
+        if getattr(o, name) < 0:
+            raise ValueError(f"optim.{name}: must be >= 0, got {getattr(o, name)}")
     s = cfg.schedule
     _one_of(s.kind, "schedule.kind", ("constant", "cosine", "linear"))
     _nonneg(s.alpha, "schedule.alpha")

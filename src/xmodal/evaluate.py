@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_normalizers"]
+__all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_normalizers", "group_metrics"]
 
 
 @torch.no_grad()
@@ -86,8 +86,31 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
     tt = test_time if isinstance(test_time, TestTime) else TestTime.from_state_dict(test_time)
     text, video = embed_split(model, split, batch_size)
     rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
-    return {name: retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video, rel)
+    groups = group_metrics(model, split, batch_size)  # the same under every normaliser (see group_metrics)
+    return {name: {**retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video, rel), **groups}
             for name in names}
+
+
+@torch.no_grad()
+def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
+    """``{"p2v": ..., "v2p": ...}`` (paragraph -> video, video -> paragraph; the keys of
+    ``t2v``) for a hierarchical model on a split with groups, else ``{}``.
+
+    Queries and gallery are the groups that have a paragraph (at least one text); each
+    paragraph's one correct video is its own. Scores are cosine similarities of the global
+    embeddings: the run's test-time normalisers are fitted on clip/sentence embeddings and
+    are not applied at the paragraph level, so every normaliser entry of ``metrics.json``
+    holds the same ``p2v``/``v2p``. ``kwargs`` go to :func:`xmodal.metrics.text_video`
+    (``ks``, ``ties``).
+    """
+    from xmodal.metrics import text_video
+
+    if getattr(split, "video_to_group", None) is None or not hasattr(model, "encode_groups"):
+        return {}
+    paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
+                                              split.video_to_group, batch_size=batch_size)
+    out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
+    return {"p2v": out["t2v"], "v2p": out["v2t"]}
 
 
 def evaluate(model, split, normalizer: str | None = None, batch_size: int = 8192) -> dict:

@@ -19,7 +19,8 @@ score matrix). Inputs are .npy files:
   a trained run on raw features (its heads -> cosine -> its stored test-time normaliser):
     xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
                 [--video-mask MASK.npy] [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...]
-    xmodal eval --run RUN --data DIR [--split test]     (the data layout; masks and experts)
+    xmodal eval --run RUN --data DIR [--split test]     (the data layout; masks and experts;
+                                                         p2v/v2p too for a hierarchical run on groups)
   embeddings, one correct item per query (int [Q]) or several (bool [Q, G]):
     xmodal eval --queries q.npy --gallery g.npy --positives p.npy [--bias b.npy]
   text <-> video with several captions per video (int caption -> video map):
@@ -162,6 +163,10 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
             vmask = load_npy(args.video_mask, "--video-mask") if args.video_mask else None
         sim = run_similarity(model, tf, vf, normalizer=args.normalizer, video_mask=vmask)
         res = metrics.text_video(sim, t2v, ks=ks, ties=args.ties, v2t=args.v2t, block_size=args.block_size)
+        if mode == "run-data":  # a split with groups and a hierarchical run: p2v / v2p too
+            from xmodal.evaluate import group_metrics
+
+            res.update(group_metrics(model, split, ks=ks, ties=args.ties))
         return res, "retrieval", {"texts": sim.shape[0], "videos": sim.shape[1], "v2t": args.v2t,
                                   "scores": f"run {args.run}: heads -> cosine -> normaliser {name} (t2v scores; "
                                             "v2t ranks their transpose, as metrics.text_video)"}
