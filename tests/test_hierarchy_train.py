@@ -127,15 +127,31 @@ def test_plateau_reduces_the_lr_after_warmup_when_val_stalls(data_dir, tmp_path)
 
 def test_coot_preset_loads_validates_and_trains(data_dir, tmp_path):
     path = ROOT / "configs" / "crossclr" / "coot_youcook2.yaml"
-    cfg = load_config(path, [f"data.root={data_dir}", "data.val_split=val"])
+    cfg = load_config(path)
     m, lo, o = cfg.model, cfg.loss, cfg.optim
     assert (m.hierarchy, m.dim, m.heads, m.global_heads, m.pooling, m.dropout) == (True, 384, 8, 8, "atn", 0.05)
     assert (lo.name, lo.temperature, lo.global_weight) == ("crossclr", 0.03, 0.6)
     assert lo.kwargs == {"weight_scale": 0.0035, "intra_weight": 0.8, "prune_threshold": 0.9, "queue_size": 5000}
     assert (o.name, o.lr, o.betas, o.warmup_epochs, o.scheduler, o.plateau_patience, o.plateau_cooldown) == \
         ("radam", 7e-4, (0.56, 0.999), 4.0, "plateau", 6, 4)
-    small = load_config(path, [f"data.root={data_dir}", "data.val_split=val", "train.batch_size=8",
-                               "train.epochs=1", "train.progress=false", "train.device=cpu",
+    assert cfg.train.batch_size == 64 and cfg.train.epochs == 40
+    # on a hierarchical split directory (the YouCook2 route), shrunk to one short epoch
+    small = load_config(path, ["data.name=paired", f"data.root={data_dir}", "data.val_split=val",
+                               "train.batch_size=8", "train.epochs=1", "train.progress=false", "train.device=cpu",
                                "loss.kwargs.queue_size=100", "test_time.bank_size=50"])
     summary = train(small, tmp_path / "preset")
     assert {"p2v", "v2p"} <= set(summary["val"]["none"])
+
+
+def test_synthetic_groups_train_with_the_preset_defaults(tmp_path):
+    from xmodal.data import synthetic
+
+    s = synthetic(num_train=20, num_val=10, num_test=10, clips_per_group=6, seed=0)
+    assert s["train"].video_to_group.tolist() == [0] * 6 + [1] * 6 + [2] * 6 + [3] * 2
+    path = ROOT / "configs" / "crossclr" / "coot_youcook2.yaml"
+    small = load_config(path, ["data.synthetic.num_train=120", "data.synthetic.num_val=60",
+                               "data.synthetic.num_test=60", "train.batch_size=4", "train.epochs=1",
+                               "train.progress=false", "train.device=cpu", "model.dim=32", "model.hidden=32",
+                               "loss.kwargs.queue_size=100", "test_time.bank_size=50"])
+    summary = train(small, tmp_path / "synthetic")
+    assert {"p2v", "v2p"} <= set(summary["test"]["none"])
