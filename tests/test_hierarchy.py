@@ -295,3 +295,15 @@ def test_global_loss_defaults_drop_the_queue_and_follow_overrides():
         cfg_for(global_weight=-1)
     with pytest.raises(ValueError, match="model.global_heads"):
         from_dict({"model": {"dim": 10, "hierarchy": True, "global_heads": 4}})
+
+
+def test_doctests_of_the_hierarchy_modules():
+    import doctest
+
+    import xmodal.data.groups
+    import xmodal.models.hierarchy
+    import xmodal.training.hierarchy
+
+    for mod in (xmodal.data.groups, xmodal.models.hierarchy, xmodal.training.hierarchy):
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0, mod.__name__

@@ -23,8 +23,8 @@ GROUP_COLUMNS = ("group", "video_id", "video")
 def group_problems(video_to_group: Any, num_videos: int | None, label: str = "video_to_group") -> list[str]:
     """Problems of a ``video_to_group`` array, one message each, naming ``label``.
 
-    >>> group_problems(np.array([0, 0, 1, 0]), 4)[0][:60]
-    'video_to_group: groups are not monotone: row 3 has group 0 af'
+    >>> group_problems(np.array([0, 0, 1, 0]), 4)[0][:58]
+    'video_to_group: groups are not monotone: row 3 has group 0'
     """
     a = np.asarray(video_to_group)
     if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
