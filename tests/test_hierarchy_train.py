@@ -78,6 +78,9 @@ def test_two_epochs_give_p2v_in_metrics_and_eval(data_dir, tmp_path, capsys):
         for k in ("R@1", "R@5", "R@10", "MdR", "MnR"):
             assert out[d][k] == pytest.approx(metrics["test"]["none"][d][k]), (d, k)
     assert summary["test"]["none"]["v2p"] == metrics["test"]["none"]["v2p"]
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert "p2v R@1" in html and "v2p MnR" in html
 
 
 def test_flat_run_has_no_p2v_and_hierarchy_needs_groups(data_dir, tmp_path):
