@@ -83,10 +83,26 @@ def test_two_epochs_give_p2v_in_metrics_and_eval(data_dir, tmp_path, capsys):
     assert "p2v R@1" in html and "v2p MnR" in html
 
 
-def test_flat_run_has_no_p2v_and_hierarchy_needs_groups(data_dir, tmp_path):
-    flat = train(hier_config(data_dir, model={"hierarchy": False}, train={"epochs": 1, "batch_size": 16}),
+def test_flat_run_gets_mean_pooled_p2v_and_hierarchy_needs_groups(data_dir, tmp_path):
+    from xmodal.data import load_paired_split
+
+    flat = train(hier_config(data_dir, model={"hierarchy": False}, train={"epochs": 1, "batch_size": 16,
+                                                                          "metric": "p2v_rsum"}),
                  tmp_path / "flat")
-    assert "p2v" not in flat["val"]["none"]
+    model = load_model(tmp_path / "flat")
+    test = load_paired_split(data_dir, "test")
+    # by hand: each group's mean of normalised clip (caption) embeddings, a plain loop
+    v, t = model.encode_video(*test.video_input()), model.encode_text(test.text)
+    videos = [v[rows].mean(0) for rows in test.group_rows()]
+    paragraphs = [t[p].mean(0) for p in test.paragraphs()]
+    hits = 0
+    for i, p in enumerate(paragraphs):
+        s = [float(p @ x / (p.norm() * x.norm())) for x in videos]
+        hits += all(s[i] > s[j] for j in range(len(s)) if j != i)
+    assert flat["test"]["none"]["p2v"]["R@1"] == pytest.approx(100.0 * hits / len(paragraphs))
+    log = [json.loads(x) for x in (tmp_path / "flat" / "log.jsonl").read_text().splitlines()]
+    p2v = log[0]["val"]
+    assert log[0]["val_p2v_rsum"] == pytest.approx(sum(p2v[d][f"R@{k}"] for d in ("p2v", "v2p") for k in (1, 5, 10)))
     nogroups = tmp_path / "nogroups"
     nogroups.mkdir()
     for f in data_dir.iterdir():
@@ -94,6 +110,8 @@ def test_flat_run_has_no_p2v_and_hierarchy_needs_groups(data_dir, tmp_path):
             (nogroups / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match="model.hierarchy: .*no groups"):
         train(hier_config(nogroups), tmp_path / "x")
+    with pytest.raises(ValueError, match="train.metric: 'p2v_rsum' needs groups"):
+        train(hier_config(nogroups, model={"hierarchy": False}, train={"metric": "p2v_rsum"}), tmp_path / "y")
 
 
 def test_resume_is_bit_identical_with_hierarchy(data_dir, tmp_path):

@@ -190,6 +190,7 @@ class TrainConfig:
     captions_per_video: int = 4   # K of k_captions; must divide batch_size
     metric: str = "rsum"          # early-stopping / selection metric on val: rsum | r1 (mean of t2v/v2t R@1)
     #                               | map (mAP T->V, EPIC-100 MIR; needs relevancy, TS++ Table 5.1)
+    #                               | p2v_rsum (R@1,5,10 of p2v + v2p; a val split with groups)
     patience: int = 5             # epochs without improvement before stopping; 0 = never
     device: str = "auto"          # auto | cpu | cuda
     amp: bool = True              # mixed precision, only ever used on GPU
@@ -433,7 +434,7 @@ def validate(cfg: Config) -> None:
     if tr.sampling == "k_captions" and tr.batch_size % tr.captions_per_video:
         raise ValueError(f"train.captions_per_video: {tr.captions_per_video} must divide train.batch_size "
                          f"({tr.batch_size})")
-    _one_of(tr.metric, "train.metric", ("rsum", "r1", "map"))
+    _one_of(tr.metric, "train.metric", ("rsum", "r1", "map", "p2v_rsum"))
     _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
     if tr.patience < 0:
         raise ValueError(f"train.patience: must be >= 0, got {tr.patience}")

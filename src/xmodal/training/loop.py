@@ -256,6 +256,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     if tc.metric == "map" and val_relevancy is None:
         raise ValueError(f"train.metric: 'map' needs a relevancy for the validation split "
                          f"({cfg.data.val_split}_relevancy.npy or video labels)")
+    if tc.metric == "p2v_rsum" and val_split.video_to_group is None:
+        raise ValueError(f"train.metric: 'p2v_rsum' needs groups in the validation split "
+                         f"({cfg.data.val_split}_video_to_group.npy)")
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if (tc.amp and device.type == "cuda") else nullcontext()
 
     state = {"epoch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
