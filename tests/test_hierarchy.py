@@ -307,3 +307,24 @@ def test_doctests_of_the_hierarchy_modules():
     for mod in (xmodal.data.groups, xmodal.models.hierarchy, xmodal.training.hierarchy):
         result = doctest.testmod(mod)
         assert result.attempted > 0 and result.failed == 0, mod.__name__
+
+
+def test_albums_of_the_bench_are_seeded_whole_and_in_order():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("albums", Path(__file__).resolve().parents[1] / "bench" / "albums.py")
+    albums = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(albums)
+    n = 40
+    base = PairedSplit.from_arrays(video=np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 2)),
+                                   text=np.repeat(np.arange(n, dtype=np.float32), 5)[:, None] * np.ones((1, 3)),
+                                   text_to_video=np.repeat(np.arange(n), 5))
+    a, b = albums.make_albums(base, 3), albums.make_albums(base, 3)
+    np.testing.assert_array_equal(a.video, b.video)
+    sizes = np.bincount(a.video_to_group)
+    assert sizes.min() >= 3 and sizes.max() <= 8 and n - 3 < sizes.sum() <= n
+    assert len(np.unique(a.video[:, 0])) == a.num_videos  # each image at most once
+    # one caption per image, of that image, in album (clip) order
+    np.testing.assert_array_equal(a.text[:, 0], a.video[a.text_to_video, 0])
+    assert all(p.tolist() == r.tolist() for p, r in zip(a.paragraphs(), a.group_rows()))
+    assert not np.array_equal(albums.make_albums(base, 4).video, a.video)
