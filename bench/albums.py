@@ -122,8 +122,8 @@ def run_seed(args, seed: int) -> dict:
     write_albums(Path(args.data), root, seed)
     test = load_paired_split(root, "test")
     rows = {}
-    for loss in LOSSES:
-        for hierarchy in (True, False):
+    for loss in args.losses:
+        for hierarchy in [m == "hier" for m in args.models]:
             run = Path(args.out) / "runs" / f"{loss}-{'hier' if hierarchy else 'flat'}" / f"seed{seed}"
             if not (run / "metrics.json").is_file():
                 train(config(root, loss, hierarchy, seed, args.epochs), run)
@@ -165,6 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/albums")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    p.add_argument("--models", nargs="+", default=["hier", "flat"], choices=["hier", "flat"])
     p.add_argument("--write", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
     if not Path(args.data).is_dir():
