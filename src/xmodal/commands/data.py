@@ -78,7 +78,8 @@ def summarize(arrays: dict) -> list[str]:
         lines.append(f"texts {text.shape[0]}, feature dim {text.shape[1]}")
     g = arrays.get("video_to_group")
     if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and np.issubdtype(g.dtype, np.integer) and g.min() >= 0:
-        lines.append(f"groups (long videos) {int(g.max()) + 1}, clips per group: {_stats(np.bincount(g)[np.bincount(g) > 0])}")
+        sizes = np.bincount(g)
+        lines.append(f"groups (long videos) {int(g.max()) + 1}, clips per group: {_stats(sizes[sizes > 0])}")
     return lines
 
 
