@@ -89,6 +89,12 @@ class ModelConfig:
     hidden: int = key(512, "model width of transformer towers")
     standardize: bool = key(True, "standardise input features with training-set mean and std")
     fusion: str = key("gated", "several video experts: concat | gated (Collaborative Experts)")
+    hierarchy: bool = key(False, "clips inside videos (CrossCLR app. A / COOT): global towers over a group's clip / "
+                                 "sentence embeddings; needs S_video_to_group.npy; train.batch_size then counts whole "
+                                 "groups (long videos) and train.sampling is not used")
+    global_heads: int = key(8, "global transformer heads (Table 7: 8); its width is model.dim")
+    global_layers: int = key(1, "global transformer layers (Table 7: 1)")
+    pooling: str = key("atn", "global pooler: atn (attention, Table 7 YouCook2) | max (LSMDC)")
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,10 @@ class LossConfig:
     learnable: bool = key(False, "learn the temperature (log-parametrised) instead of fixing it")
     kwargs: dict = key(help="further constructor arguments of the loss, verbatim (e.g. {queue_size: 4096})",
                        factory=dict)
+    global_weight: float = key(0.6, "model.hierarchy: L = L_local + global_weight * L_global (CrossCLR app. A)")
+    global_name: str = key("", "the global level's loss ('' = loss.name)")
+    global_kwargs: dict | None = key(None, "the global level's loss arguments (null = loss.kwargs without queue "
+                                           "entries: app. A uses no queue at the global level)")
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,11 @@ class OptimConfig:
     grad_clip: float = key(1.0, "clip the gradient norm to this value; 0 disables clipping")
     warmup_epochs: float = key(1.0, "linear LR warm-up over this many epochs, then cosine decay")
     min_lr_ratio: float = key(0.0, "final LR as a fraction of lr, in [0, 1]")
+    scheduler: str = key("cosine", "cosine (after warm-up) | plateau (ReduceLROnPlateau on the val metric after "
+                                   "warm-up; CrossCLR sec. 4.3 / Table 7: patience 6, cooldown 4)")
+    plateau_factor: float = key(0.1, "plateau: LR factor per reduction ('reduced by a factor of 10', sec. 4.3)")
+    plateau_patience: int = key(6, "plateau: epochs without improvement before a reduction")
+    plateau_cooldown: int = key(4, "plateau: epochs to wait after a reduction")
 
 
 @dataclass(frozen=True)
@@ -195,7 +210,8 @@ class TrainConfig:
                                     "k_captions: each video with captions_per_video captions (MIL-NCE)")
     captions_per_video: int = key(4, "K of k_captions; must divide batch_size")
     metric: str = key("rsum", "early-stopping / selection metric on val: rsum | r1 (mean of t2v/v2t R@1) | "
-                              "map (mAP T->V, EPIC-100 MIR; needs relevancy)")
+                              "map (mAP T->V, EPIC-100 MIR; needs relevancy) | p2v_rsum (R@1,5,10 of p2v + v2p; "
+                              "a val split with groups)")
     patience: int = key(5, "epochs without improvement before stopping; 0 = never")
     device: str = key("auto", "auto | cpu | cuda")
     amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU")
@@ -359,12 +375,23 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"model.dropout: must lie in [0, 1), got {m.dropout}")
     if m.kind == "transformer" and m.hidden % m.heads:
         raise ValueError(f"model.heads: must divide model.hidden ({m.hidden}), got {m.heads}")
+    _one_of(m.pooling, "model.pooling", ("atn", "max"))
+    for name in ("global_heads", "global_layers"):
+        if getattr(m, name) <= 0:
+            raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
+    if m.hierarchy and m.dim % m.global_heads:
+        raise ValueError(f"model.global_heads: must divide model.dim ({m.dim}), got {m.global_heads}")
     lo = cfg.loss
     _one_of(lo.name, "loss.name", known_losses())
     if lo.temperature is not None:
         _positive(lo.temperature, "loss.temperature")
     if lo.margin is not None:
         _nonneg(lo.margin, "loss.margin")
+    _nonneg(lo.global_weight, "loss.global_weight")
+    if lo.global_name:
+        _one_of(lo.global_name, "loss.global_name", known_losses())
+    if lo.global_kwargs is not None and not isinstance(lo.global_kwargs, dict):
+        raise ValueError(f"loss.global_kwargs: expected a mapping, got {lo.global_kwargs!r}")
     for key, value in lo.kwargs.items():
         if any(word in str(key) for word in ("temperature", "margin")) and value is not None and (
                 isinstance(value, (bool, str)) or not isinstance(value, (int, float))):
@@ -379,6 +406,12 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {list(o.betas)}")
     if not 0 <= o.min_lr_ratio <= 1:
         raise ValueError(f"optim.min_lr_ratio: must lie in [0, 1], got {o.min_lr_ratio}")
+    _one_of(o.scheduler, "optim.scheduler", ("cosine", "plateau"))
+    if not 0 < o.plateau_factor < 1:
+        raise ValueError(f"optim.plateau_factor: must lie in (0, 1), got {o.plateau_factor}")
+    for name in ("plateau_patience", "plateau_cooldown"):
+        if getattr(o, name) < 0:
+            raise ValueError(f"optim.{name}: must be >= 0, got {getattr(o, name)}")
     s = cfg.schedule
     _one_of(s.kind, "schedule.kind", ("constant", "cosine", "linear"))
     _nonneg(s.alpha, "schedule.alpha")
@@ -425,7 +458,7 @@ def validate(cfg: Config) -> None:
     if tr.sampling == "k_captions" and tr.batch_size % tr.captions_per_video:
         raise ValueError(f"train.captions_per_video: {tr.captions_per_video} must divide train.batch_size "
                          f"({tr.batch_size})")
-    _one_of(tr.metric, "train.metric", ("rsum", "r1", "map"))
+    _one_of(tr.metric, "train.metric", ("rsum", "r1", "map", "p2v_rsum"))
     _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
     if tr.patience < 0:
         raise ValueError(f"train.patience: must be >= 0, got {tr.patience}")

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_normalizers"]
+__all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_normalizers", "group_metrics",
+           "mean_pooled_groups"]
 
 
 @torch.no_grad()
@@ -65,19 +66,24 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
     return out
 
 
-METRICS = ("rsum", "r1", "map")
+METRICS = ("rsum", "r1", "map", "p2v_rsum")
 
 
 def score(metrics: dict, metric: str) -> float:
     """Early-stopping / selection score: ``rsum`` (sum of R@1,5,10 both ways), ``r1``
-    (mean of t2v and v2t R@1) or ``map`` (mAP T->V: TS++ "the best iteration is selected
-    based on mAP T->V metric", thesis Table 5.1; needs metrics with relevancy)."""
+    (mean of t2v and v2t R@1), ``map`` (mAP T->V: TS++ "the best iteration is selected
+    based on mAP T->V metric", thesis Table 5.1; needs metrics with relevancy) or
+    ``p2v_rsum`` (sum of R@1,5,10 of p2v and v2p; needs a split with groups)."""
     if metric not in METRICS:
         raise ValueError(f"metric: unknown value {metric!r}; expected one of {', '.join(METRICS)}")
     if metric == "map":
         if "mAP" not in metrics["t2v"]:
             raise ValueError("metric: 'map' needs mAP, i.e. a split with relevancy (or video labels)")
         return float(metrics["t2v"]["mAP"])
+    if metric == "p2v_rsum":
+        if "p2v" not in metrics:
+            raise ValueError("metric: 'p2v_rsum' needs a validation split with groups (S_video_to_group.npy)")
+        return sum(metrics[d][f"R@{k}"] for d in ("p2v", "v2p") for k in (1, 5, 10))
     if metric == "r1":
         return 0.5 * (metrics["t2v"]["R@1"] + metrics["v2t"]["R@1"])
     return sum(metrics[d][f"R@{k}"] for d in ("t2v", "v2t") for k in (1, 5, 10))
@@ -96,8 +102,52 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
     tt = test_time if isinstance(test_time, TestTime) else TestTime.from_state_dict(test_time)
     text, video = embed_split(model, split, batch_size)
     rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
-    return {name: retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video, rel)
+    groups = group_metrics(model, split, batch_size)  # the same under every normaliser (see group_metrics)
+    return {name: {**retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video, rel), **groups}
             for name in names}
+
+
+@torch.no_grad()
+def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
+    """``{"p2v": ..., "v2p": ...}`` (paragraph -> video, video -> paragraph; the keys of
+    ``t2v``) on a split with groups (``video_to_group``), else ``{}``.
+
+    Queries and gallery are the groups that have a paragraph (at least one text); each
+    paragraph's one correct video is its own. Embeddings: a hierarchical model's global
+    towers (:meth:`~xmodal.models.hierarchy.HierarchicalTwoTower.encode_groups`); any other
+    model's normalised clip (sentence) embeddings averaged over the group (paragraph) and
+    renormalised ("mean-pooled clips"). Scores are cosine similarities: the run's test-time
+    normalisers are fitted on clip/sentence embeddings and are not applied at the paragraph
+    level, so every normaliser entry of ``metrics.json`` holds the same ``p2v``/``v2p``.
+    ``kwargs`` go to :func:`xmodal.metrics.text_video` (``ks``, ``ties``).
+    """
+    from xmodal.metrics import text_video
+
+    if getattr(split, "video_to_group", None) is None:
+        return {}
+    if hasattr(model, "encode_groups"):
+        paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
+                                                  split.video_to_group, batch_size=batch_size)
+    else:
+        paragraph, video = mean_pooled_groups(model, split, batch_size)
+    out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
+    return {"p2v": out["t2v"], "v2p": out["v2t"]}
+
+
+@torch.no_grad()
+def mean_pooled_groups(model, split, batch_size: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(paragraphs [P, D], videos [P, D])``: the mean of the normalised clip (sentence)
+    embeddings of each group that has a paragraph, renormalised (the flat model's
+    paragraph-level baseline)."""
+    from torch.nn import functional as F
+
+    text, video = embed_split(model, split, batch_size)
+    g = torch.as_tensor(split.video_to_group, device=video.device)
+    tg = g[torch.as_tensor(split.text_to_video, device=video.device)]
+    have = torch.unique(tg)
+    n = int(g.max()) + 1
+    pool = lambda x, owner: x.new_zeros(n, x.shape[1]).index_add_(0, owner, x)[have]  # noqa: E731
+    return F.normalize(pool(text, tg), dim=-1), F.normalize(pool(video, g), dim=-1)
 
 
 def evaluate(model, split, normalizer: str | None = None, batch_size: int = 8192) -> dict:

@@ -136,14 +136,16 @@ METRIC_KEYS = ("R@1", "R@5", "R@10", "MdR", "MnR")
 def results_tables(metrics: dict) -> list[str]:
     """Per split, one row per normaliser (selected one highlighted, best per column bold)."""
     parts = []
-    header = ["normaliser"] + [f"{d} {k}" for d in ("t2v", "v2t") for k in METRIC_KEYS]
     for split in ("val", "test"):
         res = metrics.get(split)
         if not res:
             continue
         names = list(res)
+        # p2v / v2p (paragraph <-> video) where the split has groups and the run a hierarchy
+        dirs = [d for d in ("t2v", "v2t", "p2v", "v2p") if all(d in res[n] for n in names)]
+        header = ["normaliser"] + [f"{d} {k}" for d in dirs for k in METRIC_KEYS]
         rows = [[n + (" (selected)" if n == metrics.get("normalizer") else "")]
-                + [res[n][d].get(k) for d in ("t2v", "v2t") for k in METRIC_KEYS] for n in names]
+                + [res[n][d].get(k) for d in dirs for k in METRIC_KEYS] for n in names]
         parts.append(f"<h3>{_e(split)}</h3>")
         parts.append(table(header, rows, best_cols=range(1, len(header)),
                            selected=[i for i, n in enumerate(names) if n == metrics.get("normalizer")]))

@@ -13,7 +13,10 @@ DESCRIPTION = """Your own data in the layout xmodal train reads (README.md, "You
   xmodal data check mydata [--split train ...] [--config CONFIG]
 
 import: pairs.csv (header: video_id,caption[,split]; UTF-8 with or without BOM, ',' or ';')
-or pairs.jsonl; per-video features feats/<video_id>.npy or .npz ([D] or [F, D], any number
+or pairs.jsonl (clips inside long videos: header
+video_id,clip_id[,start,end],caption: the clips are the rows, features per clip
+feats/<clip_id>.npy, and {split}_video_to_group.npy + {split}_groups.txt hold the long
+videos; clips ordered by start within their video); per-video features feats/<video_id>.npy or .npz ([D] or [F, D], any number
 of frames: padded + mask; --max-frames N samples longer videos uniformly), or a glob
 ('feats/*.npy'); captions encoded with MiniLM unless --text-features gives a .npy with one
 row per pair. Built in a temporary folder and renamed to --out at the end: a failure leaves

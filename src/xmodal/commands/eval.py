@@ -22,6 +22,7 @@ score matrix). Inputs are .npy files:
     xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
                 [--video-mask MASK.npy] [--expert NAME=NPY [--expert-mask NAME=NPY]] [--no-mask]
                 [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...] [--v2t-scores transpose]
+    (--data on a split with groups: p2v / v2p too)
   embeddings, one correct item per query (int [Q]) or several (bool [Q, G]):
     xmodal eval --queries q.npy --gallery g.npy --positives p.npy [--bias b.npy]
   text <-> video with several captions per video (int caption -> video map):
@@ -224,6 +225,10 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
                          "optimistic ties")
     res = retrieval_metrics(sim_t2v, sim_v2t, t2v, relevancy, ks=ks, ties=args.ties, v2t=args.v2t,
                             block_size=args.block_size)
+    if mode == "run-data":  # a split with groups: p2v / v2p too (the trainer's group_metrics)
+        from xmodal.evaluate import group_metrics
+
+        res.update(group_metrics(model, split, ks=ks, ties=args.ties))
     v2t_how = ("v2t ranks the t2v scores transposed (--v2t-scores transpose)" if sim_v2t is None and
                args.v2t_scores == "transpose" else "v2t scores normalised for that direction, as metrics.json")
     return res, "retrieval", {"texts": sim_t2v.shape[0], "videos": sim_t2v.shape[1], "v2t": args.v2t,

@@ -143,6 +143,13 @@ def format_summary(summary: dict) -> str:
             cells = [f"{m[d]['R@1']:7.2f} {m[d]['R@5']:5.1f} {m[d]['R@10']:5.1f} {m[d]['MdR']:4.0f} "
                      f"{m[d]['MnR']:6.1f}" for d in ("t2v", "v2t")]
             lines.append(f"      {name + '+':16s} | {cells[0]} | {cells[1]}")
+    for split in ("val", "test"):  # a hierarchical run on groups: paragraph <-> video (same under every normaliser)
+        m = next(iter(summary.get(split, {}).values()), {})
+        if "p2v" in m:
+            cells = [f"{m[d]['R@1']:7.2f} {m[d]['R@5']:5.1f} {m[d]['R@10']:5.1f} {m[d]['MdR']:4.0f} "
+                     f"{m[d]['MnR']:6.1f}" for d in ("p2v", "v2p")]
+            lines.append(f"{split:5s} {'paragraphs':16s} | p2v R@1   R@5  R@10  MdR    MnR | v2p R@1   R@5  R@10  MdR    MnR")
+            lines.append(f"      {'(cosine)':16s} | {cells[0]} | {cells[1]}")
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")

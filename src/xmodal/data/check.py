@@ -213,6 +213,10 @@ def summarize(arrays: dict) -> list[str]:
             lines.append(f"captions per video: {_stats(np.bincount(t2v, minlength=n))}")
     if isinstance(text, np.ndarray) and text.ndim == 2:
         lines.append(f"texts {text.shape[0]}, feature dim {text.shape[1]}")
+    g = arrays.get("video_to_group")
+    if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and np.issubdtype(g.dtype, np.integer) and g.min() >= 0:
+        sizes = np.bincount(g)
+        lines.append(f"groups (long videos) {int(g.max()) + 1}, clips per group: {_stats(sizes[sizes > 0])}")
     if isinstance(arrays.get("relevancy"), np.ndarray):
         r = arrays["relevancy"]
         lines.append(f"relevancy {list(r.shape)}: {int((r > 0).sum())} graded entries > 0, "

@@ -15,6 +15,12 @@ The layout is built in a temporary folder beside ``out`` and renamed to ``out`` 
 end: a failed import leaves nothing, and a second import into the same ``out`` replaces
 every file of the first (splits and experts included). ``out`` may only hold files an
 import writes; anything else there is refused, never deleted.
+
+Clips inside long videos (CrossCLR / COOT): a table with a clip column (``clip_id`` or
+``clip``) beside ``video_id`` (or ``group``), e.g. ``video_id,clip_id,start,end,caption``,
+makes each clip a row of the layout (features ``DIR/<clip id>.npy``) and writes
+``{split}_video_to_group.npy`` / ``{split}_groups.txt`` (:mod:`xmodal.data.groups`): clips
+grouped by video in order of first appearance, by ``start`` within a video when given.
 """
 
 from __future__ import annotations
@@ -31,14 +37,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from xmodal.data import layout
+from xmodal.data import groups, layout
 from xmodal.data.check import frames_note, split_name_notes
 from xmodal.data.npyfile import load_array
 
 VIDEO_COLUMNS = ("video", "video_id", "image")
 TEXT_COLUMNS = ("caption", "text")
 #: the layout roles an import writes (canonical names; experts too): the files it owns in ``out``.
-IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "text_names")
+IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "text_names", "video_to_group",
+                "group_names")
 _BAD_ID = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -107,6 +114,10 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     if vcol is None or tcol is None:
         raise ValueError(f"pairs: {path} needs a video column ({'/'.join(VIDEO_COLUMNS)}) and a caption "
                          f"column ({'/'.join(TEXT_COLUMNS)}); found {sorted(keys)}")
+    gcol = None
+    ccol = next((c for c in groups.CLIP_COLUMNS if c in keys), None)
+    if ccol is not None:  # clips inside long videos: the clip is the row, the video its group
+        gcol, vcol = next((c for c in groups.GROUP_COLUMNS if c in keys), vcol), ccol
     rows, bad = [], []
     for i, r in enumerate(raw):
         video, caption = r.get(vcol), r.get(tcol)
@@ -118,6 +129,11 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
                "caption": " ".join(str(caption).split())}  # no tabs/newlines in the TSV
         if r.get("split") and str(r["split"]).strip():
             row["split"] = str(r["split"]).strip()
+        if gcol is not None:
+            if r.get(gcol) in (None, ""):
+                bad.append(i + (2 if suffix == ".csv" else 1))
+                continue
+            row.update(group=str(r[gcol]), start=str(r.get("start") or ""))
         rows.append(row)
     if bad:
         raise ValueError(f"pairs: {path}: {len(bad)} row(s) without a video id or caption (lines {bad[:5]})")
@@ -423,6 +439,9 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
     summary = {}
     for name, idx in by_split.items():
         videos = list(dict.fromkeys(rows[i]["video"] for i in idx))
+        hier = "group" in rows[idx[0]]
+        if hier:  # clips inside long videos (xmodal.data.groups)
+            videos, video_to_group, group_names = groups.order_clips([rows[i] for i in idx], videos)
         row_of = {v: j for j, v in enumerate(videos)}
         per_video = [read_features(files[v], max_frames) for v in videos]
         video, mask = pad_frames(per_video, videos, [files[v] for v in videos])
@@ -433,6 +452,12 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
         _save(p("text"), tf[idx].astype(np.float32))
         _save(p("text_to_video"), np.array([row_of[rows[i]["video"]] for i in idx], dtype=np.int64))
         p("video_names").write_text("".join(v + "\n" for v in videos), encoding="utf-8")
+        if hier:
+            _save(p("video_to_group"), video_to_group)
+            p("group_names").write_text("".join(g + "\n" for g in group_names), encoding="utf-8")
+        else:
+            for role in ("video_to_group", "group_names"):
+                p(role).unlink(missing_ok=True)  # stale groups of an earlier import would not match
         p("text_names").write_text("video_index\tvideo\ttext\n" + "".join(
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
         summary[name] = {"videos": len(videos), "texts": len(idx),

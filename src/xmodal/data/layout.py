@@ -14,6 +14,10 @@ are the Flickr8k names of ``../shared/data/flickr8k``)::
     S_text_labels.npy      int [T] class per text             optional (S_caption_labels.npy)
     S_video_features.EXPERT.npy  further experts [N, De] or [N, Fe, De]     optional
     S_video_mask.EXPERT.npy      bool [N] (expert present) or [N, Fe]       optional
+    S_video_to_group.npy   int [N], the long video (group) of each clip row   optional
+                           (groups numbered 0, 1, ... in row order; a group's clips are
+                           consecutive rows in temporal order: :mod:`xmodal.data.groups`)
+    S_groups.txt           one group name per line            optional
 
 The loader (:func:`xmodal.data.load_paired_split`), ``xmodal data check``,
 ``xmodal data import`` and the config check all read these names from here.
@@ -37,6 +41,8 @@ ROLES: dict[str, tuple[str, ...]] = {
     "video_labels": ("{split}_video_labels.npy", "{split}_image_labels.npy"),
     "text_labels": ("{split}_text_labels.npy", "{split}_caption_labels.npy"),
     "relevancy": ("{split}_relevancy.npy",),  # optional float [T, V] in [0, 1] (mAP / nDCG)
+    "video_to_group": ("{split}_video_to_group.npy",),  # optional int [N] (clips inside long videos)
+    "group_names": ("{split}_groups.txt",),
 }
 REQUIRED = ("video", "text", "text_to_video")
 #: the name of the main video features among several experts (never an expert file name).

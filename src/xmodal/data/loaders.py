@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from xmodal.data import layout
+from xmodal.data.groups import group_problems
 from xmodal.data.inputs import padded_rows
 from xmodal.data.npyfile import load_array
 from xmodal.data.types import PairedSplit, check_relevancy, rows_text, split_problems
@@ -58,7 +59,7 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     Returns:
         ``(arrays, problems)``: ``arrays`` holds what could be read (keys ``video``,
         ``text``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
-        ``video_labels``, ``text_labels``, ``captions``, ``video_names``, ``relevancy``;
+        ``video_labels``, ``text_labels``, ``captions``, ``video_names``, ``relevancy``, ``video_to_group``, ``group_names``;
         float features as float32 copies); ``problems`` lists every problem found, one
         message each, naming the file and the rows (and video names) concerned:
         also frame features padded with zeros but without a mask, and a relevancy
@@ -95,6 +96,27 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     for name, path in layout.expert_files(root, split).items():
         read(f"experts.{name}", path, f"video.{name}")
         read(f"expert_masks.{name}", layout.expert_mask_file(root, split, name), f"video_mask.{name}")
+    group_path = layout.find(root, split, "video_to_group")
+    read("video_to_group", group_path, "video_to_group")
+    if "video_to_group" in out:
+        n = out["video"].shape[0] if isinstance(out.get("video"), np.ndarray) and out["video"].ndim else None
+        problems += group_problems(out["video_to_group"], n, str(group_path))
+    names_path = layout.find(root, split, "group_names")
+    if names_path is not None and names:
+        if group_path is None:
+            problems.append(f"{names_path}: group names without {layout.describe(split, 'video_to_group')}")
+        else:
+            try:
+                values = [v for v in read_captions(names_path) if v.strip()]
+            except ValueError as exc:
+                problems.append(str(exc))
+                values = None
+            g = out.get("video_to_group")
+            count = int(g[-1]) + 1 if isinstance(g, np.ndarray) and g.ndim == 1 and g.size else None
+            if values is not None and count is not None and len(values) != count:
+                problems.append(f"{names_path}: {len(values)} names but {group_path.name} has {count} groups")
+            elif values is not None:
+                out["group_names"] = values
     for role, key, count_key in (("text_names", "captions", "text"), ("video_names", "video_names", "video")):
         path = layout.find(root, split, role)
         if not names or path is None:
@@ -187,4 +209,7 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
                        captions=arrays.get("captions"), name=f"{Path(root).name}/{split}",
                        video_mask=arrays.get("video_mask"), experts=arrays["experts"],
                        expert_masks=arrays["expert_masks"], video_names=arrays.get("video_names"),
-                       relevancy=relevancy)
+                       relevancy=relevancy,
+                       video_to_group=None if arrays.get("video_to_group") is None
+                       else arrays["video_to_group"].astype(np.int64),
+                       group_names=arrays.get("group_names") if arrays.get("video_to_group") is not None else None)

@@ -89,7 +89,8 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
               common_scale: float = 1.5, instance_scale: float = 0.8, caption_noise: float = 1.3,
               feature_noise: float = 0.5, nonlinearity: float = 0.0, modality_gap: float = 0.5,
               hub_fraction: float = 0.03, hub_strength: float = 2.0, noisy_fraction: float = 0.0,
-              frames: int = 0, frame_noise: float = 0.5, seed: int = 0) -> dict[str, PairedSplit]:
+              frames: int = 0, frame_noise: float = 0.5, clips_per_group: int = 0,
+              seed: int = 0) -> dict[str, PairedSplit]:
     """Generate the seeded synthetic dataset (see the module docstring for the model).
 
     Args:
@@ -113,6 +114,9 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
         noisy_fraction: fraction of train captions shuffled to mismatched videos.
         frames: 0 for ``[N, Dv]`` videos, else the length of a frame axis ``[N, F, Dv]``.
         frame_noise: per-frame noise around the clip feature (only with ``frames > 0``).
+        clips_per_group: > 0: consecutive videos form groups ("long videos") of this many
+            clips (the last one may be shorter), ``video_to_group`` of each split
+            (:mod:`xmodal.data.groups`); the groups carry no extra semantics.
         seed: the seed; equal seeds give identical arrays.
 
     Returns:
@@ -122,6 +126,7 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
     Raises:
         ValueError / TypeError: a knob out of range, naming it.
     """
+    clips_per_group = _count(clips_per_group, "clips_per_group", minimum=0)
     sizes = {"train": _count(num_train, "num_train"), "val": _count(num_val, "num_val"),
              "test": _count(num_test, "num_test")}
     k = _count(captions_per_video, "captions_per_video")
@@ -208,7 +213,8 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
             text, text_labels = _shuffle_pairs(text, text_labels, t2v, noisy_fraction, rng("noisy"))
         out[split] = PairedSplit(video=video.astype(np.float32), text=text.astype(np.float32),
                                  text_to_video=t2v, video_labels=labels.astype(np.int64),
-                                 text_labels=text_labels.astype(np.int64), name=f"synthetic/{split}")
+                                 text_labels=text_labels.astype(np.int64), name=f"synthetic/{split}",
+                                 video_to_group=np.arange(n) // clips_per_group if clips_per_group else None)
     return out
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from xmodal.data.groups import check_groups, group_rows, paragraph_texts, subset_groups
 from xmodal.data.layout import MAIN_EXPERT, check_expert_name
 
 
@@ -196,6 +197,10 @@ class PairedSplit:
         relevancy: optional float ``[M, N]`` graded relevancy in ``[0, 1]`` of each text
             to each video (EPIC-100 multi-instance retrieval; ``S_relevancy.npy``). Where
             it is absent, :meth:`mir_relevancy` derives one from ``video_labels``.
+        video_to_group: optional int64 ``[N]``: the long video (group) of each clip row
+            (CrossCLR appendix A / COOT hierarchy; ``S_video_to_group.npy``, rules in
+            :mod:`xmodal.data.groups`). A group's paragraph is its clips' texts in clip order.
+        group_names: optional name per group (``S_groups.txt``).
 
     Shape:
         - video: ``[N, Dv]`` or ``[N, F, Dv]``
@@ -215,6 +220,8 @@ class PairedSplit:
     expert_masks: dict[str, np.ndarray] = field(default_factory=dict)
     video_names: list[str] | None = None
     relevancy: np.ndarray | None = None
+    video_to_group: np.ndarray | None = None
+    group_names: list[str] | None = None
 
     def __post_init__(self) -> None:
         t2v = np.asarray(self.text_to_video)
@@ -240,6 +247,14 @@ class PairedSplit:
             raise ValueError(f"video_names: expected {self.video.shape[0]} names, got {len(self.video_names)}")
         if self.relevancy is not None:
             self.relevancy = check_relevancy(self.relevancy, self.text.shape[0], self.video.shape[0])
+        if self.video_to_group is not None:
+            if hasattr(self.video_to_group, "detach"):
+                self.video_to_group = self.video_to_group.detach().cpu().numpy()
+            self.video_to_group = check_groups(self.video_to_group, self.video.shape[0])
+            if self.group_names is not None and len(self.group_names) != self.num_groups:
+                raise ValueError(f"group_names: expected {self.num_groups} names, got {len(self.group_names)}")
+        elif self.group_names is not None:
+            raise ValueError("group_names: given without video_to_group")
 
     def save(self, root: str | os.PathLike, split: str) -> list[Path]:
         """Write this split as split ``split`` of the file layout under ``root``
@@ -272,7 +287,7 @@ class PairedSplit:
             video_mask: optional bool ``[N, F]``, True = real frame.
             experts, expert_masks: optional further experts (see the class attributes).
             **kwargs: ``video_labels``, ``text_labels``, ``captions``, ``name``, ``video_names``,
-                ``relevancy``.
+                ``relevancy``, ``video_to_group``, ``group_names``.
 
         Raises:
             ValueError: every problem at once (shapes, NaN/inf in real frames, ids out
@@ -343,6 +358,28 @@ class PairedSplit:
         return self.text_to_video
 
     @property
+    def has_groups(self) -> bool:
+        return self.video_to_group is not None
+
+    @property
+    def num_groups(self) -> int:
+        """Long videos (groups) of a hierarchical split; 0 without ``video_to_group``."""
+        g = self.video_to_group
+        return 0 if g is None or not g.size else int(g[-1]) + 1
+
+    def group_rows(self) -> list[np.ndarray]:
+        """The clip rows of each group, in temporal (row) order."""
+        if self.video_to_group is None:
+            raise ValueError(f"{self.name or 'split'}: has no groups (no video_to_group)")
+        return group_rows(self.video_to_group)
+
+    def paragraphs(self) -> list[np.ndarray]:
+        """The text indices of each group's paragraph (its clips' texts in clip order)."""
+        if self.video_to_group is None:
+            raise ValueError(f"{self.name or 'split'}: has no groups (no video_to_group)")
+        return paragraph_texts(self.text_to_video, self.video_to_group)
+
+    @property
     def has_frames(self) -> bool:
         return self.video.ndim == 3
 
@@ -394,4 +431,5 @@ class PairedSplit:
             expert_masks={k: v[rows].copy() for k, v in self.expert_masks.items()},
             video_names=None if self.video_names is None else [self.video_names[i] for i in rows],
             relevancy=None if self.relevancy is None else self.relevancy[keep][:, rows].copy(),
+            video_to_group=subset_groups(self.video_to_group, rows),
         )

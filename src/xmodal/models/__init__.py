@@ -21,6 +21,8 @@ Layout of this package:
     - :mod:`~xmodal.models.towers`: ``TOWER_KINDS``, ``TowerSpec``, ``Standardize``, ``masked_mean``, ``Tower``
     - :mod:`~xmodal.models.fusion`: ``FUSIONS``, ``ExpertFusion`` (several video experts)
     - :mod:`~xmodal.models.two_tower`: ``TwoTower``, ``build_model``
+    - :mod:`~xmodal.models.hierarchy`: ``GlobalSpec``, ``GlobalTower``, ``HierarchicalTwoTower``
+      (clips inside videos: CrossCLR appendix A / COOT's global level)
     - :mod:`~xmodal.models.io`: ``CHECKPOINT_NAMES``, ``model_payload``, ``model_from_payload``, ``load_model``
 """
 

@@ -22,7 +22,12 @@ def model_payload(model: TwoTower) -> dict:
 
 def model_from_payload(payload: dict) -> TwoTower:
     arch = payload["architecture"]
-    model = TwoTower.from_architecture(arch)  # h-data: also rebuilds several experts + fusion head
+    if "hierarchy" in arch:  # clips inside videos: local towers + global towers
+        from xmodal.models.hierarchy import HierarchicalTwoTower
+
+        model: TwoTower = HierarchicalTwoTower.from_architecture(arch)
+    else:
+        model = TwoTower.from_architecture(arch)  # h-data: also rebuilds several experts + fusion head
     model.load_state_dict(payload["state_dict"])
     model.test_time = TestTime.from_state_dict(payload.get("test_time"))
     model.eval()

@@ -46,9 +46,11 @@ from xmodal.config import Config, save_config, to_dict
 from xmodal.data import inputs as video_inputs
 from xmodal.data.check import check_same_sizes
 from xmodal.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noqa: F401  (former home)
-                             retrieval_metrics, score)
+                             group_metrics, retrieval_metrics, score)
 from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
+from xmodal.models.hierarchy import with_global_towers
+from xmodal.training import hierarchy
 from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, load_checkpoint,
                          prepare_run_dir, remove_stale_temporaries)
 from xmodal.training import provenance
@@ -59,7 +61,7 @@ from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_tem
 from xmodal.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries
 from xmodal.training.parts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
                                generator_states, init_distributed_from_env, load_module_state, loss_extras,
-                               make_optimizer, resolve_device, set_generator_states)
+                               make_optimizer, make_plateau, resolve_device, set_generator_states)
 
 # --------------------------------------------------------------------------- data
 
@@ -222,7 +224,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
             lock.release()
 
 
-def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer) -> dict:
+def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer, plateau=None) -> dict:
     ckpt = load_checkpoint(ckpt_path, map_location=device)
     if ckpt.get("config") != to_dict(cfg):
         raise ValueError(f"out: {ckpt_path.parent} holds a run with a different config; use another --out "
@@ -231,6 +233,8 @@ def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer) -> 
         model.load_state_dict(ckpt["model"]["state_dict"])
         load_module_state(loss_fn, ckpt["loss"])
         optimizer.load_state_dict(ckpt["optimizer"])
+        if plateau is not None:
+            plateau.load_state_dict(ckpt["plateau"])
         _set_rng_state(ckpt["rng"], device)
         set_generator_states(loss_fn, ckpt.get("generators", {}))
         return ckpt["state"]
@@ -261,15 +265,18 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                         layers=cfg.model.layers, heads=cfg.model.heads, hidden=cfg.model.hidden,
                         temperature=cfg.loss.temperature or 0.05,
                         experts=train_split.expert_dims(), fusion=cfg.model.fusion)
+    if cfg.model.hierarchy:  # clips inside videos: global towers (CrossCLR app. A, xmodal.training.hierarchy)
+        model = with_global_towers(model, hierarchy.global_spec(cfg))
     video_all, mask_all = video_inputs.video_tensors(train_split)  # (features, mask); dicts with experts
     text_all = torch.as_tensor(np.asarray(train_split.text, dtype=np.float32))
     if cfg.model.standardize:
         model.fit_standardization(video_all, text_all, video_mask=mask_all)
     model.to(device)
-    loss_fn = build_loss_from_config(cfg, video_dim=train_split.video.shape[-1],
-                                     text_dim=train_split.text.shape[-1]).to(device)
+    build = hierarchy.build_hierarchical_loss if cfg.model.hierarchy else build_loss_from_config
+    loss_fn = build(cfg, video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1]).to(device)
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
+    plateau = make_plateau(cfg, optimizer)
 
     world = dist.world_size()
     if tc.batch_size % world:
@@ -278,7 +285,14 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     t2v_np = train_split.text_to_video
     sampler = dict(seed=tc.seed, text_to_video=t2v_np, batch_size=tc.batch_size, sampling=tc.sampling,
                    captions_per_video=tc.captions_per_video)
-    steps_per_epoch = len(epoch_batches(0, **sampler))
+    hier = None
+    if cfg.model.hierarchy:
+        if world > 1:
+            raise ValueError("model.hierarchy: single-process training only (no torchrun)")
+        hier = hierarchy.HierarchyData(train_split, video_all, mask_all, text_all, seed=tc.seed,
+                                       batch_size=tc.batch_size)
+    batches_of = hier.batches if hier is not None else (lambda e: epoch_batches(e, **sampler))
+    steps_per_epoch = len(batches_of(0))
     if steps_per_epoch == 0:
         raise ValueError(f"train.batch_size: {tc.batch_size} exceeds the number of training pairs")
     total_steps = tc.epochs * steps_per_epoch
@@ -288,6 +302,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     if tc.metric == "map" and val_relevancy is None:
         raise ValueError(f"train.metric: 'map' needs a relevancy for the validation split "
                          f"({cfg.data.val_split}_relevancy.npy or video labels)")
+    if tc.metric == "p2v_rsum" and val_split.video_to_group is None:
+        raise ValueError(f"train.metric: 'p2v_rsum' needs groups in the validation split "
+                         f"({cfg.data.val_split}_video_to_group.npy)")
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if (tc.amp and device.type == "cuda") else nullcontext()
 
     state = {"epoch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
@@ -295,7 +312,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     ckpt_path = out / "checkpoint.pt"
     resumed = resume and ckpt_path.is_file()
     if resumed:
-        state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer)
+        state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau)
     logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
                   enabled=is_main, echo=verbose)
     data_files = [] if in_memory else provenance.data_files(cfg)
@@ -307,26 +324,33 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         t0 = time.perf_counter()
         model.train()
         loss_fn.train()
-        bar = tqdm(epoch_batches(epoch, **sampler), desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not show,
+        bar = tqdm(batches_of(epoch), desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not show,
                    leave=False, mininterval=0.5, dynamic_ncols=True)
         losses, terms = [], {}
         for batch in bar:
             step = state["step"]
-            lr = cosine_lr(step, base_lr=cfg.optim.lr, warmup_steps=warmup_steps, total_steps=total_steps,
-                           min_ratio=cfg.optim.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            mine = batch[dist.rank() * local_bs:(dist.rank() + 1) * local_bs]
-            ids_np = t2v_np[mine]
-            text_in = text_all[mine].to(device)
-            video_in, mask_in = video_inputs.take(video_all, mask_all, ids_np, device)
-            ids = torch.as_tensor(ids_np, device=device)
-            with amp:
-                v = model.forward_video(video_in, mask_in)
-                t = model.forward_text(text_in)
-            extra = loss_extras(loss_fn, ids=ids, video_in=video_inputs.pooled(video_in, mask_in), text_in=text_in,
-                                scheduled=plan(step, mine), keyword=plan.keyword)
-            loss = loss_fn(v.float(), t.float(), **extra)
+            if plateau is None or step < warmup_steps:  # plateau: warm-up here, then ReduceLROnPlateau
+                lr = cosine_lr(step, base_lr=cfg.optim.lr, warmup_steps=warmup_steps, total_steps=total_steps,
+                               min_ratio=cfg.optim.min_lr_ratio)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+            else:
+                lr = optimizer.param_groups[0]["lr"]
+            if hier is not None:  # batches of whole groups: L_local + w L_global
+                loss = hier.loss(model, loss_fn, batch, device=device, amp=amp,
+                                 scheduled=plan(step, hier.texts(batch)), keyword=plan.keyword)
+            else:
+                mine = batch[dist.rank() * local_bs:(dist.rank() + 1) * local_bs]
+                ids_np = t2v_np[mine]
+                text_in = text_all[mine].to(device)
+                video_in, mask_in = video_inputs.take(video_all, mask_all, ids_np, device)
+                ids = torch.as_tensor(ids_np, device=device)
+                with amp:
+                    v = model.forward_video(video_in, mask_in)
+                    t = model.forward_text(text_in)
+                extra = loss_extras(loss_fn, ids=ids, video_in=video_inputs.pooled(video_in, mask_in),
+                                    text_in=text_in, scheduled=plan(step, mine), keyword=plan.keyword)
+                loss = loss_fn(v.float(), t.float(), **extra)
             value = float(loss.detach())  # the step's one host sync
             if not math.isfinite(value):
                 raise DivergedError(f"training diverged at epoch {epoch + 1} step {step + 1}: the loss is "
@@ -350,7 +374,10 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
 
         val_text, val_video = embed_split(model, val_split, tc.eval_batch_size)
         val = retrieval_metrics(val_text @ val_video.T, None, val_split.text_to_video, val_relevancy)
+        val.update(group_metrics(model, val_split, tc.eval_batch_size))  # p2v / v2p where val has groups
         current = score(val, tc.metric)
+        if plateau is not None and state["step"] >= warmup_steps:
+            plateau.step(current)
         improved = current > state["best_score"]
         if improved:
             state.update(best_score=current, best_epoch=epoch, bad_epochs=0,
@@ -373,6 +400,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         if is_main:
             atomic_save({"config": to_dict(cfg), "model": model_payload(model), "loss": loss_fn.state_dict(),
                          "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
+                         **({"plateau": plateau.state_dict()} if plateau is not None else {}),
                          "generators": generator_states(loss_fn), "state": state},
                         ckpt_path)
         logs.epoch(state["history"], improved=improved)  # log.jsonl (+ csv, tensorboard), the epoch line

@@ -63,6 +63,18 @@ def make_optimizer(cfg: Config, params: list[nn.Parameter]) -> torch.optim.Optim
     return cls(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
 
 
+def make_plateau(cfg: Config, optimizer: torch.optim.Optimizer):
+    """``ReduceLROnPlateau`` on the validation score (mode max) for ``optim.scheduler: plateau``
+    (CrossCLR sec. 4.3: "reduced by a factor of 10 when validation performance saturates";
+    Table 7: patience 6, cooldown 4), else None. Stepped once per epoch after the warm-up;
+    its state is checkpointed for exact resume."""
+    o = cfg.optim
+    if o.scheduler != "plateau":
+        return None
+    return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=o.plateau_factor,
+                                                      patience=o.plateau_patience, cooldown=o.plateau_cooldown)
+
+
 def cosine_lr(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
     """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to
     ``min_ratio * base_lr`` at ``total_steps`` (nanoGPT)."""
