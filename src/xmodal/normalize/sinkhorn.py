@@ -130,7 +130,12 @@ def gallery_block_log_sinkhorn(query_bank: torch.Tensor, gallery: torch.Tensor, 
     more pass for the last error). Rows whose plan mass falls where float underflow
     could bias it (below ``tiny * N / eps``) get an exact blockwise row ``logsumexp``.
     Each GEMM is ``[K, D] x [D, block_cols]``: the bank stays in cache instead of the
-    whole gallery being streamed once per row block. Memory ``O(K * block_cols + K + N)``.
+    whole gallery being streamed once per row block. From iteration 2 on, while
+    ``log alpha`` moved by less than 30 (float32; 300 float64) across rows, each column is
+    shifted by a bound on its maximum (previous column ``logsumexp`` + largest move of
+    ``log alpha``), and ``log alpha`` and the shift enter the GEMM as two extra columns,
+    so a pass is GEMM, one in-place ``exp`` and two matrix-vector products.
+    Memory ``O(K * block_cols + K + N)``.
 
     Shape:
         query_bank ``[K, D]``, gallery ``[N, D]``, log marginals ``[K]`` / ``[N]`` ->
@@ -150,6 +155,13 @@ def gallery_block_log_sinkhorn(query_bank: torch.Tensor, gallery: torch.Tensor, 
             stop = min(n, start + block_cols)
             yield start, stop, qs @ gallery[start:stop].T        # S[:, J] / gamma
 
+    def fused_blocks(q_aug, shift):   # S[:, J] / gamma + log alpha_i - shift_j from one GEMM
+        for start in range(0, n, block_cols):
+            stop = min(n, start + block_cols)
+            g_aug = torch.cat([gallery[start:stop], torch.ones(stop - start, 1, dtype=dtype, device=device),
+                               -shift[start:stop, None]], 1)
+            yield start, stop, q_aug @ g_aug.T
+
     # pass 0: log alpha_1 = log r - logsumexp_j(S_ij / gamma), streamed over column blocks
     run_max = run_sum = None
     for _, _, x in blocks():
@@ -165,15 +177,38 @@ def gallery_block_log_sinkhorn(query_bank: torch.Tensor, gallery: torch.Tensor, 
     log_alpha = log_r - (run_max + run_sum.log())
     log_beta = torch.zeros(n, dtype=dtype, device=device)
     errors: list[float] = []
+    col_lse_all = prev_alpha = None
+    spread_limit = 30.0 if finfo.bits <= 32 else 300.0
     for it in range(1, iters + 1):
         measure = track_error or it < iters   # the last row sums only measure the error
         row_mass = torch.zeros(k, dtype=dtype, device=device)
         col_err = torch.zeros((), dtype=dtype, device=device)
-        for start, stop, x in blocks():
-            x.add_(log_alpha[:, None])
-            cm = x.amax(dim=0)
-            col_sum = ones @ x.sub_(cm[None, :]).exp_()   # >= 1: no underflow
-            col_lse = cm + col_sum.log()
+        fused = False
+        if prev_alpha is not None and bool(live.any()):
+            # shift each column by a bound on its maximum, from the previous column logsumexp:
+            # max_i X_ij <= col_lse_prev_j + max_i (log alpha_i - log alpha_prev_i); then the
+            # shift and log alpha enter the GEMM as two extra columns: one exp pass, no
+            # max / add / sub passes. Only while that bound is tight (small spread).
+            step = (log_alpha - prev_alpha)[live]
+            spread = float(step.max() - step.min())
+            fused = spread <= spread_limit
+            if fused:
+                top = step.max()
+                la = torch.where(live, log_alpha, torch.full_like(log_alpha, finfo.min / 8))
+                q_aug = torch.cat([qs, la[:, None], torch.ones(k, 1, dtype=dtype, device=device)], 1)
+                slack = math.exp(min(spread + math.log(k), 80.0))
+        for start, stop, x in (fused_blocks(q_aug, col_lse_all + top) if fused else blocks()):
+            if fused:
+                col_sum = ones @ x.exp_()
+                col_lse = (col_lse_all[start:stop] + top) + col_sum.log()
+            else:
+                x.add_(log_alpha[:, None])
+                cm = x.amax(dim=0)
+                col_sum = ones @ x.sub_(cm[None, :]).exp_()   # >= 1: no underflow
+                col_lse = cm + col_sum.log()
+            if col_lse_all is None:
+                col_lse_all = torch.empty(n, dtype=dtype, device=device)
+            col_lse_all[start:stop] = col_lse
             cj = c[start:stop]
             log_beta[start:stop] = torch.where(cj > 0, log_c[start:stop] - col_lse,
                                                torch.full_like(col_lse, float("-inf")))
@@ -184,12 +219,14 @@ def gallery_block_log_sinkhorn(query_bank: torch.Tensor, gallery: torch.Tensor, 
         if not measure:
             break
         row_lse = row_mass.log() - log_alpha
-        risky = (row_mass < risky_below) & live
+        # entries lost to underflow sum to < tiny (x slack when the shift exceeds the max)
+        risky = (row_mass < risky_below * (slack if fused else 1.0)) & live
         if bool(risky.any()):
             row_lse[risky] = _exact_row_lse(blocks, risky, qs, gallery, log_beta, block_cols)
         row_err = (torch.exp(log_alpha + row_lse) - r).nan_to_num(0.0).abs().max()
         errors.append(float(torch.maximum(row_err, col_err)))
         if it < iters:
+            prev_alpha = log_alpha
             log_alpha = torch.where(live, log_r - row_lse, torch.full_like(row_lse, float("-inf")))
     return log_alpha, log_beta, errors
 
