@@ -33,7 +33,8 @@ over queries inherit this). Without ties both equal the official code.
   relevancy; only where the hits sit among them is left, an exact dynamic programme
   over (non-hits placed, hits placed), ``O(#hits * #non-hits)`` per tie group. It runs
   only for queries whose tie group mixes a hit with an item of relevancy other than 0
-  and 1 (detected per block); elsewhere less (more) relevant first is already the
+  and 1, found among the tied relevant items the fast path sorts anyway (no extra pass
+  over the scores); elsewhere less (more) relevant first is already the
   worst (best) order for both metrics.
 
 A query with no item of relevancy 1 has no defined AP (the official code divides 0 by
@@ -255,7 +256,7 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
     if cand.size > (b if max_collisions is None else max_collisions):
         return None
     if m == 0:                                        # nothing relevant in this block
-        return np.zeros(b), np.zeros(b), np.zeros(b), np.zeros(b, dtype=np.int64)
+        return np.zeros(b), np.zeros(b), np.zeros(b), np.zeros(b, dtype=np.int64), np.zeros(0, np.int64)
     idx, u, pos = np.concatenate(idx_l), np.concatenate(u_l), np.concatenate(pos_l)
     bounds = np.searchsorted(idx, np.arange(b + 1, dtype=np.int64) * g)
     n_pos = np.diff(bounds)
@@ -269,11 +270,19 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
     packed.sort()
     rel = r.ravel()[(packed & np.uint64((1 << cb) - 1)).view(np.int64) + rowoff]
     tie = np.flatnonzero(np.diff(packed) < np.uint64(1 << cb))
+    mixed = np.zeros(0, np.int64)
     if tie.size:     # relevant items with equal scores: order them by the tie rule
         hi = packed >> np.uint64(cb)
         members = np.unique(np.concatenate([tie, tie + 1]))
         group = np.cumsum(np.concatenate([[True], hi[members[1:]] != hi[members[:-1]]]))
         vals = rel[members]
+        # rows where a tie group mixes a hit with a graded item need mAP's exact order;
+        # the tied relevant items found here are all such groups (zeros never decide it)
+        n_hit = np.bincount(group, weights=vals == 1)
+        n_all = np.bincount(group)
+        bad = (n_hit > 0) & (n_hit < n_all)
+        if bad.any():
+            mixed = np.unique((packed[members[bad[group]]] >> np.uint64(32 + cb)).astype(np.int64))
         rel[members] = vals[np.lexsort((-vals if optimistic else vals, group))]
     if cand.size:    # exact count of the irrelevant items 1 ulp away, on the wrong side
         us = ((packed[cand] >> np.uint64(cb)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
@@ -320,17 +329,23 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
         z.sort(axis=1)                                # ascending: zeros (padding) first
         idcg = z @ inv_log[width:0:-1]
     ap = np.divide(ap_sum, n1, out=np.zeros(b), where=n1 > 0)
-    return ap, dcg, idcg, n1
+    return ap, dcg, idcg, n1, mixed
 
 
 def _block_fast(s: np.ndarray, r: np.ndarray, optimistic: bool):
-    """Sparse path, or the 64-bit packed / exact path for a block with many collisions."""
+    """Sparse path, or the 64-bit packed path for a block with many collisions; with
+    the block's rows needing mAP's exact tie order (:func:`_mixed_tie_rows`)."""
     out = _block_sparse(s, r, optimistic)
     if out is None:
         if r.size and float(r.max()) < 2.0:
-            return _block_packed(s, r + np.float32(0), optimistic)
-        return _block_exact(s, r, optimistic)
+            return (*_block_packed(s, r + np.float32(0), optimistic), _mixed_tie_rows(s, r))
+        return _block_general(s, r, optimistic)
     return out
+
+
+def _block_general(s: np.ndarray, r: np.ndarray, optimistic: bool):
+    """:func:`_block_exact` plus the rows needing mAP's exact tie order."""
+    return (*_block_exact(s, r, optimistic), _mixed_tie_rows(s, r))
 
 
 def _block_exact(s: np.ndarray, r: np.ndarray, optimistic: bool):
@@ -344,25 +359,26 @@ def _block_exact(s: np.ndarray, r: np.ndarray, optimistic: bool):
 
 def _mixed_tie_rows(s: np.ndarray, r: np.ndarray) -> np.ndarray:
     """Rows holding a hit (relevancy 1) and an item of relevancy not in {0, 1} with
-    exactly equal scores (-0.0 == +0.0). Shape: s, r ``[b, G]`` -> sorted row indices."""
+    exactly equal scores (-0.0 == +0.0): one sort of the relevant items only.
+
+    Shape:
+        s, r: ``[b, G]`` -> sorted row indices.
+    """
     g = s.shape[1]
-    sf, rf = s.ravel(), r.ravel()
-    hit = np.flatnonzero(rf == 1)
-    if hit.size == 0:
+    idx = np.flatnonzero(r.ravel() > 0)
+    hit = r.ravel()[idx] == 1
+    if not hit.any() or hit.all():
         return np.zeros(0, np.int64)
-    grd = np.flatnonzero((rf > 0) & (rf != 1))
-    if grd.size == 0:
-        return np.zeros(0, np.int64)
-    sh, sg = sf[hit], sf[grd]
-    uh = np.unique(sh)
-    pos = np.minimum(np.searchsorted(uh, sg), uh.size - 1)
-    match = uh[pos] == sg
-    if not match.any():
-        return np.zeros(0, np.int64)
-    kh = (hit // g) * uh.size + np.searchsorted(uh, sh)
-    rows_g = grd[match] // g
-    kg = rows_g * uh.size + pos[match]
-    return np.unique(rows_g[np.isin(kg, kh)])
+    # (row, rank of the score among the relevant scores) as one integer key
+    levels, inv = np.unique(s.ravel()[idx].astype(np.float64) + 0.0, return_inverse=True)  # -0.0 == +0.0
+    key = (idx // g) * levels.size + inv.ravel()
+    order = np.argsort(key)
+    key, hit = key[order], hit[order]
+    new = np.concatenate([[True], key[1:] != key[:-1]])
+    gid = np.cumsum(new) - 1
+    n_hit = np.bincount(gid, weights=hit)
+    bad = (n_hit > 0) & (n_hit < np.bincount(gid))
+    return np.unique(key[new][bad] // levels.size)
 
 
 def _hits_extreme(a: float, n: int, hits: int, x: np.ndarray, optimistic: bool) -> float:
@@ -433,10 +449,13 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
     b = block_size or max(1, (1 << 18) // max(1, g))
     if fast:   # (row, 32-bit key, column) must fit in 64 bits
         b = min(b, 1 << (31 - max(1, int(g - 1).bit_length())))
-    block_fn = _block_fast if fast else _block_exact
+    block_fn = _block_fast if fast else _block_general
 
     def one(start: int):
-        return block_fn(sn[start:start + b], r[start:start + b], optimistic)
+        ap, dcg, idcg, n1, mixed = block_fn(sn[start:start + b], r[start:start + b], optimistic)
+        for row in mixed + start:   # mAP's worst / best order where a tie group mixes relevancies
+            ap[row - start] = _ap_extreme_row(sn[row], r[row], optimistic)
+        return ap, dcg, idcg, n1
 
     starts = range(0, q, b)
     workers = min(len(starts), torch.get_num_threads())
@@ -446,9 +465,6 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
     else:
         parts = [one(start) for start in starts]
     ap, dcg, idcg, n1 = (np.concatenate(x) for x in zip(*parts))
-    for start in starts:   # mAP's worst / best order where a tie group mixes relevancies
-        for row in _mixed_tie_rows(sn[start:start + b], r[start:start + b]) + start:
-            ap[row] = _ap_extreme_row(sn[row], r[row], optimistic)
     ndcg = np.divide(dcg, idcg, out=np.zeros_like(dcg), where=idcg > 0)
     return _mean(ap, n1 > 0, empty, "mAP (relevancy == 1)"), _mean(ndcg, idcg > 0, empty, "nDCG (relevancy > 0)")
 

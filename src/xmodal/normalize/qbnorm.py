@@ -16,23 +16,37 @@ from xmodal.normalize._base import (Normalizer, check_pair, check_scores, defaul
 def bank_column_logsumexp(blocks: Iterable[tuple[int, int, torch.Tensor]], beta: float,
                           topk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log sum_b exp(beta * s_bj)`` ``[N]`` over the bank's ``[b, N]`` score blocks;
-    with ``topk > 0`` also the boolean ``[N]`` mask of items in some bank query's top-k."""
-    lse = active = buf = None
+    with ``topk > 0`` also the boolean ``[N]`` mask of items in some bank query's top-k.
+
+    The first block is shifted by its column maxima; later blocks by the running
+    ``logsumexp`` itself (``>= beta * max`` so far), which saves the column-max pass:
+    ``lse += log1p(sum_b exp(beta * s_bj - lse_j))``. A block whose values exceed the
+    running value by more than the float range (a non-finite column sum) is redone
+    with its own column maxima; entries that underflow lie ``> 87`` (float32) below a
+    term already in the sum, so they are below its rounding.
+    """
+    lse = active = buf = ones = None
     for _, _, s in blocks:
         if lse is None:
             lse = torch.full((s.shape[1],), float("-inf"), dtype=s.dtype, device=s.device)
             active = torch.zeros(s.shape[1], dtype=torch.bool, device=s.device) if topk else None
         if buf is None or buf.shape != s.shape:
             buf = torch.empty_like(s)  # scratch reused across blocks (``s`` may be the caller's)
-        m = s.amax(dim=0, keepdim=True) * beta
-        torch.add(-m, s, alpha=beta, out=buf)
-        ones = torch.ones(s.shape[0], dtype=s.dtype, device=s.device)
-        # column sums as a BLAS matrix-vector product: several times faster than sum(dim=0)
-        lse = torch.logaddexp(lse, (ones @ buf.exp_()).log_() + m.squeeze(0))
-        if topk == 1:
-            active[s.argmax(dim=1)] = True
+            ones = torch.ones(s.shape[0], dtype=s.dtype, device=s.device)
+        if topk == 1:  # before ``buf`` is written: ``s`` may share nothing with it
+            active[s.max(dim=1).indices] = True       # first maximal index, as argmax
         elif topk:
             active[s.topk(min(topk, s.shape[1]), dim=1).indices.reshape(-1)] = True
+        if bool(torch.isfinite(lse).all()):
+            torch.add(-lse, s, alpha=beta, out=buf)
+            # column sums as a BLAS matrix-vector product: several times faster than sum(dim=0)
+            rel = ones @ buf.exp_()
+            if bool(torch.isfinite(rel).all()):
+                lse = lse + torch.log1p(rel)
+                continue
+        m = s.amax(dim=0) * beta
+        torch.add(-m, s, alpha=beta, out=buf)
+        lse = torch.logaddexp(lse, (ones @ buf.exp_()).log_() + m)
     return lse, active
 
 

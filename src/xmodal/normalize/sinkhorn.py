@@ -113,6 +113,137 @@ def _exact_column_lse(blocks: Blocks, columns: torch.Tensor, log_alpha: torch.Te
     return acc
 
 
+def gallery_block_log_sinkhorn(query_bank: torch.Tensor, gallery: torch.Tensor, *, gamma: float,
+                                iters: int, log_r: torch.Tensor, log_c: torch.Tensor,
+                                block_cols: int, track_error: bool = True,
+                                ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+    """The iteration of :func:`blockwise_log_sinkhorn` from embeddings, reading ``S`` in
+    GALLERY (column) blocks ``S[:, J] = query_bank @ gallery[J].T``.
+
+    Same iterates (rows, then columns; ``log beta`` starts at 0), same errors, in
+    ``iters + 1`` passes over ``S`` WITH the last iteration's error: pass 0 gives the
+    first ``log alpha`` (a streamed row ``logsumexp``); pass ``t`` computes, per column
+    block, the exact column ``logsumexp`` (``E = exp(X - max_i X)``, ``X = S / gamma +
+    log alpha``) hence ``log beta_J``, and from the same buffer the row sums of the new
+    plan, ``sum_j P_ij = sum_j E_ij c_j / sum_i' E_i'j``: iteration ``t``'s row marginal
+    error and the next ``log alpha`` with no extra pass (the row-block form needs one
+    more pass for the last error). Rows whose plan mass falls where float underflow
+    could bias it (below ``tiny * N / eps``) get an exact blockwise row ``logsumexp``.
+    Each GEMM is ``[K, D] x [D, block_cols]``: the bank stays in cache instead of the
+    whole gallery being streamed once per row block. From iteration 2 on, while
+    ``log alpha`` moved by less than 30 (float32; 300 float64) across rows, each column is
+    shifted by a bound on its maximum (previous column ``logsumexp`` + largest move of
+    ``log alpha``), and ``log alpha`` and the shift enter the GEMM as two extra columns,
+    so a pass is GEMM, one in-place ``exp`` and two matrix-vector products.
+    Memory ``O(K * block_cols + K + N)``.
+
+    Shape:
+        query_bank ``[K, D]``, gallery ``[N, D]``, log marginals ``[K]`` / ``[N]`` ->
+        ``(log_alpha [K], log_beta [N], errors)`` as :func:`blockwise_log_sinkhorn`.
+    """
+    dtype, device = log_c.dtype, log_c.device
+    k, n = query_bank.shape[0], gallery.shape[0]
+    qs = query_bank * (1.0 / gamma)
+    finfo = torch.finfo(dtype)
+    risky_below = finfo.tiny * n / finfo.eps
+    r, c = log_r.exp(), log_c.exp()
+    live = log_r > float("-inf")        # (r > 0 would miss masses below float32's range)
+    ones = torch.ones(k, dtype=dtype, device=device)
+
+    def blocks():
+        for start in range(0, n, block_cols):
+            stop = min(n, start + block_cols)
+            yield start, stop, qs @ gallery[start:stop].T        # S[:, J] / gamma
+
+    def fused_blocks(q_aug, shift):   # S[:, J] / gamma + log alpha_i - shift_j from one GEMM
+        for start in range(0, n, block_cols):
+            stop = min(n, start + block_cols)
+            g_aug = torch.cat([gallery[start:stop], torch.ones(stop - start, 1, dtype=dtype, device=device),
+                               -shift[start:stop, None]], 1)
+            yield start, stop, q_aug @ g_aug.T
+
+    # pass 0: log alpha_1 = log r - logsumexp_j(S_ij / gamma), streamed over column blocks
+    run_max = run_sum = None
+    for _, _, x in blocks():
+        bm = x.amax(dim=1)
+        if run_max is None:
+            run_max, run_sum = bm, torch.zeros(k, dtype=dtype, device=device)
+        else:
+            bm = torch.maximum(run_max, bm)
+            run_sum = run_sum * torch.exp(run_max - bm)
+            run_max = bm
+        # row sums as a BLAS matrix-vector product: several times faster than sum(dim=1)
+        run_sum = run_sum + x.sub_(run_max[:, None]).exp_() @ torch.ones(x.shape[1], dtype=dtype, device=device)
+    log_alpha = log_r - (run_max + run_sum.log())
+    log_beta = torch.zeros(n, dtype=dtype, device=device)
+    errors: list[float] = []
+    col_lse_all = prev_alpha = None
+    spread_limit = 30.0 if finfo.bits <= 32 else 300.0
+    for it in range(1, iters + 1):
+        measure = track_error or it < iters   # the last row sums only measure the error
+        row_mass = torch.zeros(k, dtype=dtype, device=device)
+        col_err = torch.zeros((), dtype=dtype, device=device)
+        fused = False
+        if prev_alpha is not None and bool(live.any()):
+            # shift each column by a bound on its maximum, from the previous column logsumexp:
+            # max_i X_ij <= col_lse_prev_j + max_i (log alpha_i - log alpha_prev_i); then the
+            # shift and log alpha enter the GEMM as two extra columns: one exp pass, no
+            # max / add / sub passes. Only while that bound is tight (small spread).
+            step = (log_alpha - prev_alpha)[live]
+            spread = float(step.max() - step.min())
+            fused = spread <= spread_limit
+            if fused:
+                top = step.max()
+                la = torch.where(live, log_alpha, torch.full_like(log_alpha, finfo.min / 8))
+                q_aug = torch.cat([qs, la[:, None], torch.ones(k, 1, dtype=dtype, device=device)], 1)
+                slack = math.exp(min(spread + math.log(k), 80.0))
+        for start, stop, x in (fused_blocks(q_aug, col_lse_all + top) if fused else blocks()):
+            if fused:
+                col_sum = ones @ x.exp_()
+                col_lse = (col_lse_all[start:stop] + top) + col_sum.log()
+            else:
+                x.add_(log_alpha[:, None])
+                cm = x.amax(dim=0)
+                col_sum = ones @ x.sub_(cm[None, :]).exp_()   # >= 1: no underflow
+                col_lse = cm + col_sum.log()
+            if col_lse_all is None:
+                col_lse_all = torch.empty(n, dtype=dtype, device=device)
+            col_lse_all[start:stop] = col_lse
+            cj = c[start:stop]
+            log_beta[start:stop] = torch.where(cj > 0, log_c[start:stop] - col_lse,
+                                               torch.full_like(col_lse, float("-inf")))
+            col_err = torch.maximum(col_err, (torch.exp(log_beta[start:stop] + col_lse) - cj)
+                                    .nan_to_num(0.0).abs().max())
+            if measure:   # row sums of the plan with the new log beta: E_ij c_j / col_sum_j
+                row_mass += x @ (cj / col_sum)
+        if not measure:
+            break
+        row_lse = row_mass.log() - log_alpha
+        # entries lost to underflow sum to < tiny (x slack when the shift exceeds the max)
+        risky = (row_mass < risky_below * (slack if fused else 1.0)) & live
+        if bool(risky.any()):
+            row_lse[risky] = _exact_row_lse(blocks, risky, qs, gallery, log_beta, block_cols)
+        row_err = (torch.exp(log_alpha + row_lse) - r).nan_to_num(0.0).abs().max()
+        errors.append(float(torch.maximum(row_err, col_err)))
+        if it < iters:
+            prev_alpha = log_alpha
+            log_alpha = torch.where(live, log_r - row_lse, torch.full_like(row_lse, float("-inf")))
+    return log_alpha, log_beta, errors
+
+
+def _exact_row_lse(blocks: Blocks, rows: torch.Tensor, qs: torch.Tensor, gallery: torch.Tensor,
+                   log_beta: torch.Tensor, block_cols: int) -> torch.Tensor:
+    """``logsumexp_j(S_ij / gamma + log beta_j)`` for the masked rows, block by block."""
+    idx = rows.nonzero().squeeze(1)
+    sub_q = qs[idx]
+    acc = torch.full((idx.numel(),), float("-inf"), dtype=qs.dtype, device=qs.device)
+    for start in range(0, gallery.shape[0], block_cols):
+        stop = min(gallery.shape[0], start + block_cols)
+        x = sub_q @ gallery[start:stop].T + log_beta[None, start:stop]
+        acc = torch.logaddexp(acc, torch.logsumexp(x, dim=1))
+    return acc
+
+
 class SinkhornBias(Normalizer):
     """NCL test-time normalisation: gallery biases from Sinkhorn on a query bank.
 
@@ -135,7 +266,8 @@ class SinkhornBias(Normalizer):
         temperature: ``gamma`` (the model's test temperature).
         iters: Sinkhorn iterations (NCL: 4; at most ``MAX_ITERS`` = 10000).
         oracle: True when the bank is the test queries.
-        block_size: bank rows per block (auto when None).
+        block_size: bank rows per block, or gallery items per block when :meth:`fit`
+            reads ``S`` in gallery blocks (``K <= N``); auto when None.
         track_error: also measure the last iteration's error (one more pass).
     """
 
@@ -173,14 +305,27 @@ class SinkhornBias(Normalizer):
 
     def fit(self, query_bank: Any, gallery: Any, *, query_marginal: Any = None,
             gallery_marginal: Any = None) -> "SinkhornBias":
-        """Fit on ``S = query_bank @ gallery.T``, computed block by block.
+        """Fit on ``S = query_bank @ gallery.T``, computed block by block: in gallery
+        (column) blocks of ``block_size`` items when ``K <= N``
+        (:func:`gallery_block_log_sinkhorn`: ``iters + 1`` passes including the last
+        error), else in bank row blocks (:func:`blockwise_log_sinkhorn`).
 
         Shape:
             query_bank ``[K, D]``, gallery ``[N, D]``, marginals ``[K]`` / ``[N]``.
         """
         q, g = check_pair(query_bank, gallery)
-        rows = default_block_rows(g.shape[0], self.block_size)
-        return self._run(lambda: score_blocks(q, g, rows), q.shape[0], g.shape[0], q.dtype,
+        k, n = q.shape[0], g.shape[0]
+        if k <= n:   # gallery-scale: column blocks, the last error without an extra pass
+            log_r = _log_marginal(query_marginal, k, "query_marginal", q.dtype, q.device)
+            log_c = _log_marginal(gallery_marginal, n, "gallery_marginal", q.dtype, q.device)
+            cols = default_block_rows(k, self.block_size)
+            self._log_alpha, self._log_beta, self.history = gallery_block_log_sinkhorn(
+                q, g, gamma=self.temperature, iters=self.iters, log_r=log_r, log_c=log_c,
+                block_cols=cols, track_error=self.track_error)
+            self._bias = self.temperature * (self._log_beta - torch.logsumexp(self._log_beta, dim=0))
+            return self
+        rows = default_block_rows(n, self.block_size)
+        return self._run(lambda: score_blocks(q, g, rows), k, n, q.dtype,
                          q.device, query_marginal, gallery_marginal)
 
     def fit_scores(self, scores: Any, *, query_marginal: Any = None,
