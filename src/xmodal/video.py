@@ -108,7 +108,8 @@ def _pick(path: Path, choose) -> list[np.ndarray]:
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = getattr(exc, "strerror", None) or str(exc).strip()
+    text = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return text[:200]
 
 
