@@ -286,3 +286,33 @@ def test_list_file_relative_paths(tmp_path):
     lst = tmp_path / "sub" / "videos.txt"
     lst.write_text("\ufeffa.mp4\n\n../b.webm\n", encoding="utf-8")
     assert encoders.list_videos(lst) == [tmp_path / "sub" / "a.mp4", tmp_path / "sub" / ".." / "b.webm"]
+
+
+@needs_encoder
+@pytest.mark.usefixtures("one_thread")
+def test_videos_to_trained_run(tmp_path, capsys):
+    """README "From video files": encode videos -> data import -> data check -> train (1 epoch)."""
+    rng = np.random.default_rng(0)
+    vids = tmp_path / "my_videos"
+    vids.mkdir()
+    rows = ["video_id,caption,split"]
+    for v in range(8):
+        frames = rng.integers(0, 256, size=(2 + v % 3, 64, 64, 3), dtype=np.uint8)
+        write_video(vids / f"v{v}.{('mp4', 'webm', 'avi')[v % 3]}", frames,
+                    ("libx264", "libvpx-vp9", "mpeg4")[v % 3])
+        split = "train" if v < 6 else "val"
+        rows += [f"v{v},clip {v} first caption,{split}", f"v{v},clip {v} second caption,{split}"]
+    (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
+    np.save(tmp_path / "tf.npy", rng.standard_normal((16, 12)).astype(np.float32))
+    feats, data, run = tmp_path / "feats", tmp_path / "mydata", tmp_path / "run"
+    assert main(["encode", "videos", str(vids), "--out", str(feats), "--frames", "2", "--no-progress"]) == 0
+    assert sorted(p.name for p in feats.iterdir()) == [f"v{v}.npy" for v in range(8)]
+    assert main(["data", "import", str(tmp_path / "pairs.csv"), "--features", str(feats), "--out", str(data),
+                 "--text-features", str(tmp_path / "tf.npy"), "--max-frames", "2"]) == 0
+    assert np.load(data / "train_video_features.npy").shape == (6, 2, 1280)
+    assert main(["data", "check", str(data)]) == 0
+    repo = Path(__file__).resolve().parents[1]
+    assert main(["train", str(repo / "configs/synthetic.yaml"), "--out", str(run), "data.name=paired",
+                 f"data.root={data}", "data.val_split=val", "model.kind=meanp", "model.dim=8", "train.epochs=1",
+                 "train.batch_size=4", "test_time.bank_size=6", "--quiet", "--no-plots"]) == 0
+    assert (run / "model.pt").is_file() and (run / "metrics.json").is_file()
