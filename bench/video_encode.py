@@ -135,6 +135,12 @@ def main() -> None:
         print(f"encode videos: {n_frames / cli:.1f} frames/s ({cli:.2f} s)")
         print(f"bare loop:     {n_frames / bare:.1f} frames/s ({bare:.2f} s)")
         print(f"ratio (encode videos time / bare loop time): {cli / bare:.2f}")
+        from xmodal.video import decode_frames
+
+        t0 = time.perf_counter()
+        decoded = sum(len(decode_frames(p)) for p in paths)
+        dt = time.perf_counter() - t0
+        print(f"PyAV decode alone (every frame, RGB): {decoded / dt:.0f} frames/s")
         all16 = paths + extra
         m4, m16 = peak_traced(all16[:4], args.sample, args.batch), peak_traced(all16[:16], args.sample, args.batch)
         print(f"peak traced memory: 4 videos {m4:.1f} MiB, 16 videos {m16:.1f} MiB (ratio {m16 / m4:.2f})")
