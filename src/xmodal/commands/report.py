@@ -18,7 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="RUN_OR_BENCH_DIR", help="run directory or bench directory")
     p.add_argument("--out", default=None, help="HTML file to write (default: DIR/report.html)")
     p.add_argument("--images", default=None, metavar="DIR",
-                   help="folder of the val split's images for thumbnails (Flickr8k: dev_images/)")
+                   help="folder of the val split's images or videos for thumbnails, found as NAME or "
+                        "NAME.<ext>; videos show their middle frame (Flickr8k: dev_images/)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="the run's data folder, when it moved since training (overrides data.root)")
     p.add_argument("--examples", type=int, default=8, help="number of example queries (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example queries (default 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -35,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads: must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    path = build_report(args.path, out=args.out, images=args.images, num_examples=args.examples,
+    path = build_report(args.path, out=args.out, images=args.images, data=args.data, num_examples=args.examples,
                         seed=args.seed)
     print(path)
     return 0

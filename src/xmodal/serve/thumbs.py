@@ -17,8 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from xmodal.encoders import IMAGE_EXTENSIONS
-
-VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg")
+from xmodal.video import VIDEO_EXTENSIONS  # numpy only at import; PyAV is loaded when a frame is decoded
 
 #: Longest side of a thumbnail in pixels.
 THUMB_SIZE = 192
