@@ -14,6 +14,8 @@ failure modes of a run directory have one home:
   file, released by the kernel when its process dies, so the lock of a dead process
   is simply taken over.
 - :func:`remove_stale_temporaries`: ``.NAME.tmpPID`` files left by killed saves.
+- :func:`check_run_dir` refuses an ``--out`` holding files that are not a run's own;
+  :func:`clear_run_outputs` removes a previous run's files before a fresh run trains.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import errno
 import os
 import pickle
 import shutil
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,14 @@ from typing import Any
 import torch
 
 LOCK_NAME = ".lock"
-_TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*")
+_TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*",
+                 ".config.yaml.tmp*", ".*.png.tmp*", ".log.csv.tmp*", ".provenance.json.tmp*")
+#: Files of a run directory's own kind: what ``xmodal train`` (and ``xmodal report``, the
+#: page of the run) write there. A fresh run removes them all before it trains.
+RUN_FILES = ("config.yaml", "log.jsonl", "log.csv", "checkpoint.pt", "model.pt", "metrics.json",
+             "provenance.json", "curves.png", "schedule.png", "retrieval_mass.png", "fn_fp.png", "report.html")
+#: Folders of a run directory's own kind (``train.log_to: [tensorboard]``).
+RUN_DIRS = ("tensorboard",)
 
 
 class RunDirError(ValueError):
@@ -115,6 +125,7 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     tmp = _tmp(path)
     try:
+        tmp.unlink(missing_ok=True)  # never write through a link planted under this name
         torch.save(obj, tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:
@@ -130,6 +141,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     tmp = _tmp(path)
     try:
+        tmp.unlink(missing_ok=True)
         tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
@@ -167,6 +179,54 @@ def prepare_run_dir(out: str | os.PathLike) -> Path:
     return p
 
 
+def _is_run_entry(p: Path) -> bool:
+    if p.name == LOCK_NAME or any(p.match(pat) for pat in _TMP_PATTERNS):
+        return not p.is_symlink()
+    if p.is_symlink():
+        return False
+    if p.name in RUN_DIRS:
+        return p.is_dir()
+    return p.name in RUN_FILES and p.is_file()
+
+
+def check_run_dir(out: str | os.PathLike) -> Path:
+    """Refuse an ``out`` holding anything but a run's own files (``RUN_FILES``), or links.
+
+    ``xmodal train`` rewrites and removes the files of its kind in ``out``; a folder holding
+    the user's other files (data, a config, notes) is refused, never written into.
+
+    Raises:
+        RunDirError: naming ``out`` and up to three of the foreign entries.
+    """
+    p = Path(out)
+    if not p.is_dir():
+        return p
+    foreign = sorted(e.name for e in p.iterdir() if not _is_run_entry(e))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RunDirError(f"out: {p} holds files that are not an xmodal run's ({shown}); xmodal train "
+                          f"only writes into a new, empty or run directory")
+    return p
+
+
+def clear_run_outputs(out: str | os.PathLike) -> list[Path]:
+    """Remove every file of a run's kind (``RUN_FILES``, ``RUN_DIRS``) from ``out``: a fresh
+    run starts from nothing, so a run that dies early never leaves the previous run's
+    ``model.pt`` / ``metrics.json`` to be served under its new config. Call with the lock held."""
+    removed = []
+    for name in RUN_FILES:
+        f = Path(out) / name
+        if f.is_file() or f.is_symlink():
+            f.unlink()
+            removed.append(f)
+    for name in RUN_DIRS:
+        d = Path(out) / name
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d)
+            removed.append(d)
+    return removed
+
+
 def _pid_of(path: Path) -> str:
     try:
         return path.read_text().strip() or "unknown"
@@ -197,7 +257,16 @@ class RunLock:
     def acquire(self) -> "RunLock":
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a .lock that is a link is refused, never written through
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or self.path.is_symlink():
+                raise RunDirError(f"out: {self.path} is a symbolic link; refused (xmodal never writes "
+                                  f"through a link it did not create): remove it") from None
+            raise RunDirError(f"out: cannot open the lock file {self.path} ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunDirError(f"out: {self.path} is not a regular file; refused")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -45,8 +45,8 @@ from xmodal.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noq
                              retrieval_metrics, score)
 from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
-from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, load_checkpoint,
-                         prepare_run_dir, remove_stale_temporaries)
+from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, check_run_dir,
+                         clear_run_outputs, load_checkpoint, prepare_run_dir, remove_stale_temporaries)
 from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
 from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
                                   text_classes)
@@ -167,11 +167,13 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
     is_main = dist.rank() == 0
     lock = None
     if is_main:
-        out = prepare_run_dir(out)
+        out = check_run_dir(prepare_run_dir(out))  # refuses a folder holding the user's files
         lock = RunLock(out).acquire()
     try:
         if is_main:
             remove_stale_temporaries(out)
+            if not (resume and (Path(out) / "checkpoint.pt").is_file()):
+                clear_run_outputs(out)  # a fresh run: nothing of the previous one stays to be served
         return _train(cfg, Path(out), resume=resume, stop_after_epochs=stop_after_epochs, progress=progress)
     finally:
         if lock is not None:
@@ -203,8 +205,6 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     is_main = dist.rank() == 0
     show = (tc.progress if progress is None else progress) and is_main
     device = resolve_device(tc.device)
-    if is_main:
-        save_config(cfg, out / "config.yaml")
 
     splits = load_splits(cfg)
     train_split, val_split = splits["train"], splits["val"]
@@ -249,8 +249,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     ckpt_path = out / "checkpoint.pt"
     if resume and ckpt_path.is_file():
         state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer)
-    elif is_main and (out / "log.jsonl").exists():
-        (out / "log.jsonl").unlink()
+    if is_main:  # after the resume check: a refused resume leaves the run's config.yaml alone
+        save_config(cfg, out / "config.yaml")
 
     epochs_this_call = 0
     while not state["done"] and state["epoch"] < tc.epochs:
@@ -297,6 +297,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         state["train_time"] += time.perf_counter() - t0
 
         val_text, val_video = embed_split(model, val_split, tc.eval_batch_size)
+        if not bool(torch.isfinite(val_text).all() & torch.isfinite(val_video).all()):
+            raise DivergedError(f"training diverged in epoch {epoch + 1}: the weights became NaN/inf; "
+                                f"lower optim.lr or check the features")
         val = retrieval_metrics(val_text @ val_video.T, None, val_split.text_to_video, val_relevancy)
         current = score(val, tc.metric)
         improved = current > state["best_score"]
