@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 import shutil
 import stat
 import zipfile
@@ -75,14 +76,20 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path: {p} does not exist")
+    _check_zip_entries(p)
     try:
         obj = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         msg = str(exc)
-        if "Unsupported global" in msg:
-            what = msg.split("Unsupported global:", 1)[1].split(" was not", 1)[0].strip()
+        found = re.search(r"Unsupported global: (?:GLOBAL )?([\w.]+)|unsupported GLOBAL ([\w.]+)", msg)
+        if found:
+            what = found.group(1) or found.group(2)
             raise RunDirError(f"{p}: refused to load: it contains a Python object ({what}) that could run "
                               f"code when unpickled; xmodal only reads weights-only checkpoints") from None
+        if "Weights only load failed" in msg:  # a pickle instruction the weights-only reader refuses
+            raise RunDirError(f"{p}: refused to load: it is a pickle that a weights-only read refuses "
+                              f"because loading it could run code; xmodal only reads weights-only "
+                              f"checkpoints") from None
         raise RunDirError(f"{p}: not a readable checkpoint (corrupt or not a torch file)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError,
             AttributeError, TypeError) as exc:
@@ -91,6 +98,23 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     if not isinstance(obj, dict) or "model" not in obj:
         raise RunDirError(f"{p}: not an xmodal checkpoint (no 'model' entry)")
     return obj
+
+
+def _check_zip_entries(p: Path) -> None:
+    """Refuse a zip checkpoint with compressed entries or entries larger than the file
+    (torch writes every entry stored, uncompressed): nothing is inflated into memory."""
+    if not zipfile.is_zipfile(p):
+        return
+    try:
+        with zipfile.ZipFile(p) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raise RunDirError(f"{p}: not a readable checkpoint (corrupt or truncated)") from None
+    size = p.stat().st_size
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+            raise RunDirError(f"{p}: not a checkpoint written by torch (entry {info.filename} is "
+                              f"compressed or larger than the file); refused")
 
 
 def _no_space(path: Path) -> OSError:
@@ -147,6 +171,27 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         err = _write_failed(exc, path)
+        if err is None:
+            raise
+        raise err from None
+
+
+def atomic_write(path: str | os.PathLike, write: Any) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it over ``path``.
+
+    The temporary name is removed first (a link planted there is never written through)
+    and on any failure; a full disk raises ``OSError(ENOSPC, "no space left on device
+    while writing PATH")`` whether ``write`` reported it as ``OSError`` or ``RuntimeError``.
+    """
+    path = Path(path)
+    tmp = _tmp(path)
+    try:
+        tmp.unlink(missing_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        err = _write_failed(exc, path) if isinstance(exc, (OSError, RuntimeError)) else None
         if err is None:
             raise
         raise err from None
