@@ -195,11 +195,11 @@ def os_error_text(exc: OSError) -> str:
     import errno
 
     what = exc.strerror or _one_line(exc)
-    where = exc.filename if exc.filename is not None else None
-    if exc.errno == errno.ENOSPC and "no space left on device" not in what.lower():
-        what = "no space left on device"
-    if exc.errno == errno.ENOSPC and "no space" in what and where is None:
-        return what[0].lower() + what[1:]
+    where = exc.filename
+    if exc.errno == errno.ENOSPC:
+        if what.startswith("no space left on device while writing"):
+            return what
+        return "no space left on device" + (f" while writing {where}" if where is not None else "")
     return f"{what}: {where}" if where is not None else what
 
 

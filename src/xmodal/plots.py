@@ -24,6 +24,18 @@ import torch
 from xmodal.metrics.mass import retrieval_mass  # noqa: F401  (formerly defined here)
 
 
+def _savefig(fig: Any, out: Path) -> None:
+    """PNG through a temporary name renamed over ``out`` (no truncated plot on a full disk)."""
+    import matplotlib.pyplot as plt
+
+    from xmodal.runs import atomic_write
+
+    try:
+        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
+
+
 def _plt():
     import matplotlib
 
@@ -135,8 +147,7 @@ def plot_curves(log: list[dict], path: str | Path, *, per_step: tuple | None = N
         ax[3].set(title="modality gap (val)", xlabel="epoch", ylabel="||mean(v) - mean(t)||")
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _savefig(fig, out)
     return out
 
 
@@ -154,8 +165,7 @@ def plot_schedule(steps: np.ndarray, values: np.ndarray, path: str | Path, *, la
                      ylabel=label)
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _savefig(fig, out)
     return out
 
 
@@ -188,8 +198,7 @@ def plot_retrieval_mass(masses: dict[str, np.ndarray], expected: float, path: st
     ax.legend(fontsize=8)
     _caption(fig, caption)
     out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _savefig(fig, out)
     return out
 
 
@@ -234,8 +243,7 @@ def plot_fn_fp(results: dict[str, dict], path: str | Path, title: str = "",
     fig.suptitle(title, fontsize=10)
     _caption(fig, caption)
     out = Path(path)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _savefig(fig, out)
     return out
 
 

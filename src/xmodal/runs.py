@@ -125,13 +125,19 @@ def _write_failed(exc: BaseException, path: Path) -> OSError | None:
     """The ``OSError`` to raise for a failed write, or None to re-raise ``exc``."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return _no_space(path)
-    if isinstance(exc, RuntimeError) and "write" in str(exc).lower():
-        # torch's zip writer reports ENOSPC as "file write failed"
+    if isinstance(exc, RuntimeError):
+        # torch's zip writer reports ENOSPC as "[enforce fail at inline_container.cc] unexpected
+        # pos N vs M" (or "file write failed"), FAISS as "write error ... (No space left on device)".
+        # Called before the temporary file is removed, so a full disk still shows as full.
+        text = str(exc)
         try:
             full = shutil.disk_usage(path.parent).free < (1 << 20)
         except OSError:
             full = False
-        return _no_space(path) if full else OSError(errno.EIO, f"failed writing {path}: {exc}")
+        if full or "No space left" in text:
+            return _no_space(path)
+        if "write" in text.lower() or "unexpected pos" in text:
+            return OSError(errno.EIO, f"failed writing {path}: {text.splitlines()[0]}")
     return None
 
 
@@ -153,8 +159,8 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
         torch.save(obj, tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:
+        err = _write_failed(exc, path)  # before the unlink frees the partial file's space
         tmp.unlink(missing_ok=True)
-        err = _write_failed(exc, path)
         if err is None:
             raise
         raise err from None
@@ -169,8 +175,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         err = _write_failed(exc, path)
+        tmp.unlink(missing_ok=True)
         if err is None:
             raise
         raise err from None
@@ -190,8 +196,8 @@ def atomic_write(path: str | os.PathLike, write: Any) -> None:
         write(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         err = _write_failed(exc, path) if isinstance(exc, (OSError, RuntimeError)) else None
+        tmp.unlink(missing_ok=True)
         if err is None:
             raise
         raise err from None
@@ -320,8 +326,14 @@ class RunLock:
                 raise
             raise RunDirError(f"out: run directory {self.out} is in use by process {_pid_of(self.path)} "
                               f"(lock file {self.path})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno == errno.ENOSPC:
+                raise _no_space(self.path) from None
+            raise
         self._fd = fd
         return self
 
