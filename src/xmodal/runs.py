@@ -252,6 +252,9 @@ def check_run_dir(out: str | os.PathLike) -> Path:
     p = Path(out)
     if not p.is_dir():
         return p
+    if (p / LOCK_NAME).is_symlink():
+        raise RunDirError(f"out: {p / LOCK_NAME} is a symbolic link; refused (xmodal never writes "
+                          f"through a link it did not create): remove it")
     foreign = sorted(e.name for e in p.iterdir() if not _is_run_entry(e))
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")

@@ -109,17 +109,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_config_outside(config: str, out: str, cfg) -> None:
-    """Refuse a CONFIG inside --out that the run would overwrite (anything but the run's own
-    ``config.yaml`` holding exactly the resolved config, as when resuming from it)."""
+    """Refuse a CONFIG inside --out that the run would overwrite (anything but the ``config.yaml``
+    of an existing run holding the same resolved config, as when resuming from it)."""
     from pathlib import Path
 
-    from xmodal.config import config_text
+    from xmodal.config import load_config, to_dict
 
     path, folder = Path(config).resolve(), Path(out).resolve()
     if folder not in path.parents:
         return
-    if path == folder / "config.yaml" and path.read_text() == config_text(cfg):
-        return
+    is_run = any((folder / name).is_file() for name in ("checkpoint.pt", "model.pt"))
+    if path == folder / "config.yaml" and is_run and to_dict(load_config(path)) == to_dict(cfg):
+        return  # a run resumed from its own resolved config: rewritten with the same content
     raise ValueError(f"config: {config} lives in --out {out}, whose files xmodal train rewrites; "
                      f"keep the config outside the run directory")
 
