@@ -31,6 +31,8 @@ import torch
 
 from xmodal._validate import as_tensor, choice, positive_number
 
+__all__ = ["Schedule", "Constant", "Cosine", "Linear", "ClassTemperature", "ClassMargin", "counts_from_labels"]
+
 
 def _number(v, name: str) -> float:
     try:

@@ -73,13 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(path: str, name: str) -> np.ndarray:
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--{name}: {path}: no such file") from None
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"--{name}: {path}: not a readable .npy array ({exc})") from None
-    return arr
+    """One ``.npy`` array (a missing file, a folder, an ``.npz`` or a broken file: one line naming ``--name``)."""
+    from xmodal.commands.eval import load_npy
+
+    return load_npy(path, f"--{name}")
 
 
 def _embeddings(path: str, name: str, l2: bool) -> np.ndarray:
