@@ -106,7 +106,7 @@ def positive_number(v: Any, name: str) -> float:
     """A strictly positive finite float."""
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
         raise TypeError(f"{name}: expected a number, got {short_repr(v)}") from None
     if not np.isfinite(f) or f <= 0:
         raise ValueError(f"{name}: must be a positive finite number, got {short_repr(v)}")

@@ -37,7 +37,7 @@ __all__ = ["Schedule", "Constant", "Cosine", "Linear", "ClassTemperature", "Clas
 def _number(v, name: str) -> float:
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
         raise TypeError(f"{name}: expected a number, got {short_repr(v)}") from None
     if not math.isfinite(f):
         raise ValueError(f"{name}: must be finite, got {short_repr(v)}")
