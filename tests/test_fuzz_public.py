@@ -38,7 +38,7 @@ PUBLIC_MODULES = ("xmodal.metrics", "xmodal.losses", "xmodal.functional", "xmoda
 SAFE_ONLY = {
     "xmodal.data.synthetic": dict(num_train=st.integers(-2, 40), num_val=st.integers(-2, 20),
                                   num_test=st.integers(-2, 20), num_concepts=st.integers(-2, 8)),
-    "xmodal.data.zipf_probabilities": dict(n=st.integers(-2, 50)),
+    "xmodal.data.zipf_probabilities": dict(num_concepts=st.integers(-2, 50)),
 }
 #: Found by this suite (seeds 777031057 and the next session's, profile ci) and not fixed yet: the first exception
 #: each raised on junk instead of a one-line ValueError/TypeError. Listed, not hidden: each
@@ -46,6 +46,7 @@ SAFE_ONLY = {
 #: fixed and the test runs again. HYPOTHESIS_PROFILE=deep XMODAL_FUZZ_KNOWN=run runs them.
 KNOWN = {
     "xmodal.data.PairedSplit": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.data.load_paired_split": "a multi-line message: split: expected a non-empty string, got array(...)",
     "xmodal.data.relevancy_from_classes": "OverflowError: cannot convert float infinity to integer",
     "xmodal.data.synthetic": "a multi-line message: hub_fraction: expected a number, got array(...)",
     "xmodal.evaluate.embed_split": "AttributeError: 'NoneType' object has no attribute 'encode_video'",
