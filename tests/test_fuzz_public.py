@@ -61,6 +61,7 @@ KNOWN = {
     "xmodal.losses.DebiasedContrastive": "RuntimeError on a tensor given as a number",
     "xmodal.metrics.epic_tail_classes": "a multi-line message: kind: unknown option tensor(...)",
     "xmodal.normalize.DistributionNormalization": "a multi-line message: seeds: must be an integer >= 1, got array(...)",
+    "xmodal.losses.CrossCLR": "a multi-line message: queue_size: must be an integer >= 0, got array(...)",
     "xmodal.losses.InfoNCE": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
     "xmodal.losses.MILNCE": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
     "xmodal.losses.MIMaxMargin": "a multi-line message: margin: expected a number, got array(...)",
