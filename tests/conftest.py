@@ -38,3 +38,53 @@ def mark_done(init_file: str, rank: int) -> None:
     from pathlib import Path
 
     Path(f"{init_file}.done{rank}").touch()
+
+
+# ----------------------------------------------------------------------------- hypothesis
+# Random seeds, no example database: every run explores new inputs. The session's seed is
+# printed in the header and again after a failure; rerun it with
+#   pytest --hypothesis-seed=SEED   (or XMODAL_FUZZ_SEED=SEED).
+# Profiles: "ci" (default; bounded so the fuzz tests stay within ~2-3 min on 2 cores) and
+# "deep" (HYPOTHESIS_PROFILE=deep: 20x the examples, for a long local search).
+try:
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _hsettings
+except ImportError:  # pragma: no cover - hypothesis is in the [dev] extra
+    _hsettings = None
+
+_FUZZ_SEED = None
+
+if _hsettings is not None:
+    import os as _os
+
+    _common = dict(deadline=None, derandomize=False, database=None, print_blob=True,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                          HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    _hsettings.register_profile("ci", max_examples=12, **_common)
+    _hsettings.register_profile("deep", max_examples=240, **_common)
+    _hsettings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    global _FUZZ_SEED
+    if _hsettings is None:
+        return
+    import os
+    import random
+
+    from hypothesis import core
+
+    given = config.getoption("hypothesis_seed", None) or os.environ.get("XMODAL_FUZZ_SEED")
+    _FUZZ_SEED = int(given) if given is not None else random.SystemRandom().randrange(1 << 32)
+    core.global_force_seed = _FUZZ_SEED
+
+
+def pytest_report_header(config):
+    if _FUZZ_SEED is not None:
+        return f"hypothesis seed: {_FUZZ_SEED} (rerun with --hypothesis-seed={_FUZZ_SEED})"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _FUZZ_SEED is not None and terminalreporter.stats.get("failed"):
+        terminalreporter.write_line(f"hypothesis seed of this session: {_FUZZ_SEED} "
+                                    f"(rerun with --hypothesis-seed={_FUZZ_SEED})")

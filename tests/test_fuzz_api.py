@@ -23,8 +23,8 @@ from xmodal.cli import main  # noqa: E402
 from xmodal.normalize import (DistributionNormalization, DualSoftmax, InvertedSoftmax,  # noqa: E402
                               QBNorm, SinkhornBias)
 
-FUZZ = settings(max_examples=30, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+# The active profile (tests/conftest.py: random seed, no replay database, bounded examples).
+FUZZ = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 finite = st.floats(-5, 5, allow_nan=False, allow_infinity=False, width=32)
 

@@ -164,10 +164,12 @@ def test_stale_temporaries_are_removed_on_the_next_run(tmp_path):
     run.mkdir()
     for name in (".checkpoint.pt.tmp12345", ".model.pt.tmp999", ".log.jsonl.tmp1"):
         (run / name).write_bytes(b"left by a killed save")
-    (run / "keep.tmp").write_text("not ours")
     train(tiny_config(), run)
     assert sorted(p.name for p in run.glob(".*tmp*")) == []
-    assert (run / "keep.tmp").exists()
+    (run / "keep.tmp").write_text("not ours")  # a user's file: the run directory is refused, not cleaned
+    with pytest.raises(RunDirError, match=r"not an xmodal run's \(keep\.tmp\)"):
+        train(tiny_config(), run)
+    assert (run / "keep.tmp").read_text() == "not ours"
 
 
 def test_nan_loss_stops_with_epoch_and_step(tmp_path, monkeypatch):

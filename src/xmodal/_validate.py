@@ -94,18 +94,26 @@ def check_all_finite(named: dict[str, torch.Tensor]) -> None:
         check_finite(t, name)
 
 
+def short_repr(v: Any, limit: int = 60) -> str:
+    """A one-line description of ``v`` for error messages (arrays by shape and dtype)."""
+    if isinstance(v, (np.ndarray, torch.Tensor)) and getattr(v, "ndim", 0) > 0:
+        return f"an array of shape {tuple(v.shape)} ({str(v.dtype).replace('torch.', '')})"
+    text = " ".join(repr(v).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def positive_number(v: Any, name: str) -> float:
     """A strictly positive finite float."""
     try:
         f = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {v!r}") from None
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
+        raise TypeError(f"{name}: expected a number, got {short_repr(v)}") from None
     if not np.isfinite(f) or f <= 0:
-        raise ValueError(f"{name}: must be a positive finite number, got {v!r}")
+        raise ValueError(f"{name}: must be a positive finite number, got {short_repr(v)}")
     return f
 
 
 def choice(v: str, name: str, options: tuple[str, ...]) -> str:
     if v not in options:
-        raise ValueError(f"{name}: unknown option {v!r}; expected one of {', '.join(options)}")
+        raise ValueError(f"{name}: unknown option {short_repr(v)}; expected one of {', '.join(options)}")
     return v

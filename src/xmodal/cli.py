@@ -180,8 +180,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
         # One-line errors for bad input; tracebacks are for bugs.
-        print(f"xmodal {args.command}: error: {exc}", file=sys.stderr)
+        print(f"xmodal {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk, an unwritable folder: one line, exit status 1
+        print(f"xmodal {args.command}: error: {os_error_text(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def os_error_text(exc: OSError) -> str:
+    """``OSError`` as one line: "no space left on device while writing FILE", "Permission denied: FILE"."""
+    import errno
+
+    what = exc.strerror or _one_line(exc)
+    where = exc.filename
+    if exc.errno == errno.ENOSPC:
+        if what.startswith("no space left on device while writing"):
+            return what
+        return "no space left on device" + (f" while writing {where}" if where is not None else "")
+    return f"{what}: {where}" if where is not None else what
 
 
 def _stdout_gone() -> int:

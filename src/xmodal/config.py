@@ -340,6 +340,29 @@ def known_losses() -> tuple[str, ...]:
     return tuple(LOSSES)
 
 
+#: Upper bounds of the model sizes (a typo such as ``model.width=100000000000`` is refused
+#: before any module is built instead of allocating terabytes).
+MAX_MODEL_SIZE = {"dim": 1 << 16, "width": 1 << 17, "hidden": 1 << 17, "depth": 64, "layers": 64, "heads": 256}
+#: Largest ``optim.lr`` accepted.
+MAX_LR = 10.0
+
+
+def _test_time_values(t: TestTimeConfig) -> None:
+    """The test-time hyper-parameters through the normalisers' own checks, before epoch 1
+    (they are only used after the last epoch)."""
+    from xmodal.normalize import DistributionNormalization, QBNorm, SinkhornBias
+
+    checks = [("sinkhorn_iters", lambda: SinkhornBias(iters=t.sinkhorn_iters)),
+              ("qb_k", lambda: QBNorm(k=t.qb_k)),
+              ("dn_lam", lambda: DistributionNormalization(lam=t.dn_lam))]
+    for name, make in checks:
+        try:
+            make()
+        except (ValueError, TypeError) as exc:
+            msg = str(exc).split(":", 1)[-1].strip()
+            raise ValueError(f"test_time.{name}: {msg}") from None
+
+
 def validate(cfg: Config) -> None:
     """Raise a one-line ``ValueError`` naming the first bad field."""
     d = cfg.data
@@ -371,6 +394,9 @@ def validate(cfg: Config) -> None:
     for name in ("dim", "width", "depth", "layers", "heads", "hidden"):
         if getattr(m, name) <= 0:
             raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
+        limit = MAX_MODEL_SIZE[name]
+        if getattr(m, name) > limit:  # refused before any module is allocated
+            raise ValueError(f"model.{name}: at most {limit}, got {getattr(m, name)}")
     if not 0 <= m.dropout < 1:
         raise ValueError(f"model.dropout: must lie in [0, 1), got {m.dropout}")
     if m.kind == "transformer" and m.hidden % m.heads:
@@ -399,6 +425,8 @@ def validate(cfg: Config) -> None:
     o = cfg.optim
     _one_of(o.name, "optim.name", ("adam", "adamw", "radam"))
     _positive(o.lr, "optim.lr")
+    if o.lr > MAX_LR:  # Adam with such a step overflows the weights at once
+        raise ValueError(f"optim.lr: at most {MAX_LR:g} (larger steps diverge at once), got {o.lr:g}")
     _nonneg(o.weight_decay, "optim.weight_decay")
     _nonneg(o.grad_clip, "optim.grad_clip")
     _nonneg(o.warmup_epochs, "optim.warmup_epochs")
@@ -446,6 +474,7 @@ def validate(cfg: Config) -> None:
         if getattr(t, name) < 1:
             raise ValueError(f"test_time.{name}: must be >= 1, got {getattr(t, name)}")
     _positive(t.qb_beta, "test_time.qb_beta")
+    _test_time_values(t)
     tr = cfg.train
     for name in ("epochs", "batch_size", "eval_batch_size"):
         if getattr(tr, name) < 1:
@@ -574,8 +603,24 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     return from_dict(_resolve_paths(apply_overrides(d, overrides), base, overridden))
 
 
+def config_text(cfg: Config) -> str:
+    """The YAML :func:`save_config` writes."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write ``cfg`` as YAML through a temporary file renamed over ``path`` (never through a link)."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.write_text(config_text(cfg))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def replace(cfg: Config, **sections: dict) -> Config:

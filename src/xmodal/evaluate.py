@@ -74,8 +74,12 @@ def score(metrics: dict, metric: str) -> float:
     (mean of t2v and v2t R@1), ``map`` (mAP T->V: TS++ "the best iteration is selected
     based on mAP T->V metric", thesis Table 5.1; needs metrics with relevancy) or
     ``p2v_rsum`` (sum of R@1,5,10 of p2v and v2p; needs a split with groups)."""
-    if metric not in METRICS:
-        raise ValueError(f"metric: unknown value {metric!r}; expected one of {', '.join(METRICS)}")
+    from xmodal._validate import short_repr
+
+    if not isinstance(metric, str) or metric not in METRICS:
+        raise ValueError(f"metric: unknown value {short_repr(metric)}; expected one of {', '.join(METRICS)}")
+    if not (isinstance(metrics, dict) and all(isinstance(metrics.get(d), dict) for d in ("t2v", "v2t"))):
+        raise TypeError("metrics: expected {'t2v': {...}, 'v2t': {...}} as retrieval_metrics returns")
     if metric == "map":
         if "mAP" not in metrics["t2v"]:
             raise ValueError("metric: 'map' needs mAP, i.e. a split with relevancy (or video labels)")

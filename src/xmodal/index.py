@@ -134,6 +134,7 @@ class BiasedIndex:
         faiss = import_faiss()
         if not Path(path).is_file():
             raise FileNotFoundError(f"path: no such file: {path}")
+        _check_declared_size(Path(path))
         try:
             index = faiss.read_index(str(path))
         except RuntimeError as exc:  # FAISS reports a foreign/corrupt file as RuntimeError
@@ -142,6 +143,28 @@ class BiasedIndex:
         obj.index, obj.num_items, obj.dim = index, int(index.ntotal), int(index.d) - 1
         obj.kind = "ivf" if hasattr(index, "nprobe") else "flat"
         return obj
+
+
+def _check_declared_size(path: Path) -> None:
+    """Refuse a flat / IVF-flat FAISS file whose header declares more vectors than the file
+    holds, before FAISS allocates them (a tiny file could otherwise ask for a terabyte)."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(45)
+    if len(head) < 37 or head[:4] not in (b"IxFI", b"IxF2", b"IwFl"):
+        return  # other kinds: left to FAISS's own checks
+    d, ntotal = struct.unpack("<iq", head[4:16])
+    declared = max(0, d) * max(0, ntotal) * 4
+    if d < 1 or ntotal < 0 or declared > size:
+        raise ValueError(f"path: {path} declares {ntotal} vectors of {d} values, more than its "
+                         f"{size} bytes hold (corrupt or not written by xmodal)")
+    metric = struct.unpack("<i", head[33:37])[0]
+    if head[:4] != b"IwFl" and metric <= 1 and len(head) >= 45:
+        count = struct.unpack("<Q", head[37:45])[0]
+        if count * 4 > size:
+            raise ValueError(f"path: {path} declares {count} stored values, more than its {size} bytes hold")
 
 
 # ----------------------------------------------------------------------------- trained runs

@@ -98,9 +98,15 @@ def _legend_right(ax, handles=None, labels=None) -> None:
 
 
 def _save(fig, path: str | Path) -> Path:
+    """PNG through a temporary name renamed over ``path`` (no truncated plot on a full disk);
+    "tight": the legends outside the panels are kept."""
+    from xmodal.runs import atomic_write
+
     out = Path(path)
-    fig.savefig(out, dpi=100, bbox_inches="tight")  # "tight": the legends outside the panels are kept
-    _plt().close(fig)
+    try:
+        atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png", bbox_inches="tight"))
+    finally:
+        _plt().close(fig)
     return out
 
 

@@ -162,7 +162,7 @@ def table(header: list[str], rows: list[list[Any]], *, best_cols: Iterable[int] 
 
 def page(title: str, body: list[str]) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
+            f"{GENERATOR}<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
 
 
@@ -322,6 +322,29 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
     return parts
 
 
+def _read_metrics(path: Path) -> dict:
+    """``metrics.json`` as written by ``xmodal train`` (``{}`` when absent); anything else
+    is a one-line ValueError naming the file."""
+    if not path.is_file():
+        return {}
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{path}: expected a JSON object written by 'xmodal train', got a "
+                         f"{type(metrics).__name__}")
+    for split in ("val", "test"):
+        res = metrics.get(split)
+        if res is None:
+            continue
+        if not (isinstance(res, dict) and all(isinstance(m, dict) and all(isinstance(m.get(d, {}), dict)
+                                                                          for d in ("t2v", "v2t"))
+                                              for m in res.values())):
+            raise ValueError(f"{path}: '{split}' is not a table of metrics per normaliser")
+    return metrics
+
+
 def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0,
                data: Path | None = None) -> str:
     from xmodal.config import load_config
@@ -331,7 +354,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
                               t2v_similarity)
     from xmodal.training.loop import load_splits
 
-    metrics = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").is_file() else {}
+    metrics = _read_metrics(run / "metrics.json")
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
             "<h2>Summary</h2>", _summary(run, metrics)]
     body += _provenance_section(run)
@@ -340,6 +363,9 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
                     f"{_e((run / 'config.yaml').read_text())}</pre></details>")
     cfg = splits = None
     if (run / "config.yaml").is_file():
+        if not (run / "config.yaml").read_text().strip():  # never the default synthetic data instead
+            raise ValueError(f"{run / 'config.yaml'}: empty; the run's data cannot be known "
+                             f"(restore the config the run was trained with)")
         # --data: the data folder moved since training
         cfg = load_config(run / "config.yaml", [f"data.root={data.resolve()}"] if data is not None else ())
         splits = load_splits(cfg)
@@ -382,10 +408,20 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
 
 def bench_report(root: Path) -> str:
     """The grid of ``results.csv`` (written by ``xmodal bench``) as tables per dataset and noise."""
-    with open(root / "results.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(root / "results.csv", newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"{root / 'results.csv'}: not a CSV file written by 'xmodal bench' ({exc})") from None
     if not rows:
         raise ValueError(f"{root / 'results.csv'}: no rows")
+    missing = [c for c in ("dataset", "noise", "objective", "normalizer") if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{root / 'results.csv'}: no {', '.join(repr(c) for c in missing)} column "
+                         f"(not written by 'xmodal bench')")
+    metric_cols_all = [c for c in rows[0] if c.endswith(" mean")]
+    if any(f"{c[:-5]} std" not in rows[0] for c in metric_cols_all):
+        raise ValueError(f"{root / 'results.csv'}: a 'mean' column without its 'std' column")
     metric_cols = [c[:-5] for c in rows[0] if c.endswith(" mean")]
     body = [f"<h1>xmodal bench report</h1><p class=\"muted\">{_e(root.resolve())}</p>",
             '<p class="muted">Mean ± std over seeds. Bold green: best cell per column within a table '
@@ -435,6 +471,8 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: not a directory")
+    dest = Path(out) if out else root / "report.html"
+    _check_out(dest)
     if images is not None and not Path(images).is_dir():
         raise ValueError(f"--images: {images} is not a directory")
     if data is not None and not Path(data).is_dir():
@@ -447,10 +485,31 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
     else:
         raise ValueError(f"{root}: neither a run directory (metrics.json, log.jsonl) nor a bench "
                          "directory (results.csv)")
-    dest = Path(out) if out else root / "report.html"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(text, encoding="utf-8")
+    from xmodal.runs import atomic_write
+
+    atomic_write(dest, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return dest
+
+
+#: Marks a page as written by :func:`build_report` (an existing --out without it is not replaced).
+GENERATOR = '<meta name="generator" content="xmodal report">'
+
+
+def _check_out(dest: Path) -> None:
+    """``--out`` must be a new file or a page this module wrote (never a folder, a link or a user's file)."""
+    if dest.is_symlink():
+        raise ValueError(f"--out: {dest} is a symbolic link; refused")
+    if dest.is_dir():
+        raise ValueError(f"--out: {dest} is a directory; give the HTML file to write")
+    if dest.exists():
+        try:
+            head = dest.read_bytes()[:4096].decode("utf-8", "replace")
+        except OSError:
+            head = ""
+        if GENERATOR not in head and "<title>xmodal" not in head:
+            raise ValueError(f"--out: {dest} exists and is not a page written by 'xmodal report'; "
+                             f"refused (remove it or choose another name)")
 
 
 __all__ = ["build_report", "run_report", "bench_report", "table", "examples_section", "results_tables"]

@@ -14,6 +14,8 @@ failure modes of a run directory have one home:
   file, released by the kernel when its process dies, so the lock of a dead process
   is simply taken over.
 - :func:`remove_stale_temporaries`: ``.NAME.tmpPID`` files left by killed saves.
+- :func:`check_run_dir` refuses an ``--out`` holding files that are not a run's own;
+  :func:`clear_run_outputs` removes a previous run's files before a fresh run trains.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 import shutil
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,14 @@ from typing import Any
 import torch
 
 LOCK_NAME = ".lock"
-_TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*")
+_TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*",
+                 ".config.yaml.tmp*", ".*.png.tmp*", ".log.csv.tmp*", ".provenance.json.tmp*")
+#: Files of a run directory's own kind: what ``xmodal train`` (and ``xmodal report``, the
+#: page of the run) write there. A fresh run removes them all before it trains.
+RUN_FILES = ("config.yaml", "log.jsonl", "log.csv", "checkpoint.pt", "model.pt", "metrics.json",
+             "provenance.json", "curves.png", "schedule.png", "retrieval_mass.png", "fn_fp.png", "report.html")
+#: Folders of a run directory's own kind (``train.log_to: [tensorboard]``).
+RUN_DIRS = ("tensorboard",)
 
 
 class RunDirError(ValueError):
@@ -65,14 +76,20 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path: {p} does not exist")
+    _check_zip_entries(p)
     try:
         obj = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         msg = str(exc)
-        if "Unsupported global" in msg:
-            what = msg.split("Unsupported global:", 1)[1].split(" was not", 1)[0].strip()
+        found = re.search(r"Unsupported global: (?:GLOBAL )?([\w.]+)|unsupported GLOBAL ([\w.]+)", msg)
+        if found:
+            what = found.group(1) or found.group(2)
             raise RunDirError(f"{p}: refused to load: it contains a Python object ({what}) that could run "
                               f"code when unpickled; xmodal only reads weights-only checkpoints") from None
+        if "Weights only load failed" in msg:  # a pickle instruction the weights-only reader refuses
+            raise RunDirError(f"{p}: refused to load: it is a pickle that a weights-only read refuses "
+                              f"because loading it could run code; xmodal only reads weights-only "
+                              f"checkpoints") from None
         raise RunDirError(f"{p}: not a readable checkpoint (corrupt or not a torch file)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError, IndexError,
             AttributeError, TypeError) as exc:
@@ -83,6 +100,23 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     return obj
 
 
+def _check_zip_entries(p: Path) -> None:
+    """Refuse a zip checkpoint with compressed entries or entries larger than the file
+    (torch writes every entry stored, uncompressed): nothing is inflated into memory."""
+    if not zipfile.is_zipfile(p):
+        return
+    try:
+        with zipfile.ZipFile(p) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raise RunDirError(f"{p}: not a readable checkpoint (corrupt or truncated)") from None
+    size = p.stat().st_size
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+            raise RunDirError(f"{p}: not a checkpoint written by torch (entry {info.filename} is "
+                              f"compressed or larger than the file); refused")
+
+
 def _no_space(path: Path) -> OSError:
     return OSError(errno.ENOSPC, f"no space left on device while writing {path}")
 
@@ -91,13 +125,19 @@ def _write_failed(exc: BaseException, path: Path) -> OSError | None:
     """The ``OSError`` to raise for a failed write, or None to re-raise ``exc``."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return _no_space(path)
-    if isinstance(exc, RuntimeError) and "write" in str(exc).lower():
-        # torch's zip writer reports ENOSPC as "file write failed"
+    if isinstance(exc, RuntimeError):
+        # torch's zip writer reports ENOSPC as "[enforce fail at inline_container.cc] unexpected
+        # pos N vs M" (or "file write failed"), FAISS as "write error ... (No space left on device)".
+        # Called before the temporary file is removed, so a full disk still shows as full.
+        text = str(exc)
         try:
             full = shutil.disk_usage(path.parent).free < (1 << 20)
         except OSError:
             full = False
-        return _no_space(path) if full else OSError(errno.EIO, f"failed writing {path}: {exc}")
+        if full or "No space left" in text:
+            return _no_space(path)
+        if "write" in text.lower() or "unexpected pos" in text:
+            return OSError(errno.EIO, f"failed writing {path}: {text.splitlines()[0]}")
     return None
 
 
@@ -115,11 +155,12 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     tmp = _tmp(path)
     try:
+        tmp.unlink(missing_ok=True)  # never write through a link planted under this name
         torch.save(obj, tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as exc:
+        err = _write_failed(exc, path)  # before the unlink frees the partial file's space
         tmp.unlink(missing_ok=True)
-        err = _write_failed(exc, path)
         if err is None:
             raise
         raise err from None
@@ -130,11 +171,33 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path = Path(path)
     tmp = _tmp(path)
     try:
+        tmp.unlink(missing_ok=True)
         tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         err = _write_failed(exc, path)
+        tmp.unlink(missing_ok=True)
+        if err is None:
+            raise
+        raise err from None
+
+
+def atomic_write(path: str | os.PathLike, write: Any) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then ``os.replace`` it over ``path``.
+
+    The temporary name is removed first (a link planted there is never written through)
+    and on any failure; a full disk raises ``OSError(ENOSPC, "no space left on device
+    while writing PATH")`` whether ``write`` reported it as ``OSError`` or ``RuntimeError``.
+    """
+    path = Path(path)
+    tmp = _tmp(path)
+    try:
+        tmp.unlink(missing_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        err = _write_failed(exc, path) if isinstance(exc, (OSError, RuntimeError)) else None
+        tmp.unlink(missing_ok=True)
         if err is None:
             raise
         raise err from None
@@ -167,6 +230,57 @@ def prepare_run_dir(out: str | os.PathLike) -> Path:
     return p
 
 
+def _is_run_entry(p: Path) -> bool:
+    if p.name == LOCK_NAME or any(p.match(pat) for pat in _TMP_PATTERNS):
+        return not p.is_symlink()
+    if p.is_symlink():
+        return False
+    if p.name in RUN_DIRS:
+        return p.is_dir()
+    return p.name in RUN_FILES and p.is_file()
+
+
+def check_run_dir(out: str | os.PathLike) -> Path:
+    """Refuse an ``out`` holding anything but a run's own files (``RUN_FILES``), or links.
+
+    ``xmodal train`` rewrites and removes the files of its kind in ``out``; a folder holding
+    the user's other files (data, a config, notes) is refused, never written into.
+
+    Raises:
+        RunDirError: naming ``out`` and up to three of the foreign entries.
+    """
+    p = Path(out)
+    if not p.is_dir():
+        return p
+    if (p / LOCK_NAME).is_symlink():
+        raise RunDirError(f"out: {p / LOCK_NAME} is a symbolic link; refused (xmodal never writes "
+                          f"through a link it did not create): remove it")
+    foreign = sorted(e.name for e in p.iterdir() if not _is_run_entry(e))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RunDirError(f"out: {p} holds files that are not an xmodal run's ({shown}); xmodal train "
+                          f"only writes into a new, empty or run directory")
+    return p
+
+
+def clear_run_outputs(out: str | os.PathLike) -> list[Path]:
+    """Remove every file of a run's kind (``RUN_FILES``, ``RUN_DIRS``) from ``out``: a fresh
+    run starts from nothing, so a run that dies early never leaves the previous run's
+    ``model.pt`` / ``metrics.json`` to be served under its new config. Call with the lock held."""
+    removed = []
+    for name in RUN_FILES:
+        f = Path(out) / name
+        if f.is_file() or f.is_symlink():
+            f.unlink()
+            removed.append(f)
+    for name in RUN_DIRS:
+        d = Path(out) / name
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d)
+            removed.append(d)
+    return removed
+
+
 def _pid_of(path: Path) -> str:
     try:
         return path.read_text().strip() or "unknown"
@@ -197,7 +311,16 @@ class RunLock:
     def acquire(self) -> "RunLock":
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # O_NOFOLLOW: a .lock that is a link is refused, never written through
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or self.path.is_symlink():
+                raise RunDirError(f"out: {self.path} is a symbolic link; refused (xmodal never writes "
+                                  f"through a link it did not create): remove it") from None
+            raise RunDirError(f"out: cannot open the lock file {self.path} ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunDirError(f"out: {self.path} is not a regular file; refused")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -206,8 +329,14 @@ class RunLock:
                 raise
             raise RunDirError(f"out: run directory {self.out} is in use by process {_pid_of(self.path)} "
                               f"(lock file {self.path})") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno == errno.ENOSPC:
+                raise _no_space(self.path) from None
+            raise
         self._fd = fd
         return self
 

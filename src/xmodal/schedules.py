@@ -29,16 +29,18 @@ import math
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, choice, positive_number
+from xmodal._validate import as_tensor, choice, positive_number, short_repr
+
+__all__ = ["Schedule", "Constant", "Cosine", "Linear", "ClassTemperature", "ClassMargin", "counts_from_labels"]
 
 
 def _number(v, name: str) -> float:
     try:
         f = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {v!r}") from None
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
+        raise TypeError(f"{name}: expected a number, got {short_repr(v)}") from None
     if not math.isfinite(f):
-        raise ValueError(f"{name}: must be finite, got {v!r}")
+        raise ValueError(f"{name}: must be finite, got {short_repr(v)}")
     return f
 
 
@@ -138,9 +140,9 @@ class ClassTemperature:
         lo_name, hi_name = self._names
         lo, hi = _number(t_min, lo_name), _number(t_max, hi_name)
         if lo < 0 or (lo == 0 and not self.allow_zero):
-            raise ValueError(f"{lo_name}: must be {'>= 0' if self.allow_zero else '> 0'}, got {t_min!r}")
+            raise ValueError(f"{lo_name}: must be {'>= 0' if self.allow_zero else '> 0'}, got {short_repr(t_min)}")
         if hi < lo:
-            raise ValueError(f"{hi_name}: must be >= {lo_name} ({lo}), got {t_max!r}")
+            raise ValueError(f"{hi_name}: must be >= {lo_name} ({lo}), got {short_repr(t_max)}")
         self.frequent = choice(frequent, "frequent", ("max", "min"))
         counts = as_tensor(class_counts, "class_counts").to(torch.float64)
         if counts.ndim != 1 or counts.numel() == 0:

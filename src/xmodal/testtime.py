@@ -209,11 +209,11 @@ class TestTime:
         if not isinstance(state, dict):
             raise TypeError(f"state: expected a dict, got {type(state).__name__}")
         if "version" not in state:
-            return _from_legacy(state)
-        return cls(temperature=float(state["temperature"]), hparams=dict(state.get("hparams", {})),
-                   banks={k: (v[0], v[1]) for k, v in state.get("banks", {}).items()}, dn=state.get("dn"),
-                   names=tuple(state.get("names", ("none",))), selected=state.get("selected", "none"),
-                   val=dict(state.get("val", {})))
+            return _check_state(_from_legacy(state))
+        return _check_state(cls(temperature=float(state["temperature"]), hparams=dict(state.get("hparams", {})),
+                                banks={k: (v[0], v[1]) for k, v in state.get("banks", {}).items()},
+                                dn=state.get("dn"), names=tuple(state.get("names", ("none",))),
+                                selected=state.get("selected", "none"), val=dict(state.get("val", {}))))
 
     # -- read access of the former dict form ---------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -227,6 +227,29 @@ class TestTime:
             return self[key]
         except KeyError:
             return default
+
+
+def _check_state(tt: TestTime) -> TestTime:
+    """A stored test-time record is checked when read: known, fitted names, a selected one
+    among them, a positive temperature and hyper-parameters the normalisers accept."""
+    import math
+
+    from xmodal.normalize import QBNorm, SinkhornBias
+
+    names = tuple(_canonical(n, "test_time.names") for n in tt.names)
+    if tt.selected != "none" and _canonical(tt.selected, "test_time.selected") not in names:
+        raise ValueError(f"test_time.selected: {tt.selected!r} is not one of the fitted normalisers "
+                         f"({', '.join(names)})")
+    if not (math.isfinite(tt.temperature) and tt.temperature > 0):
+        raise ValueError(f"test_time.temperature: must be a positive number, got {tt.temperature}")
+    hp = tt.hparams
+    try:
+        SinkhornBias(tt.temperature, iters=hp.get("iters", 4))
+        QBNorm(k=hp.get("k", 1), beta=hp.get("beta", 20.0))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"test_time.hparams: {exc}") from None
+    tt.names = names
+    return tt
 
 
 def _from_legacy(d: dict) -> TestTime:

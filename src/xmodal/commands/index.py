@@ -36,6 +36,8 @@ and a copy of the run's checkpoint (for the text head)."""
 
 FORMAT = "xmodal-index"
 VERSION = 1
+#: The files of an index folder (what ``build`` writes; nothing else is ever written there).
+INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,10 +72,10 @@ def build(run: str, video_features: Any, out: str | Path, *, normalizer: str = "
     ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts)."""
     from xmodal.commands._runs import checkpoint_file, load_run
     from xmodal.index import BiasedIndex, fold_run_normalizer
+    from xmodal.runs import atomic_write
 
     out = Path(out)
-    if (out / "meta.json").exists() and not overwrite:
-        raise ValueError(f"--out: {out} already holds an index (pass --overwrite to replace it)")
+    check_out(out, run, overwrite=overwrite)
     model = load_run(run)
     video = model.encode_video(video_features, video_mask)
     folded = fold_run_normalizer(model, video, normalizer, metric=_run_metric(run))
@@ -83,18 +85,25 @@ def build(run: str, video_features: Any, out: str | Path, *, normalizer: str = "
     shift = folded["query_shift"]
     shift = np.zeros(video.shape[1], np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
     out.mkdir(parents=True, exist_ok=True)
-    index.save(out / "index.faiss")
-    np.save(out / "query_shift.npy", shift)
-    shutil.copyfile(checkpoint_file(run), out / "model.pt")
+    # meta.json goes first and comes back last: a half-rewritten folder is never a valid index
+    (out / "meta.json").unlink(missing_ok=True)
+    source = checkpoint_file(run)
+    atomic_write(out / "index.faiss", index.save)
+    atomic_write(out / "query_shift.npy", lambda tmp: _save_npy(tmp, shift))
+    atomic_write(out / "model.pt", lambda tmp: shutil.copyfile(source, tmp))
     if names is not None:
-        (out / "names.txt").write_text("".join(n + "\n" for n in names), encoding="utf-8")
+        atomic_write(out / "names.txt", lambda tmp: tmp.write_text("".join(n + "\n" for n in names),
+                                                                  encoding="utf-8"))
+    else:  # the previous gallery's names never label this one
+        (out / "names.txt").unlink(missing_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
             "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
             "dim": int(video.shape[1]), "text_dim": _text_dim(model),
             "text_encoder": text_encoder, "names": names is not None}
     if "fallback_from" in folded:
         meta["fallback_from"] = folded["fallback_from"]
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
+                                                                encoding="utf-8"))
     return meta
 
 
@@ -109,6 +118,32 @@ def _run_metric(run: str) -> str:
         return str(payload["config"]["train"]["metric"])
     except (OSError, KeyError, TypeError, ValueError, RuntimeError):
         return "rsum"
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:  # a file object: np.save appends no second .npy
+        np.save(f, array)
+
+
+def check_out(out: Path, run: str, *, overwrite: bool) -> None:
+    """Refuse, before anything is written: an --out that is a file, the run directory
+    itself, a folder holding files that are not an index's, or an index without --overwrite."""
+    run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} exists and is not a directory")
+    if out.resolve() == run_dir.resolve():
+        raise ValueError(f"--out: {out} is the run directory of --run; write the index into another folder")
+    if not out.is_dir():
+        return
+    entries = list(out.iterdir())
+    foreign = sorted(e.name for e in entries
+                     if e.is_symlink() or not (e.name in INDEX_FILES or e.name.startswith(".")
+                                               and ".tmp" in e.name and e.name[1:].split(".tmp")[0] in INDEX_FILES))
+    if foreign:
+        raise ValueError(f"--out: {out} holds files that are not an xmodal index's ({', '.join(foreign[:3])}); "
+                         f"write the index into a new or empty folder")
+    if any(e.name in INDEX_FILES for e in entries) and not overwrite:
+        raise ValueError(f"--out: {out} already holds an index (pass --overwrite to replace it)")
 
 
 def _text_dim(model) -> int | None:

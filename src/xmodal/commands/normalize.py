@@ -73,13 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(path: str, name: str) -> np.ndarray:
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--{name}: {path}: no such file") from None
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"--{name}: {path}: not a readable .npy array ({exc})") from None
-    return arr
+    """One ``.npy`` array (a missing file, a folder, an ``.npz`` or a broken file: one line naming ``--name``)."""
+    from xmodal.commands.eval import load_npy
+
+    return load_npy(path, f"--{name}")
 
 
 def _embeddings(path: str, name: str, l2: bool) -> np.ndarray:
@@ -179,13 +176,29 @@ def save_bias(norm, method: str, path: str) -> np.ndarray:
     if method not in BIAS_METHODS:
         raise ValueError(f"--save-bias: {method} is not a per-gallery bias (its change to the scores "
                          f"depends on each query); available for {', '.join(BIAS_METHODS)}")
+    from xmodal.runs import atomic_write
+
+    _check_bias_path(path)
     bias = np.asarray(norm.bias.detach().cpu().numpy(), dtype=np.float32)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npy")
-    np.save(tmp, bias)
-    tmp.replace(out)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, bias)
+
+    atomic_write(out, write)
     return bias
+
+
+def _check_bias_path(path: str) -> None:
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--save-bias: {path} is a directory; give the .npy file to write")
+    if p.is_symlink():
+        raise ValueError(f"--save-bias: {path} is a symbolic link; refused")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
     ks = parse_ks(args.ks)
     if args.save_bias and args.method not in BIAS_METHODS:
         save_bias(None, args.method, args.save_bias)  # raises the one-line error before any work
+    if args.save_bias:
+        _check_bias_path(args.save_bias)  # before any work
     queries = _embeddings(args.queries, "queries", args.l2)
     gallery = _embeddings(args.gallery, "gallery", args.l2)
     positives = _load(args.positives, "positives")

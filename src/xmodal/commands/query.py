@@ -56,9 +56,25 @@ class SearchIndex:
             raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
         self.index = BiasedIndex.load(self.path / "index.faiss")
         self.model = load_run(str(self.path / "model.pt"), "--index")
-        self.shift = np.load(self.path / "query_shift.npy", allow_pickle=False).astype(np.float32)
+        shift_path = self.path / "query_shift.npy"
+        try:
+            shift = np.load(shift_path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise ValueError(f"--index: {shift_path} is not a readable .npy array ({exc})") from None
+        if not isinstance(shift, np.ndarray) or shift.shape != (self.index.dim,):
+            raise ValueError(f"--index: {shift_path} must hold one vector of {self.index.dim} values "
+                             f"(the index's dimension)")
+        self.shift = shift.astype(np.float32)
         names = self.path / "names.txt"
-        self.names = names.read_text(encoding="utf-8").splitlines() if names.is_file() else None
+        self.names = None
+        if names.is_file():
+            try:
+                self.names = names.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError:
+                raise ValueError(f"--index: {names} is not UTF-8 text") from None
+            if len(self.names) != self.index.num_items:
+                raise ValueError(f"--index: {names} has {len(self.names)} names but the index holds "
+                                 f"{self.index.num_items} videos (rewrite it with 'xmodal index --names')")
 
     def encode_captions(self, captions: list[str], *, text_encoder: str | None = None,
                         progress: bool = False) -> np.ndarray:

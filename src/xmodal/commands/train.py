@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from xmodal.cli import _Parser, add_common_args, apply_threads, progress_enabled
 
@@ -92,14 +91,9 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args)  # a --threads given after CONFIG is only known here
     started = init_distributed_from_env(cfg.train.device)
     rank = dist.rank()
-    try:
+    _check_config_outside(args.config, args.out, cfg)
+    try:  # OSError (a full disk) becomes one line in xmodal.cli.main
         summary = train(cfg, args.out, resume=not args.no_resume, progress=_progress(args, cfg))
-    except OSError as exc:
-        if isinstance(exc, (FileNotFoundError, BrokenPipeError)):  # `| head`: xmodal.cli ends quietly
-            raise
-        # a full disk or an unwritable run directory: one line, not a traceback
-        print(f"xmodal train: error: {exc.strerror or exc}", file=sys.stderr)
-        return 1
     finally:
         if started:
             dist.shutdown()
@@ -112,6 +106,23 @@ def run(args: argparse.Namespace) -> int:
     print(format_summary(summary))
     print(f"run directory: {os.path.abspath(args.out)}")
     return 0
+
+
+def _check_config_outside(config: str, out: str, cfg) -> None:
+    """Refuse a CONFIG inside --out that the run would overwrite (anything but the ``config.yaml``
+    of an existing run holding the same resolved config, as when resuming from it)."""
+    from pathlib import Path
+
+    from xmodal.config import load_config, to_dict
+
+    path, folder = Path(config).resolve(), Path(out).resolve()
+    if folder not in path.parents:
+        return
+    is_run = any((folder / name).is_file() for name in ("checkpoint.pt", "model.pt"))
+    if path == folder / "config.yaml" and is_run and to_dict(load_config(path)) == to_dict(cfg):
+        return  # a run resumed from its own resolved config: rewritten with the same content
+    raise ValueError(f"config: {config} lives in --out {out}, whose files xmodal train rewrites; "
+                     f"keep the config outside the run directory")
 
 
 def _progress(args: argparse.Namespace, cfg) -> bool:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xmodal._validate import positive_number
+from xmodal._validate import positive_number, short_repr
 from xmodal.data.types import PairedSplit
 
 # One child stream per concern: adding/changing one knob never shifts another's draws.
@@ -55,16 +55,16 @@ _STREAMS = ("concepts", "maps", "gap", "labels", "instances", "captions", "hubs"
 def _nonneg(v, name: str) -> float:
     try:
         f = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {v!r}") from None
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name}: expected a number, got {short_repr(v)}") from None
     if not np.isfinite(f) or f < 0:
-        raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        raise ValueError(f"{name}: must be a finite number >= 0, got {short_repr(v)}")
     return f
 
 
 def _count(v, name: str, *, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name}: expected an integer, got {v!r}")
+        raise TypeError(f"{name}: expected an integer, got {short_repr(v)}")
     if v < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {v}")
     return int(v)
@@ -79,6 +79,8 @@ def _fraction(v, name: str) -> float:
 
 def zipf_probabilities(num_concepts: int, exponent: float) -> np.ndarray:
     """Long-tail class probabilities ``p_c ~ (c + 1) ** -exponent`` (0 = uniform)."""
+    num_concepts = _count(num_concepts, "num_concepts")
+    exponent = _nonneg(exponent, "exponent")
     p = np.arange(1, num_concepts + 1, dtype=np.float64) ** -float(exponent)
     return p / p.sum()
 

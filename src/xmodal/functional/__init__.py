@@ -10,3 +10,7 @@ from xmodal.functional.calince import calibrated_nce, correspondence_loss, predi
 from xmodal.functional.crossclr import crossclr_loss
 from xmodal.functional.ncl import ncl_biases, ncl_loss
 from xmodal.functional.sinkhorn import log_sinkhorn
+
+__all__ = ["calibrated_nce", "correspondence_loss", "crossclr_loss", "debiased_contrastive", "info_nce",
+           "log_sinkhorn", "max_margin", "mi_max_margin", "mil_nce", "ncl_biases", "ncl_loss", "nt_xent",
+           "predictive_coding_loss"]

@@ -18,6 +18,8 @@ A new loss is one file plus one :func:`register` line here.
 
 from __future__ import annotations
 
+from xmodal._validate import short_repr
+
 from dataclasses import dataclass
 
 from torch import nn
@@ -85,7 +87,7 @@ def loss_spec(name: str) -> LossSpec:
     """
     key = str(name).lower()
     if key not in LOSSES:
-        raise ValueError(f"name: unknown loss {name!r}; expected one of {', '.join(sorted(LOSSES))}")
+        raise ValueError(f"name: unknown loss {short_repr(name)}; expected one of {', '.join(sorted(LOSSES))}")
     return _spec_of(key, LOSSES[key], _MODEL_KWARGS[key])
 
 
@@ -97,7 +99,7 @@ def build_loss(name: str, **kwargs) -> nn.Module:
     """
     key = str(name).lower()
     if key not in LOSSES:
-        raise ValueError(f"name: unknown loss {name!r}; expected one of {', '.join(sorted(LOSSES))}")
+        raise ValueError(f"name: unknown loss {short_repr(name)}; expected one of {', '.join(sorted(LOSSES))}")
     return LOSSES[key](**kwargs)
 
 

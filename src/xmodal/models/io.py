@@ -20,14 +20,41 @@ def model_payload(model: TwoTower) -> dict:
             "test_time": model.test_time.state_dict()}
 
 
-def model_from_payload(payload: dict) -> TwoTower:
-    arch = payload["architecture"]
-    if "hierarchy" in arch:  # clips inside videos: local towers + global towers
+def check_declared_shapes(arch: dict, state_dict: dict) -> None:
+    """Refuse an architecture whose parameters differ from the stored weights, before any
+    module is allocated: the model is first built on the ``meta`` device (shapes only, no
+    memory), so a tiny file declaring huge layers never allocates them.
+
+    Raises:
+        ValueError: naming the first parameter whose declared shape differs, or that is missing.
+    """
+    if not isinstance(state_dict, dict):
+        raise ValueError("its weights are not a mapping of tensors")
+    with torch.device("meta"):
+        skeleton = _model_class(arch).from_architecture(arch)
+    for name, want in skeleton.state_dict().items():
+        have = state_dict.get(name)
+        if not isinstance(have, torch.Tensor):
+            raise ValueError(f"the architecture declares {name} but the weights lack it")
+        if tuple(have.shape) != tuple(want.shape):
+            raise ValueError(f"the architecture declares {name} of shape {tuple(want.shape)} but the weights "
+                             f"hold {tuple(have.shape)}")
+
+
+def _model_class(arch: dict) -> type[TwoTower]:
+    """The class an architecture record rebuilds: clips inside videos (``hierarchy``) add
+    global towers; otherwise a :class:`TwoTower` (several experts + fusion head included)."""
+    if "hierarchy" in arch:
         from xmodal.models.hierarchy import HierarchicalTwoTower
 
-        model: TwoTower = HierarchicalTwoTower.from_architecture(arch)
-    else:
-        model = TwoTower.from_architecture(arch)  # h-data: also rebuilds several experts + fusion head
+        return HierarchicalTwoTower
+    return TwoTower
+
+
+def model_from_payload(payload: dict) -> TwoTower:
+    arch = payload["architecture"]
+    check_declared_shapes(arch, payload["state_dict"])
+    model = _model_class(arch).from_architecture(arch)
     model.load_state_dict(payload["state_dict"])
     model.test_time = TestTime.from_state_dict(payload.get("test_time"))
     model.eval()

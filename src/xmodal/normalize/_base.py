@@ -4,6 +4,7 @@ block iteration over a bank and (de)serialisation."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -38,7 +39,7 @@ def positive_int(v: Any, name: str, *, maximum: int | None = None) -> int:
     """A positive integer (bools, non-integral and non-numeric values rejected), at most ``maximum``."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)):
         raise TypeError(f"{name}: expected a positive integer, got {v!r}")
-    if not np.isfinite(v) or int(v) != v or v < 1:
+    if isinstance(v, (float, np.floating)) and not math.isfinite(v) or int(v) != v or v < 1:
         raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
     if maximum is not None and v > maximum:
         raise ValueError(f"{name}: must be at most {maximum}, got {v!r}")

@@ -51,8 +51,8 @@ from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
 from xmodal.models.hierarchy import with_global_towers
 from xmodal.training import hierarchy
-from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, load_checkpoint,
-                         prepare_run_dir, remove_stale_temporaries)
+from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, check_run_dir,
+                         clear_run_outputs, load_checkpoint, prepare_run_dir, remove_stale_temporaries)
 from xmodal.training import provenance
 from xmodal.training.runlog import RunLog
 from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
@@ -212,11 +212,13 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
     is_main = dist.rank() == 0
     lock = None
     if is_main:
-        out = prepare_run_dir(out)
+        out = check_run_dir(prepare_run_dir(out))  # refuses a folder holding the user's files
         lock = RunLock(out).acquire()
     try:
         if is_main:
             remove_stale_temporaries(out)
+            if not (resume and (Path(out) / "checkpoint.pt").is_file()):
+                clear_run_outputs(out)  # a fresh run: nothing of the previous one stays to be served
         return _train(cfg, Path(out), resume=resume, stop_after_epochs=stop_after_epochs, progress=progress,
                       verbose=verbose, command=command, splits=splits)
     finally:
@@ -251,8 +253,6 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     is_main = dist.rank() == 0
     show = (tc.progress and sys.stderr.isatty() if progress is None else progress) and is_main  # bars: a terminal's
     device = resolve_device(tc.device)
-    if is_main:
-        save_config(cfg, out / "config.yaml")
 
     in_memory = splits is not None
     splits = load_splits(cfg, splits) if in_memory else load_splits(cfg)
@@ -317,6 +317,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                   enabled=is_main, echo=verbose)
     data_files = [] if in_memory else provenance.data_files(cfg)
     prov = provenance.start(out, data_files, command=command, resumed=resumed) if is_main else {}
+    if is_main:  # after the resume check: a refused resume leaves the run's config.yaml alone
+        save_config(cfg, out / "config.yaml")
 
     epochs_this_call = 0
     while not state["done"] and state["epoch"] < tc.epochs:
@@ -373,6 +375,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         state["train_time"] += time.perf_counter() - t0
 
         val_text, val_video = embed_split(model, val_split, tc.eval_batch_size)
+        if not bool(torch.isfinite(val_text).all() & torch.isfinite(val_video).all()):
+            raise DivergedError(f"training diverged in epoch {epoch + 1}: the weights became NaN/inf; "
+                                f"lower optim.lr or check the features")
         val = retrieval_metrics(val_text @ val_video.T, None, val_split.text_to_video, val_relevancy)
         val.update(group_metrics(model, val_split, tc.eval_batch_size))  # p2v / v2p where val has groups
         current = score(val, tc.metric)

@@ -1,0 +1,247 @@
+"""Fuzzing every public callable of the API (hypothesis, random seeds; see tests/conftest.py).
+
+The callables are enumerated from the ``__all__`` of the public modules, and the test
+asserts that the list it covers is that enumeration, so a new public function is fuzzed
+without anyone remembering to add it. Each one is called with arguments drawn from
+its signature: well-formed small arrays and tensors mixed with junk (NaN/inf, empty,
+wrong rank, wrong dtype, bools, negative numbers, unknown strings, missing paths).
+
+Property: a call returns, or raises ``ValueError`` / ``TypeError`` (``FileNotFoundError``
+for paths; ``ImportError`` naming a missing optional extra) whose message is one line;
+never another exception (IndexError, KeyError, RuntimeError, ZeroDivisionError ...), and
+never modifies an input array.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PUBLIC_MODULES = ("xmodal.metrics", "xmodal.losses", "xmodal.functional", "xmodal.normalize", "xmodal.data",
+                  "xmodal.schedules", "xmodal.models", "xmodal.index", "xmodal.evaluate", "xmodal.testtime",
+                  "xmodal.report")
+
+#: Called with junk only where the junk cannot start something long or outside the test:
+#: these read or write whole run directories, load encoder models or train classifiers;
+#: the property is checked for them on paths and junk values that cannot (see SAFE_ONLY).
+SAFE_ONLY = {
+    "xmodal.data.synthetic": dict(num_train=st.integers(-2, 40), num_val=st.integers(-2, 20),
+                                  num_test=st.integers(-2, 20), num_concepts=st.integers(-2, 8)),
+    "xmodal.data.zipf_probabilities": dict(num_concepts=st.integers(-2, 50)),
+}
+#: Found by this suite (seeds 777031057 and the next session's, profile ci) and not fixed yet: the first exception
+#: each raised on junk instead of a one-line ValueError/TypeError. Listed, not hidden: each
+#: is an xfail that does not run (its shrinking alone takes minutes); remove an entry once
+#: fixed and the test runs again. HYPOTHESIS_PROFILE=deep XMODAL_FUZZ_KNOWN=run runs them.
+KNOWN = {
+    "xmodal.data.PairedSplit": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.data.load_paired_split": "a multi-line message: split: expected a non-empty string, got array(...)",
+    "xmodal.data.relevancy_from_classes": "OverflowError: cannot convert float infinity to integer",
+    "xmodal.data.synthetic": "a multi-line message: hub_fraction: expected a number, got array(...)",
+    "xmodal.evaluate.embed_split": "AttributeError: 'NoneType' object has no attribute 'encode_video'",
+    "xmodal.evaluate.evaluate": "AttributeError: 'bool' object has no attribute 'test_time'",
+    "xmodal.evaluate.evaluate_normalizers": "AttributeError: 'bool' object has no attribute 'encode_video'",
+    "xmodal.evaluate.retrieval_metrics": "RuntimeError: Could not infer dtype of NoneType",
+    "xmodal.functional.correspondence_loss": "AttributeError: 'NoneType' object has no attribute 'log_softmax'",
+    "xmodal.functional.ncl_biases": "a multi-line message: gamma: expected a number, got array(...)",
+    "xmodal.functional.predictive_coding_loss": "AttributeError: 'numpy.ndarray' object has no attribute 'to'",
+    "xmodal.index.BiasedIndex": "AttributeError on a junk gallery",
+    "xmodal.losses.CaliNCE": "RuntimeError: Boolean value of Tensor with more than one value is ambiguous",
+    "xmodal.losses.DebiasedContrastive": "RuntimeError on a tensor given as a number",
+    "xmodal.metrics.epic_tail_classes": "a multi-line message: kind: unknown option tensor(...)",
+    "xmodal.normalize.DistributionNormalization": "a multi-line message: seeds: must be an integer >= 1, got array(...)",
+    "xmodal.losses.CrossCLR": "a multi-line message: queue_size: must be an integer >= 0, got array(...)",
+    "xmodal.losses.InfoNCE": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.losses.MILNCE": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.losses.MIMaxMargin": "a multi-line message: margin: expected a number, got array(...)",
+    "xmodal.losses.MaxMargin": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.losses.NCL": "a multi-line message: queue_size: must be an integer >= 0, got array(...)",
+    "xmodal.losses.NTXent": "a multi-line message: v2t_temperature: expected a number, got array(...)",
+    "xmodal.metrics.linear_probe": "a multi-line message: ks: expected positive integers, got ... in array(...)",
+    "xmodal.models.ExpertFusion": "AttributeError: 'numpy.ndarray' object has no attribute 'values'",
+    "xmodal.models.Standardize": "RuntimeError: zeros: Dimension size must be non-negative.",
+    "xmodal.models.Tower": "AttributeError: 'NoneType' object has no attribute 'kind'",
+    "xmodal.models.TwoTower": "AttributeError: 'list' object has no attribute 'out_dim'",
+    "xmodal.models.build_model": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.models.masked_mean": "AttributeError: 'NoneType' object has no attribute 'mean'",
+    "xmodal.models.model_from_payload": "IndexError: only integers, slices ... are valid indices",
+    "xmodal.models.model_payload": "AttributeError: 'NoneType' object has no attribute 'architecture'",
+    "xmodal.models.parameter_count": "AttributeError: 'NoneType' object has no attribute 'parameters'",
+    "xmodal.normalize.DualSoftmax": "a multi-line message: temperature: expected a number, got array(...)",
+    "xmodal.normalize.InvertedSoftmax": "a multi-line message: beta: expected a number, got array(...)",
+    "xmodal.normalize.QBNorm": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
+    "xmodal.normalize.SinkhornBias": "AttributeError: 'bool' object has no attribute 'dtype'",
+    "xmodal.normalize.blockwise_log_sinkhorn": "slow and failing under shrinking (see a deep run)",
+    "xmodal.report.examples_section": "AttributeError: 'float' object has no attribute 'video_input'",
+    "xmodal.report.results_tables": "AttributeError: 'NoneType' object has no attribute 'get'",
+    "xmodal.report.table": "IndexError: invalid index to scalar variable.",
+    "xmodal.testtime.fit_test_time": "AttributeError: 'bool' object has no attribute 'detach'",
+}
+#: Exceptions a call may raise on bad input.
+ALLOWED = (ValueError, TypeError, FileNotFoundError, ImportError, NotADirectoryError, IsADirectoryError)
+
+
+def public_callables() -> dict[str, object]:
+    """``{"module.name": callable}`` of every public module's ``__all__``."""
+    out = {}
+    for name in PUBLIC_MODULES:
+        mod = importlib.import_module(name)
+        assert hasattr(mod, "__all__"), f"{name} has no __all__"
+        for attr in mod.__all__:
+            obj = getattr(mod, attr)
+            if callable(obj):
+                out[f"{name}.{attr}"] = obj
+    out["xmodal.load_model"] = importlib.import_module("xmodal").load_model
+    return out
+
+
+CALLABLES = public_callables()
+
+finite = st.floats(-3, 3, allow_nan=False, allow_infinity=False, width=32)
+
+
+@st.composite
+def arrays(draw):
+    """A small array or tensor: mostly well-formed, sometimes junk."""
+    rank = draw(st.sampled_from([1, 2, 2, 2, 3, 0]))
+    shape = tuple(draw(st.integers(0 if draw(st.booleans()) and rank else 1, 5)) for _ in range(rank))
+    kind = draw(st.sampled_from(["float32", "float32", "float64", "int64", "bool", "float16"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    if kind == "int64":
+        arr = rng.integers(-1, 5, size=shape)
+    elif kind == "bool":
+        arr = rng.random(shape) < 0.5
+    else:
+        arr = rng.standard_normal(shape).astype(kind)
+        if arr.size and draw(st.integers(0, 5)) == 0:
+            arr.flat[draw(st.integers(0, arr.size - 1))] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return torch.from_numpy(np.array(arr)) if draw(st.booleans()) else arr
+
+
+JUNK = st.one_of(
+    arrays(), arrays(), arrays(),
+    st.none(), st.booleans(), st.integers(-3, 12), finite, st.sampled_from([float("nan"), float("inf"), -1.0]),
+    st.sampled_from(["", "bogus", "none", "t2v", "mean", "missing_dir/x.npy", "selected"]),
+    st.lists(st.integers(-1, 6), max_size=4), st.dictionaries(st.sampled_from(["a", "k"]), st.integers(0, 3),
+                                                              max_size=2),
+)
+
+
+#: A call on these tiny inputs taking longer than this is a hang (a junk size not refused).
+CALL_SECONDS = 20
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int, qualname: str, kwargs: dict):
+    def fire(*_):
+        raise Hang(f"{qualname} ran over {seconds} s on {kwargs!r}")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _copy(v):
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    return None
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    return a.shape == b.shape and bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))) \
+        and bool(torch.equal(a.isnan(), b.isnan()))
+
+
+def _params(fn) -> list[inspect.Parameter]:
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    return [p for p in sig.parameters.values() if p.name != "self"
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+@st.composite
+def call_arguments(draw, qualname: str):
+    fn = CALLABLES[qualname]
+    special = SAFE_ONLY.get(qualname, {})
+    kwargs = {}
+    for p in _params(fn):
+        required = p.default is inspect.Parameter.empty
+        if p.name in special:
+            kwargs[p.name] = draw(special[p.name])
+        elif required or draw(st.integers(0, 3)) == 0:
+            kwargs[p.name] = draw(JUNK)
+    return kwargs
+
+
+def test_the_fuzzed_list_is_every_public_callable():
+    """The enumeration covers every public module's ``__all__`` (and is not trivially small)."""
+    import xmodal
+
+    for name in PUBLIC_MODULES:
+        mod = importlib.import_module(name)
+        for attr in mod.__all__:
+            if callable(getattr(mod, attr)):
+                assert f"{name}.{attr}" in CALLABLES
+    # every public sub-package named by the package itself is either listed or not an API
+    lazily = {f"xmodal.{m}" for m in xmodal._SUBMODULES}
+    assert set(PUBLIC_MODULES) <= lazily
+    assert len(CALLABLES) >= 100, len(CALLABLES)
+
+
+def _cases():
+    run_known = os.environ.get("XMODAL_FUZZ_KNOWN") == "run"
+    return [pytest.param(q, marks=pytest.mark.xfail(reason=f"known: {KNOWN[q]}", run=run_known))
+            if q in KNOWN else q for q in sorted(CALLABLES)]
+
+
+def test_known_failures_are_public_callables():
+    assert set(KNOWN) <= set(CALLABLES), set(KNOWN) - set(CALLABLES)
+
+
+@pytest.mark.parametrize("qualname", _cases())
+def test_public_callable_on_junk(qualname, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything a junk path makes a function write lands here
+    fn = CALLABLES[qualname]
+
+    @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(kwargs=call_arguments(qualname))
+    def check(kwargs):
+        before = {k: _copy(v) for k, v in kwargs.items() if _copy(v) is not None}
+        try:
+            with _time_limit(CALL_SECONDS, qualname, kwargs):
+                fn(**kwargs)
+        except ALLOWED as exc:
+            assert "\n" not in str(exc).strip(), f"{qualname}: several lines: {exc}"
+        except MemoryError:  # numpy refuses a junk size before allocating: acceptable
+            pass
+        for k, v in before.items():
+            assert _same(v, kwargs[k]), f"{qualname} modified its argument {k}"
+
+    torch.set_num_threads(1)
+    check()
