@@ -3,9 +3,11 @@
     python bench/crossclr_weights.py --data ../shared/data/flickr8k [--batch 64 --batches 20 --kappa 0.0035]
 
 For seeded random train batches of (image, caption) input features: the effective sample size
-``(sum w)^2 / sum w^2`` of the connectivity weights (out of the batch size) under Algorithm 2's
-normalisation (``C / sum C``, the default) and eq. 5 read literally (``C / kappa``, "mean"), and the
-share of samples whose influence score ``C / max C`` exceeds gamma (appendix B.1), per modality.
+``(sum w)^2 / sum w^2`` of the connectivity weights (out of the batch size) and their spread
+``max w / min w`` under xmodal's ``C / sum |C|`` (the default ``weight_norm="sum"``), Algorithm 2
+read literally (``C / sum C``, signed) and eq. 5 read literally (``C / kappa``, "mean"), the
+smallest ``sum C / sum |C|`` seen (1: no negative connectivity, the two Alg. 2 forms agree), and
+the share of samples whose influence score ``C / max C`` exceeds gamma (appendix B.1), per modality.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ def ess(w: torch.Tensor) -> float:
     return float(w.sum() ** 2 / (w * w).sum())
 
 
+def signed_sum_weights(conn: torch.Tensor, kappa: float) -> torch.Tensor:
+    """Alg. 2 literally: ``B * softmax((C / sum C) / kappa)`` (undefined when ``sum C = 0``)."""
+    return conn.numel() * torch.softmax(conn / conn.sum() / kappa, dim=0)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True)
@@ -33,7 +40,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     train = load_paired_split(args.data, "train")
     rng = np.random.default_rng(0)
-    rows = {"Alg. 2 (C / sum C)": ("sum", []), "eq. 5 literally (C / kappa)": ("mean", [])}
+    rows = {"xmodal (C / sum |C|)": ("sum", []), "Alg. 2 literally (C / sum C)": ("signed", []),
+            "eq. 5 literally (C / kappa)": ("mean", [])}
+    ratio = {"images": [], "captions": []}
     pruned = {"images": [], "captions": []}
     for _ in range(args.batches):
         idx = rng.choice(train.num_texts, args.batch, replace=False)
@@ -41,13 +50,19 @@ def main(argv=None) -> int:
                  "captions": torch.as_tensor(np.asarray(train.text, np.float64)[idx])}
         for mod, x in feats.items():
             conn = connectivity(x)
+            ratio[mod].append(float(conn.sum() / conn.abs().sum()))
             for norm, out in rows.values():
-                out.append((mod, ess(connectivity_weights(conn, args.kappa, norm))))
+                w = (signed_sum_weights(conn, args.kappa) if norm == "signed"
+                     else connectivity_weights(conn, args.kappa, norm))
+                out.append((mod, ess(w), float(w.max() / w.min())))
             pruned[mod].append(float((influence_scores(conn) > args.gamma).double().mean()))
-    print(f"| weights (kappa {args.kappa}) | ESS images (of {args.batch}) | ESS captions |\n|---|---:|---:|")
+    print(f"| weights (kappa {args.kappa}) | ESS images (of {args.batch}) | ESS captions "
+          f"| max/min w images | max/min w captions |\n|---|---:|---:|---:|---:|")
     for name, (_, out) in rows.items():
-        per = {m: np.mean([e for mm, e in out if mm == m]) for m in ("images", "captions")}
-        print(f"| {name} | {per['images']:.2f} | {per['captions']:.2f} |")
+        e = {m: np.mean([x for mm, x, _ in out if mm == m]) for m in ("images", "captions")}
+        r = {m: np.mean([x for mm, _, x in out if mm == m]) for m in ("images", "captions")}
+        print(f"| {name} | {e['images']:.2f} | {e['captions']:.2f} | {r['images']:.3g} | {r['captions']:.3g} |")
+    print(f"\nsmallest sum C / sum |C|: images {min(ratio['images']):.4f}, captions {min(ratio['captions']):.4f}")
     print(f"\nshare with C / max C > {args.gamma}: images {100 * np.mean(pruned['images']):.1f} %, "
           f"captions {100 * np.mean(pruned['captions']):.1f} % ({args.batches} seeded batches)")
     return 0

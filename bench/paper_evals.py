@@ -15,7 +15,12 @@ label (e.g. the objective), print / write:
    :func:`xmodal.metrics.zero_shot` with ``normalizer=None`` vs a
    :class:`~xmodal.normalize.DistributionNormalization` (lambda 0.25) whose means come from
    100 random unlabeled samples (DN protocol), here train images / train captions (dev is
-   the evaluated split), mean ± std over 5 sampling seeds.
+   the evaluated split), mean ± std over 5 sampling seeds (each seed and side its own
+   sample). DN is applied BEFORE the final L2 norm, as the official zero-shot code does
+   (DN sec. 4.4: "we perform DN before the final norm normalization layer"): the means
+   are of the towers' un-normalised outputs (``encode_*(..., unit=False)``), the dev
+   images and class prompts are shifted by ``lam`` times them, and then
+   :func:`~xmodal.metrics.zero_shot` L2-normalises both.
 3. **FN / FP rate by retrieval mass** (NCL Sec. 3.2, Fig. 3; definitions in
    :mod:`xmodal.metrics.mass`): text -> image on dev for the first run of each label, under
    ``none`` and the run's selected normaliser, on the same mass bins (quantiles of the
@@ -133,9 +138,14 @@ def evaluate_run(run: Path, train, dev, img_cls: dict, cap_cls: dict, *, dn_seed
     out["retrieval"] = label_retrieval(img_dev, img_cls["dev"], ks=(1, 10))
     class_emb = model.encode_text(train.text[img_cls["prompts"]])
     out["zs_none"] = zero_shot(img_dev, class_emb, img_cls["dev"])
-    txt_tr = model.encode_text(train.text)
-    dns = DistributionNormalization.fit_per_seed(img_tr, txt_tr, lam=0.25, num_samples=100, seeds=dn_seeds)
-    out["zs_dn"] = [zero_shot(img_dev, class_emb, img_cls["dev"], normalizer=dn) for dn in dns]
+    # DN before the final norm (official zero-shot code): means of un-normalised outputs;
+    # zero_shot L2-normalises after the DN shift
+    raw_img_tr = model.encode_video(*train.video_input(), unit=False)
+    raw_img_dev = model.encode_video(*dev.video_input(), unit=False)
+    raw_cls = model.encode_text(train.text[img_cls["prompts"]], unit=False)
+    raw_txt_tr = model.encode_text(train.text, unit=False)
+    dns = DistributionNormalization.fit_per_seed(raw_img_tr, raw_txt_tr, lam=0.25, num_samples=100, seeds=dn_seeds)
+    out["zs_dn"] = [zero_shot(raw_img_dev, raw_cls, img_cls["dev"], normalizer=dn) for dn in dns]
     groups = head_tail_groups(cap_cls["dev"], class_counts=cap_cls["counts"], head_mass=0.8)
     video, mask = dev.video_input()
     out["head_tail"] = {}

@@ -334,7 +334,8 @@ def test_bad_input(name):
 
 def test_registry_and_accepts():
     assert set(LOSSES) >= {"infonce", "ntxent", "maxmargin", "mimaxmargin", "milnce", "dcl"}
-    vocabulary = {"ids", "temperature", "margin", "video_input", "text_input", "relevancy"}
+    vocabulary = {"ids", "temperature", "margin", "video_input", "text_input", "relevancy",
+                  "t2v_temperature", "v2t_temperature"}
     for cls in LOSSES.values():
         assert set(cls.accepts) <= vocabulary
     assert isinstance(build_loss("InfoNCE", temperature=0.1), InfoNCE)

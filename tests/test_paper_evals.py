@@ -88,6 +88,22 @@ def test_classes_and_numbers_match_naive_loops(setup, k):
         hits += sum(x >= s[cls["dev"][i]] for x in s) == 1
     assert res["zs_none"]["top1"] == pytest.approx(100.0 * hits / len(img))
     assert len(res["zs_dn"]) == 2
+    # DN before the final norm (official zero-shot code): means of the towers' un-normalised
+    # outputs over each seed's own sample, x - 0.25 mu_x and c - 0.25 mu_y, then cosine
+    raw = lambda t: t.numpy().astype(np.float64)  # noqa: E731
+    rimg_tr, rtxt_tr = raw(model.encode_video(tr.video, unit=False)), raw(model.encode_text(tr.text, unit=False))
+    rimg, rcls = raw(model.encode_video(dev.video, unit=False)), raw(model.encode_text(tr.text[cls["prompts"]], unit=False))
+    for k in range(2):
+        def sample_mean(x, side):
+            if len(x) <= 100:
+                return x.mean(0)
+            return x[np.random.default_rng([k, side]).choice(len(x), 100, replace=False)].mean(0)
+        mu_x, mu_y = sample_mean(rimg_tr, 0), sample_mean(rtxt_tr, 1)
+        hits = 0
+        for i in range(len(rimg)):
+            s = [unit(rimg[i] - 0.25 * mu_x) @ unit(p - 0.25 * mu_y) for p in rcls]
+            hits += sum(x >= s[cls["dev"][i]] for x in s) == 1
+        assert res["zs_dn"][k]["top1"] == pytest.approx(100.0 * hits / len(rimg))
     # head/tail R@1 under none: naive per-group loop
     txt = model.encode_text(dev.text).numpy().astype(np.float64)
     from xmodal.metrics import head_tail_groups

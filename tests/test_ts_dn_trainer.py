@@ -219,10 +219,10 @@ def test_selection_by_map_and_dn_val_protocol(tmp_path):
     text, video = embed_split(model, val)
     text, video = text.double(), video.double()
 
-    def hand_mean(x, offset):  # 5 seeds x 20 random rows, seeds 0..4 (+1 for the gallery stream)
+    def hand_mean(x, side):  # 5 seeds x 20 random rows, a generator per (seed 0..4, side 0/1)
         means = []
         for k in range(5):
-            rows = np.sort(np.random.default_rng(k + offset).choice(len(x), 20, replace=False))
+            rows = np.sort(np.random.default_rng([k, side]).choice(len(x), 20, replace=False))
             means.append(x[torch.from_numpy(rows)].mean(0))
         return torch.stack(means).mean(0)
 

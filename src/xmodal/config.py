@@ -153,6 +153,9 @@ class ScheduleConfig:
     4.1.2; sec. 5.4: k = 200). The thesis states the base values (tau 0.07, m 0.2, sec. 5.4)
     and the temperature range [0.04, 0.1] of its cosine experiment (sec. 5.6.4) but no
     class bounds: the defaults here are xmodal's choices (margins centred on 0.2).
+    ``directions``: ``both`` schedules both InfoNCE directions; ``t2v`` / ``v2t`` only that
+    one, the other staying at the base ``loss.temperature`` (sec. 5.6.4, the asymmetric
+    runs; losses with per-direction temperatures only: infonce, dcl).
     """
 
     kind: str = key("constant", "TS++ schedule of the temperature (margin): constant | cosine (eq. 4.1) "
@@ -167,6 +170,8 @@ class ScheduleConfig:
     t_max: float = key(0.1, "highest per-class temperature")
     m_min: float = key(0.1, "lowest per-class margin (margin losses)")
     m_max: float = key(0.3, "highest per-class margin (margin losses)")
+    directions: str = key("both", "directions the schedule applies to: both | t2v | v2t (the other keeps "
+                                  "loss.temperature; TS++ sec. 5.6.4)")
 
 
 @dataclass(frozen=True)
@@ -445,6 +450,7 @@ def validate(cfg: Config) -> None:
     _nonneg(s.alpha, "schedule.alpha")
     _positive(s.period_epochs, "schedule.period_epochs")
     _one_of(s.classes, "schedule.classes", ("labels", "kmeans"))
+    _one_of(s.directions, "schedule.directions", ("both", "t2v", "v2t"))
     if s.k < 1:
         raise ValueError(f"schedule.k: must be >= 1, got {s.k}")
     if _scheduled(lo.name) != "margin" and lo.temperature is not None and s.kind != "constant" \

@@ -6,6 +6,11 @@ learning with calibrated alignment", CVPR-W 2023, eqs. 1-6), as pure tensor func
   averaged over the batch.
 * eq. 2/6 ``calibrated_nce``: ``mean_i c_ii (NCE(v_i, t_i) + NCE(t_i, v_i))`` with
   ``c_ii`` the head's matching probability of pair ``i``.
+
+Readings that are ours, not the paper's: cosine similarities in eq. 2 (it prints the
+dot product ``f_v^T f_t``; ``normalize=False`` is the literal form) and ``c_ii``
+detached in eq. 6 (:class:`xmodal.losses.CaliNCE` ``detach_weight``; the paper does not
+say whether the head receives the gradient of the calibrated term).
 * eqs. 3-5 ``predictive_coding_loss``: ``||n(G_v(v)) - sg(n(t))||^2 + ||n(G_t(t)) - sg(n(v))||^2``
   (``n``: L2 normalisation, ``sg``: stop-gradient), averaged over the batch.
 """
@@ -81,6 +86,9 @@ def calibrated_nce(video: torch.Tensor, text: torch.Tensor, weights: torch.Tenso
 
     ``NCE(v_i, t_i) = -log exp(s_ii / tau_i) / sum_k exp(s_ik / tau_i)`` (eq. 2), with
     same-id entries other than the pair removed from the denominator (``ids``).
+    Our reading: ``s_ik`` is the COSINE of the embeddings (``normalize=True``, default).
+    Eq. 2 prints the raw dot product ``f_v^T f_t / tau`` and the paper never says the
+    embeddings are normalised; ``normalize=False`` gives that literal form.
     Note the sum of both directions (not their mean, unlike InfoNCE): with
     ``weights = 1`` this is twice :func:`~xmodal.functional.infonce.info_nce`.
 

@@ -11,10 +11,14 @@ the anchor ``x``):
 
 * connectivity (eq. 4) ``C(x_k) = mean_{j != k} cos(x_k, x_j)`` of the frozen *input*
   features over the set ``S`` = batch (+ queue); the self-similarity is excluded (Alg. 2
-  masks the diagonal);
+  masks the diagonal). Eq. 4 as printed, ``C(x_i) = 1/M sum_{j=1}^M cos(x_i, x_j)`` (Alg. 1:
+  the average over the whole queue ``Q``), includes ``j = i``, i.e. ``(1 + (M-1) C) / M``
+  with our ``C``; no option here reproduces that self-term, so none of the options below is
+  eq. 4 "read literally";
 * influential ``I_x = {x_k : C(x_k) / max_S C > gamma}`` (appendix B.1: "divide all scores
   in each set by the maximum score"; Alg. 2 ``scores_v = prox / max(prox)``).
-  ``prune_norm="none"``: raw ``C > gamma`` (eq. 4 and Alg. 1 read literally);
+  ``prune_norm="none"``: raw ``C > gamma`` (eq. 4's threshold without the max-normalisation,
+  self-term excluded as above);
 * inter-modal negatives ``N^E = {y_k : k != i, x_k not in I_x}``: a text is pruned when its
   *paired video* (the anchor's modality) is influential (sec. 3.2, Alg. 1 ``alpha_{x_i}``,
   Alg. 2 ``l_vt[:, scores_v < threshold]``);
@@ -23,14 +27,24 @@ the anchor ``x``):
 
 Weights (``weight_norm``), the reading chosen where eq. 5 and Alg. 2 disagree:
 
-* ``"sum"`` (default, Alg. 2): ``w_i = exp((C_i / sum_batch C_j) / kappa)``, weighted mean.
-  ``C_i / sum C_j`` is about ``1 / B``, so the paper's ``kappa`` in 0.003-0.009 (appendix B.2,
-  Table 7: 35e-4 / 55e-4) gives weight ratios of a few units and ``kappa = 0.1`` nearly
-  uniform weights, matching Fig. 9 ("too high" kappa: the weighting fades). This is the
-  reading that reproduces the reported hyper-parameters.
-* ``"mean"``: eq. 5 ``exp(C_i / kappa)`` inside the weighted mean; ``"none"``: eq. 5/6 read
-  literally (raw weights, plain mean). With ``kappa = 0.0035`` a connectivity gap of 0.1 is a
-  weight ratio ``e^28``: one sample carries the batch (effective sample size ~1).
+* ``"sum"`` (default, Alg. 2 with ``|C|``): ``w_i = exp((C_i / sum_batch |C_j|) / kappa)``,
+  weighted mean ``sum_i w_i L_i / sum_i w_i``. Alg. 2 divides by ``sum C_j``, which is
+  undefined when the connectivities cancel (``sum C ~ 0``, e.g. centred features) and flips
+  the weighting when it is negative; ``sum |C_j|`` equals it whenever no ``C_j < 0``.
+  Measured on Flickr8k (MiniLM captions, EfficientNet-Lite0 images; 20 seeded train batches
+  of 64, kappa 0.0035; ``python bench/crossclr_weights.py --data ../shared/data/flickr8k``):
+  images never have ``C < 0`` (both forms identical: effective sample size 53.34 of 64,
+  ``max w / min w`` 9.28); captions do (smallest ``sum C / sum |C|`` 0.9936), and ``|C|``
+  changes the caption ESS from 12.88 to 12.92 and ``max w / min w`` from 6.43e3 to 6.27e3,
+  i.e. a negligible effect on these features, only a guard against the degenerate case.
+  ``C_i / sum |C_j|`` is about ``1 / B``, so the paper's ``kappa`` in 0.003-0.009 (appendix
+  B.2, Table 7: 35e-4 / 55e-4) gives weight ratios of a few units on image features and
+  ``kappa = 0.1`` nearly uniform weights, matching Fig. 9 ("too high" kappa: the weighting
+  fades). This is the reading that reproduces the reported hyper-parameters.
+* ``"mean"``: eq. 5 ``exp(C_i / kappa)`` inside the weighted mean; ``"none"``: eq. 5's raw
+  weights in eq. 6's plain mean (same run: effective sample size 1.70 / 1.56 of 64 for
+  images / captions with ``"mean"``). With ``kappa = 0.0035`` a connectivity gap of 0.1 is a
+  weight ratio ``e^28``: one sample carries the batch.
 
 Where Alg. 2's pseudo-code disagrees with eqs. 3/6 (each shown by a test in
 ``tests/test_crossclr*.py``):
@@ -42,7 +56,11 @@ Where Alg. 2's pseudo-code disagrees with eqs. 3/6 (each shown by a test in
 3. ``t_w`` in ``cat([l_vt_p, t_w * l_vv_p])`` is lambda, not kappa: Table 7 lists both
    (0.8 vs 0.0035) and ``0.0035 * logits`` would make every intra term ~1 (no intra-modal
    alignment, contradicting Table 2's IM gain). ``intra_mode="delta"`` (default) is eq. 3
-   ``lambda * delta``; ``"logit"`` is Alg. 2 / official code ``delta ** lambda``.
+   ``lambda * delta``; ``"logit"`` is Alg. 2 / official code ``delta ** lambda``. The value
+   ``lambda = 0.8`` (Table 7, YouCook2) most likely comes from the released code, where it
+   multiplies the intra-modal *logits* (``delta ** lambda``, a temperature ``tau / lambda`` on
+   the intra terms), not from eq. 3's ``lambda * delta``; with eq. 3, 0.8 is only a mild
+   down-weighting. Both readings are available; neither is tuned here.
 
 Multiple positives (appendix C.1, eq. 8): for anchor ``x_i`` the extra positives are
 ``P_y = {y_k : k in topK(I_x)}``, the ``K`` influential samples of the anchor's modality most
@@ -108,7 +126,9 @@ def connectivity_weights(conn: torch.Tensor, kappa: float | None, norm: str = "s
 
     ``"sum"`` (Alg. 2): ``B * softmax(C / sum(C) / kappa)``, i.e. the weighted mean with
     ``w = exp(norm_w(C) / kappa)``; ``"mean"``: ``B * softmax(C / kappa)`` (eq. 5 weights in a
-    weighted mean); ``"none"``: raw ``exp(C / kappa)`` (eq. 5/6 literally). ``kappa=None``: ones.
+    weighted mean); ``"none"``: raw ``exp(C / kappa)`` (eq. 5 in eq. 6's plain mean).
+    ``kappa=None``: ones. ``"sum"`` divides by ``sum |C|``, not Alg. 2's ``sum C``
+    (undefined when the connectivities cancel; identical when none is negative).
 
     Shape:
         ``[B]`` -> ``[B]``.

@@ -5,11 +5,23 @@ log-domain Sinkhorn-Knopp iterations (eqs. 7-9); the scalings give per-text and
 per-video biases (eqs. 10-11) ``a_i = gamma log(alpha_i / sum alpha)`` and
 ``b_j = gamma log(beta_j / sum beta)``, and the symmetric InfoNCE is taken on the
 normalised similarity (eq. 12) ``sim*_ij = a_i + b_j + <t_i, v_j>`` (eq. 4: the mean of
-the two directions). The biases are computed from detached similarities (the
-paper's alternating fixed point: they are constants for the gradient step). With a
-learnable temperature the Sinkhorn scalings ``log alpha``, ``log beta`` are the
-constants: the logits are ``s_ij / gamma + (a_i + b_j) / sg(gamma)``, so ``gamma``
-receives the gradient of the kernel ``S = s / gamma`` that Sinkhorn scales (Fig. 4).
+the two directions). The biases are computed from detached similarities: they are
+constants for the gradient step. With a learnable temperature the Sinkhorn scalings
+``log alpha``, ``log beta`` are the constants: the logits are
+``s_ij / gamma + (a_i + b_j) / sg(gamma)``, so ``gamma`` receives the gradient of the
+kernel ``S = s / gamma`` that Sinkhorn scales (Fig. 4).
+
+Readings that are ours, not the paper's (sec. 3.3-3.4 only say "NCL computes the optimal
+biases for the current batch of examples and use[s] the adjusted similarity score (Eq.
+(12)) for learning"; the Fig. 4 pseudo-code is not in the text we have):
+
+* detached biases (no gradient through the Sinkhorn iterations);
+* the Sinkhorn order, rows (eq. 8) then columns (eq. 9) in each iteration
+  (:func:`xmodal.functional.sinkhorn.log_sinkhorn`): with the paper's 4 iterations the
+  result is not the fixed point, and the order decides which marginal is exact (here the
+  columns, the video marginals);
+* cosine ``<t_i, v_j>`` (normalised embeddings, ``normalize=True``; the paper writes the
+  inner product ``<t_i, v_j>`` without saying whether the embeddings are normalised).
 """
 
 from __future__ import annotations

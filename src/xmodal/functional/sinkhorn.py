@@ -44,7 +44,9 @@ def log_sinkhorn(scores: torch.Tensor, *, gamma: float, iters: int,
     Each iteration first rescales the rows, then the columns (NCL eqs. 8-9; eq. 7: ``P = diag(alpha) M diag(beta)``):
     ``log alpha = log r - logsumexp_j(S_ij / gamma + log beta_j)`` and
     ``log beta = log c - logsumexp_i(S_ij / gamma + log alpha_i)``. After an
-    iteration the column marginals are exact; the row marginals converge.
+    iteration the column marginals are exact; the row marginals converge. The
+    row-then-column order is our reading (NCL gives only the fixed point, eqs. 7-9; its
+    Fig. 4 code is not in the extracted text); with few iterations it changes the result.
     The operations are differentiable (callers such as NCL detach the result).
     Zero entries in a marginal give ``-inf`` log scalings for that row/column.
 

@@ -30,8 +30,9 @@ class CaliNCE(nn.Module):
       pair ``(v_i, t_sigma(i))``, ``sigma`` a random derangement of the (global) batch;
       shuffled pairs that share an instance id are dropped.
     * ``L_cont``: ``1/B sum_i w_i (NCE(v_i, t_i) + NCE(t_i, v_i))`` (eq. 2 summed over the
-      two directions). ``calibration=True`` is Cali-NCE (eq. 6): ``w_i = c_ii``, the head's
-      matching probability; ``calibration=False`` is plain co-training, ``w_i = 1``.
+      two directions), on COSINE similarities by default (our reading: eq. 2 prints the
+      dot product ``f_v^T f_t / tau``; ``normalize=False`` is that literal form).
+      ``calibration=True`` is Cali-NCE (eq. 6): ``w_i = c_ii``, the head's matching probability; ``calibration=False`` is plain co-training, ``w_i = 1``.
     * ``L_pred`` (eqs. 3-5, sec. 3.3; ``predictive_weight > 0``): linear ``D x D`` heads
       ``G_v``, ``G_t`` act on the embeddings as given (not normalised); their outputs are
       normalised and compared with the normalised, stop-gradient embedding of the other
@@ -48,8 +49,8 @@ class CaliNCE(nn.Module):
     combination raises ``ValueError``. The head exists only when it is used
     (``calibration`` or ``correspondence_weight > 0``).
 
-    ``c_ii`` is **detached** in ``L_cont`` by default (``detach_weight=True``, an xmodal
-    choice the paper leaves open): otherwise the head lowers the loss by driving
+    ``c_ii`` is **detached** in ``L_cont`` by default (``detach_weight=True``, our reading,
+    not the paper's: eq. 6 does not say whether the weight carries gradient): otherwise the head lowers the loss by driving
     ``c_ii -> 0`` (the trivial solution) and learns from more than ``L_corr``.
 
     Head inputs (``head_input``): ``"embeddings"`` (default, sec. 3.1: ``f_v``, ``f_t``

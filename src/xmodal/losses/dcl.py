@@ -27,7 +27,7 @@ class DebiasedContrastive(DirectionalTemperatures, nn.Module):
         video, text: ``[B, D]``; ``ids`` ``[B]``; ``temperature`` float or ``[B]``; scalar out.
     """
 
-    accepts = ("ids", "temperature")
+    accepts = ("ids", "temperature", "t2v_temperature", "v2t_temperature")
     scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, tau_plus: float = 0.1, *,

@@ -41,7 +41,7 @@ class InfoNCE(nn.Module):
         output: scalar.
     """
 
-    accepts = ("ids", "temperature")
+    accepts = ("ids", "temperature", "t2v_temperature", "v2t_temperature")
     scheduled = "temperature"  # what the trainer may schedule (xmodal.losses.loss_spec)
 
     def __init__(self, temperature: float = 0.05, learnable: bool = False, *,

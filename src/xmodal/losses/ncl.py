@@ -41,7 +41,9 @@ class NCL(nn.Module):
     biases ``a_i`` (texts) and ``b_j`` (videos) (eqs. 10-11) and applies the symmetric
     InfoNCE to ``a_i + b_j + <t_i, v_j>`` (eq. 12); see
     :func:`xmodal.functional.ncl.ncl_loss` (``ids``: Sinkhorn over distinct videos
-    with marginals from the caption counts).
+    with marginals from the caption counts). Two readings are ours, not the paper's
+    (details in :mod:`xmodal.functional.ncl`): the biases are detached, and each Sinkhorn
+    iteration rescales rows (eq. 8) before columns (eq. 9).
 
     Queues: in training mode every forward enqueues the (L2-normalised when
     ``normalize``) detached text and video embeddings, gathered across ranks with

@@ -160,8 +160,9 @@ class TwoTower(nn.Module):
     def forward_text(self, features: torch.Tensor) -> torch.Tensor:
         return self.text_tower(features)
 
-    def encode_video(self, features: Any, mask: Any = None, *, batch_size: int = 8192) -> torch.Tensor:
-        """L2-normalised video embeddings (eval mode, no grad).
+    def encode_video(self, features: Any, mask: Any = None, *, batch_size: int = 8192,
+                     unit: bool = True) -> torch.Tensor:
+        """L2-normalised video embeddings (eval mode, no grad; ``unit=False``: before the final norm).
 
         Args:
             features: ``[N, Dv]`` or ``[N, F, Dv]`` (numpy or torch); with several experts
@@ -187,19 +188,20 @@ class TwoTower(nn.Module):
         """
         x, m = self._prepare_video(features, mask)
         n = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
-        return self._encode_rows(lambda sl: self.video_tower(_rows(x, sl), _rows(m, sl)), n, batch_size)
+        return self._encode_rows(lambda sl: self.video_tower(_rows(x, sl), _rows(m, sl)), n, batch_size, unit)
 
-    def encode_text(self, features: Any, batch_size: int = 8192) -> torch.Tensor:
-        """L2-normalised text embeddings. Shape: ``[N, Dt]`` -> ``[N, D]``."""
+    def encode_text(self, features: Any, batch_size: int = 8192, *, unit: bool = True) -> torch.Tensor:
+        """L2-normalised text embeddings (``unit=False``: before the final norm). Shape: ``[N, Dt]`` -> ``[N, D]``."""
         x = self._prepare(features, "features", self.text_tower)
-        return self._encode_rows(lambda sl: self.text_tower(x[sl]), x.shape[0], batch_size)
+        return self._encode_rows(lambda sl: self.text_tower(x[sl]), x.shape[0], batch_size, unit)
 
     @torch.no_grad()
-    def _encode_rows(self, fn: Any, n: int, batch_size: int) -> torch.Tensor:
+    def _encode_rows(self, fn: Any, n: int, batch_size: int, unit: bool = True) -> torch.Tensor:
         was_training = self.training
         self.eval()
+        norm = (lambda t: F.normalize(t, dim=-1)) if unit else (lambda t: t)
         try:
-            out = [F.normalize(fn(slice(i, i + batch_size)).float(), dim=-1) for i in range(0, n, batch_size)]
+            out = [norm(fn(slice(i, i + batch_size)).float()) for i in range(0, n, batch_size)]
         finally:
             self.train(was_training)
         return torch.cat(out) if out else self._temperature.new_zeros(0, self.dim)

@@ -1,5 +1,6 @@
 """Distribution Normalization (Zhou et al., "Test-Time Distribution Normalization
-for Contrastively Learned Vision-language Models", NeurIPS 2023, eq. 7)."""
+for Contrastively Learned Vision-language Models", NeurIPS 2023, eq. 7; eqs. 6 and 8
+as the ``form="exponential"`` / ``form="full"`` options)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,26 @@ class DistributionNormalization(Normalizer):
     :meth:`fit_per_seed` and average the metrics. ``seeds > 1`` instead averages the
     means of ``seeds`` samples (seeds ``seed .. seed + seeds - 1``; the average of the
     per-seed means of :meth:`fit_per_seed`), a lower-variance estimate of one mean.
+    Every (sampling seed, side) pair draws its rows from its own generator
+    (``np.random.default_rng([seed_k, side])``, side 0 = queries, 1 = gallery), so no
+    seed's query sample reuses another seed's gallery sample.
+
+    ``form`` picks the paper's score (sec. 3.1.2, 3.2, 4.7):
+
+    - ``"linear"`` (default, eq. 7): the DN above.
+    - ``"exponential"`` (eq. 6): ``exp(x.(mu_y - y) / tau) + exp((mu_x - x).y / tau)``.
+    - ``"full"`` (eq. 8): ``mean_{y1} exp(x.(0.5 y1 - y) / tau) +
+      mean_{x1} exp((0.5 x1 - x).y / tau)`` over the sampled rows ``x1`` / ``y1``
+      themselves (the paper iterates over the validation samples; here the
+      ``num_samples`` rows drawn for the means, one seed only). The 0.5 is the
+      paper's literal coefficient (``coef``).
+
+    Eqs. 6 and 8 are loss terms (smaller = better match); :meth:`score` returns their
+    NEGATIVE so that, as for eq. 7, larger means more similar (our reading; the paper
+    correlates them with human judgements, sec. 4.7, Table 6). They are not a
+    per-gallery bias, so only :meth:`score` is defined for them (``__call__``,
+    :meth:`transform`, :meth:`gallery_bias` raise ValueError). ``lam`` is unused by
+    eq. 6 (its means have coefficient 1) and eq. 8 (coefficient ``coef``).
 
     DN acts on embeddings, not on a similarity matrix. Expanding the product,
     ``x.y - lam x.mu_y - lam mu_x.y + lam^2 mu_x.mu_y``: for ranking the gallery
@@ -43,6 +64,9 @@ class DistributionNormalization(Normalizer):
             paper's protocol, which samples validation data); only reported by
             ``uses_test_queries``.
         seeds: number of sampling seeds whose sample means are averaged (default 1).
+        form: ``"linear"`` (eq. 7), ``"exponential"`` (eq. 6) or ``"full"`` (eq. 8).
+        tau: the temperature of eqs. 6 and 8 (CLIP's learned 0.01 by default; unused by eq. 7).
+        coef: the sample coefficient of eq. 8 (paper: 0.5).
 
     Example:
         >>> import torch
@@ -58,9 +82,11 @@ class DistributionNormalization(Normalizer):
     """
 
     name = "dn"
+    FORMS = ("linear", "exponential", "full")
 
     def __init__(self, lam: float = 0.25, num_samples: int | None = 100, seed: int = 0,
-                 oracle: bool = False, seeds: int = 1) -> None:
+                 oracle: bool = False, seeds: int = 1, form: str = "linear", tau: float = 0.01,
+                 coef: float = 0.5) -> None:
         self.oracle = bool(oracle)
         lam = float(lam)
         if not np.isfinite(lam) or lam < 0:
@@ -69,33 +95,54 @@ class DistributionNormalization(Normalizer):
             num_samples = int(positive_number(num_samples, "num_samples"))
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
             raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
+        if form not in self.FORMS:
+            raise ValueError(f"form: expected one of {', '.join(self.FORMS)}, got {form!r}")
+        if form == "full" and seeds != 1:
+            raise ValueError(f"seeds: form 'full' (eq. 8) uses one sample, got seeds={seeds}")
+        tau, coef = float(positive_number(tau, "tau")), float(coef)
+        if not np.isfinite(coef):
+            raise ValueError(f"coef: must be finite, got {coef!r}")
         self.lam, self.num_samples, self.seed, self.seeds = lam, num_samples, int(seed), seeds
+        self.form, self.tau, self.coef = form, tau, coef
+        self._xs_q: torch.Tensor | None = None  # eq. 8's samples x1 / y1
+        self._xs_g: torch.Tensor | None = None
         self._mu_q: torch.Tensor | None = None
         self._mu_g: torch.Tensor | None = None
         self._bias: torch.Tensor | None = None
 
     def hparams(self) -> dict[str, Any]:
         return {"lam": self.lam, "num_samples": self.num_samples, "seed": self.seed,
-                "oracle": self.oracle, "seeds": self.seeds}
+                "oracle": self.oracle, "seeds": self.seeds, "form": self.form, "tau": self.tau,
+                "coef": self.coef}
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {}
-        for key in ("mu_q", "mu_g", "bias"):
+        for key in ("mu_q", "mu_g", "bias", "xs_q", "xs_g"):
             if getattr(self, "_" + key) is not None:
                 out[key] = getattr(self, "_" + key)
         return out
 
-    def _sample_mean(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        """Mean of the per-seed sample means (seed ``seed + k``, stream ``+ offset``)."""
-        n = x.shape[0]
+    def sample_rows(self, n: int, k: int, side: int) -> np.ndarray | None:
+        """Sorted rows drawn for sampling seed ``seed + k`` on ``side`` (0 queries, 1 gallery)
+        out of ``n``, from a generator of its own; None when all rows are used."""
         if self.num_samples is None or self.num_samples >= n:
-            return x.mean(0)
+            return None
+        rng = np.random.default_rng([self.seed + k, side])
+        return np.sort(rng.choice(n, size=self.num_samples, replace=False))
+
+    def _sample_mean(self, x: torch.Tensor, side: int) -> torch.Tensor:
+        """Mean of the per-seed sample means (seed ``seed + k``, ``side`` 0 / 1)."""
         means = []
         for k in range(self.seeds):
-            rng = np.random.default_rng(self.seed + k + offset)
-            rows = torch.from_numpy(np.sort(rng.choice(n, size=self.num_samples, replace=False)))
-            means.append(x[rows.to(x.device)].mean(0))
+            rows = self.sample_rows(x.shape[0], k, side)
+            if rows is None:
+                return x.mean(0)
+            means.append(x[torch.from_numpy(rows).to(x.device)].mean(0))
         return torch.stack(means).mean(0)
+
+    def _sample(self, x: torch.Tensor, side: int) -> torch.Tensor:
+        rows = self.sample_rows(x.shape[0], 0, side)
+        return x if rows is None else x[torch.from_numpy(rows).to(x.device)]
 
     @classmethod
     def fit_per_seed(cls, query_samples: Any, gallery_samples: Any, *, lam: float = 0.25,
@@ -127,8 +174,15 @@ class DistributionNormalization(Normalizer):
                              f"({q.shape[1]} vs {g.shape[1]})")
         self._mu_q = self._sample_mean(q, 0)
         self._mu_g = self._sample_mean(g.to(q.device), 1)
-        self._bias = self._gallery_bias(g.to(q.device))
+        if self.form == "linear":
+            self._bias = self._gallery_bias(g.to(q.device))
+        if self.form == "full":
+            self._xs_q, self._xs_g = self._sample(q, 0), self._sample(g.to(q.device), 1)
         return self
+
+    def _linear_only(self, what: str) -> None:
+        if self.form != "linear":
+            raise ValueError(f"{what}: DN form {self.form!r} is not a per-gallery bias; use score()")
 
     def _check_fitted(self) -> None:
         if self._mu_q is None:
@@ -162,12 +216,14 @@ class DistributionNormalization(Normalizer):
     def gallery_bias(self, gallery: Any) -> Any:
         """Per-gallery bias ``-lam * mu_x . y_j`` ``[N]`` (the rank-relevant part of DN)."""
         self._check_fitted()
+        self._linear_only("gallery_bias")
         g = self._dims(to_work(gallery, "gallery"), "gallery", self._mu_q)
         return like_input(self._gallery_bias(g), gallery)
 
     def query_term(self, queries: Any) -> Any:
         """Per-query term ``-lam x_i . mu_y + lam^2 mu_x . mu_y`` ``[Q]`` (rank-irrelevant)."""
         self._check_fitted()
+        self._linear_only("query_term")
         q = self._dims(to_work(queries, "queries"), "queries", self._mu_g)
         mu_g, mu_q = self._mu_g.to(q.device, q.dtype), self._mu_q.to(q.device, q.dtype)
         return like_input(-self.lam * (q @ mu_g) + self.lam ** 2 * (mu_q @ mu_g), queries)
@@ -179,6 +235,7 @@ class DistributionNormalization(Normalizer):
             queries ``[Q, D]``, gallery ``[N, D]`` -> same shapes.
         """
         self._check_fitted()
+        self._linear_only("transform")
         q = self._dims(to_work(queries, "queries"), "queries", self._mu_q)
         g = self._dims(to_work(gallery, "gallery"), "gallery", self._mu_g)
         q2 = q - self.lam * self._mu_q.to(q.device, q.dtype)
@@ -186,9 +243,30 @@ class DistributionNormalization(Normalizer):
         return like_input(q2, queries), like_input(g2, gallery)
 
     def score(self, queries: Any, gallery: Any) -> Any:
-        """DN similarity matrix ``[Q, N]`` of eq. 7."""
-        q, g = self.transform(to_work(queries, "queries"), to_work(gallery, "gallery"))
-        return like_input(q @ g.to(q.device).T, queries)
+        """DN similarity matrix ``[Q, N]`` of ``form`` (eq. 7; minus eq. 6 or 8).
+
+        Shape:
+            queries ``[Q, D]``, gallery ``[N, D]`` -> ``[Q, N]``.
+        """
+        self._check_fitted()
+        if self.form == "linear":
+            q, g = self.transform(to_work(queries, "queries"), to_work(gallery, "gallery"))
+            return like_input(q @ g.to(q.device).T, queries)
+        q = self._dims(to_work(queries, "queries"), "queries", self._mu_q)
+        g = self._dims(to_work(gallery, "gallery"), "gallery", self._mu_g).to(q.device, q.dtype)
+        qg, t = q @ g.T, self.tau
+        if self.form == "exponential":  # eq. 6: x.(mu_y - y) and (mu_x - x).y
+            a = (q @ self._mu_g.to(q.device, q.dtype))[:, None] - qg
+            b = (g @ self._mu_q.to(q.device, q.dtype))[None, :] - qg
+            return like_input(-(torch.exp(a / t) + torch.exp(b / t)), queries)
+        ys, xs = self._xs_g.to(q.device, q.dtype), self._xs_q.to(q.device, q.dtype)
+        out = torch.empty_like(qg)
+        qy, xg = q @ ys.T, xs @ g.T  # [Q, M], [K, N]
+        for j in range(g.shape[0]):  # eq. 8, one gallery column at a time (memory [Q, M])
+            a = torch.exp((self.coef * qy - qg[:, j:j + 1]) / t).mean(1)
+            b = torch.exp((self.coef * xg[:, j][None, :] - qg[:, j:j + 1]) / t).mean(1)
+            out[:, j] = -(a + b)
+        return like_input(out, queries)
 
     def __call__(self, sim: Any, queries: Any | None = None) -> Any:
         """``sim + bias`` (rank-equivalent DN); with ``queries`` ``[Q, D]`` the exact
@@ -198,6 +276,7 @@ class DistributionNormalization(Normalizer):
             sim ``[Q, N]`` with ``N`` the size of the gallery given to :meth:`fit`.
         """
         self._check_fitted()
+        self._linear_only("sim")
         s = to_work(sim, "sim")
         if s.shape[1] != self._bias.shape[0]:
             raise ValueError(f"sim: has {s.shape[1]} columns but DN was fitted on a gallery "
@@ -211,4 +290,5 @@ class DistributionNormalization(Normalizer):
         return like_input(out, sim)
 
     def streaming_kwargs(self) -> dict[str, Any]:
+        self._linear_only("streaming_kwargs")
         return {"bias": self.bias}

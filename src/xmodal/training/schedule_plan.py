@@ -72,7 +72,10 @@ class TemperaturePlan:
     (eq. 4.2) schedule around the loss's base value. With class values (eqs. 4.3/4.4):
     ``value_i = v(c_i) + corr(step)`` (eqs. 4.5/4.6) for the class ``c_i`` of each text,
     ``v`` between ``schedule.t_min``/``t_max`` (temperatures) or ``schedule.m_min``/``m_max``
-    (margins). The cosine period: :func:`cosine_period`.
+    (margins). The cosine period: :func:`cosine_period`. With ``schedule.directions``
+    ``t2v`` / ``v2t`` the values go to the loss's ``t2v_temperature`` /
+    ``v2t_temperature`` keyword only (``keyword``), so the other direction keeps the
+    base temperature (thesis sec. 5.6.4, asymmetric TS).
     Inactive (the loss keeps its own value) when nothing is scheduled.
     """
 
@@ -83,6 +86,13 @@ class TemperaturePlan:
         spec = loss_spec(cfg.loss.name)
         self.keyword = spec.keyword or "temperature"
         wanted = s.kind != "constant" or s.class_temperature
+        if s.directions != "both" and wanted:
+            # thesis sec. 5.6.4: the schedule drives one InfoNCE direction, the other keeps the
+            # loss's base temperature (the loss's own ``temperature``)
+            self.keyword = f"{s.directions}_temperature"
+            if self.keyword not in spec.accepts:
+                raise ValueError(f"schedule.directions: loss {cfg.loss.name!r} has no per-direction "
+                                 f"temperature (use infonce or dcl, or directions: both)")
         if wanted and spec.keyword is None:
             raise ValueError(f"schedule.kind: loss {cfg.loss.name!r} has no temperature or margin to schedule")
         if s.class_temperature and not spec.per_sample:
