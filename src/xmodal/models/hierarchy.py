@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from xmodal._validate import choice
-from xmodal.models.towers import TowerSpec
+from xmodal.models.towers import TowerSpec, position_table, transformer_encoder
 from xmodal.models.two_tower import TwoTower
 
 POOLINGS = ("max", "atn")
@@ -93,12 +93,8 @@ class GlobalTower(nn.Module):
         if spec.dim % spec.heads:
             raise ValueError(f"model.global_heads: must divide the embedding size {spec.dim}, got {spec.heads}")
         self.spec = spec
-        self.pos = nn.Parameter(torch.zeros(spec.max_len, spec.dim))
-        nn.init.normal_(self.pos, std=0.02)
-        layer = nn.TransformerEncoderLayer(spec.dim, spec.heads, dim_feedforward=4 * spec.dim,
-                                           dropout=spec.dropout, activation="gelu", batch_first=True,
-                                           norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, spec.layers, enable_nested_tensor=False)
+        self.pos = position_table(spec.max_len, spec.dim)
+        self.encoder = transformer_encoder(spec.dim, spec.heads, spec.layers, spec.dropout)
         if spec.pooling == "atn":  # attention pooling: a learned score per row, softmax over the group
             self.score = nn.Sequential(nn.Linear(spec.dim, spec.dim), nn.GELU(), nn.Linear(spec.dim, 1))
         self.out = nn.Linear(spec.dim, spec.dim)

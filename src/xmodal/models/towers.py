@@ -77,6 +77,21 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return total / mask.sum(1, keepdim=True).clamp_min(1).to(x.dtype)
 
 
+def position_table(length: int, width: int) -> nn.Parameter:
+    """A learned position embedding ``[length, width]``, initialised N(0, 0.02^2)."""
+    table = nn.Parameter(torch.zeros(length, width))
+    nn.init.normal_(table, std=0.02)
+    return table
+
+
+def transformer_encoder(width: int, heads: int, layers: int, dropout: float) -> nn.TransformerEncoder:
+    """Pre-norm GELU transformer encoder (feed-forward 4x ``width``, batch first): the frame
+    encoder of ``transformer`` towers and the global (clips -> video) encoder of the hierarchy."""
+    layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=dropout,
+                                       activation="gelu", batch_first=True, norm_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
 class Tower(nn.Module):
     """One modality's head: standardise -> (pool frames) -> project.
 
@@ -107,12 +122,8 @@ class Tower(nn.Module):
             self.net = nn.Sequential(*layers)
         elif spec.kind == "transformer":
             self.inp = nn.Linear(spec.in_dim, spec.hidden)
-            self.pos = nn.Parameter(torch.zeros(spec.max_frames, spec.hidden))
-            nn.init.normal_(self.pos, std=0.02)
-            layer = nn.TransformerEncoderLayer(spec.hidden, spec.heads, dim_feedforward=4 * spec.hidden,
-                                               dropout=spec.dropout, activation="gelu", batch_first=True,
-                                               norm_first=True)
-            self.encoder = nn.TransformerEncoder(layer, spec.layers, enable_nested_tensor=False)
+            self.pos = position_table(spec.max_frames, spec.hidden)
+            self.encoder = transformer_encoder(spec.hidden, spec.heads, spec.layers, spec.dropout)
             self.net = nn.Linear(spec.hidden, spec.out_dim)
         else:  # linear, meanp
             self.net = nn.Linear(spec.in_dim, spec.out_dim)
