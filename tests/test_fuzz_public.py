@@ -50,6 +50,7 @@ KNOWN = {
     "xmodal.data.relevancy_from_classes": "OverflowError: cannot convert float infinity to integer",
     "xmodal.data.synthetic": "a multi-line message: hub_fraction: expected a number, got array(...)",
     "xmodal.evaluate.embed_split": "AttributeError: 'NoneType' object has no attribute 'encode_video'",
+    "xmodal.evaluate.mean_pooled_groups": "AttributeError: 'NoneType' object has no attribute 'encode_video'",
     "xmodal.evaluate.evaluate": "AttributeError: 'bool' object has no attribute 'test_time'",
     "xmodal.evaluate.evaluate_normalizers": "AttributeError: 'bool' object has no attribute 'encode_video'",
     "xmodal.evaluate.retrieval_metrics": "RuntimeError: Could not infer dtype of NoneType",
