@@ -226,8 +226,20 @@ def test_known_failures_are_public_callables():
 
 
 @pytest.mark.parametrize("qualname", _cases())
-def test_public_callable_on_junk(qualname, tmp_path, monkeypatch):
+def test_public_callable_on_junk(qualname, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)  # anything a junk path makes a function write lands here
+    # A registration a junk call may make must not leak into later tests (order-independent suite).
+    import xmodal.encoders
+    import xmodal.losses
+
+    saved = [(r, dict(r)) for r in (xmodal.losses.LOSSES, xmodal.losses._MODEL_KWARGS, xmodal.encoders.ENCODERS)]
+
+    def restore():
+        for registry, content in saved:
+            registry.clear()
+            registry.update(content)
+
+    request.addfinalizer(restore)
     fn = CALLABLES[qualname]
 
     @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -60,6 +60,10 @@ class LossSpec:
 
 def register(name: str, cls: type[nn.Module], *, model_kwargs: tuple[str, ...] = ()) -> type[nn.Module]:
     """Add ``cls`` to :data:`LOSSES` under ``name`` (checks its declaration)."""
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError("name: expected a non-empty string")
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError("cls: expected a torch.nn.Module subclass")
     bad = [k for k in model_kwargs if k not in MODEL_KWARGS]
     if bad:
         raise ValueError(f"model_kwargs: unknown {bad}; expected some of {MODEL_KWARGS}")
