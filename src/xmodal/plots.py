@@ -293,7 +293,8 @@ def gallery_item(cfg: Any) -> str:
         return "video"
     from xmodal.data import layout
 
-    path = layout.find(d.root, d.val_split, "video")
+    split = d.train_split if d.val_from_train or not d.val_split else d.val_split
+    path = layout.find(d.root, split, "video")
     return "image" if path is not None and path.name.endswith("_image_features.npy") else "video"
 
 

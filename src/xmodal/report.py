@@ -281,6 +281,26 @@ def _names(root: Any, split: str, stem: str, n: int) -> list[str] | None:
     return None
 
 
+def _val_names(root: Any, d: Any, n: int) -> list[str] | None:
+    """Names of the validation split's videos: the held-out training rows when
+    ``data.val_from_train`` carved it (:func:`xmodal.training.loop.carved_rows`)."""
+    if not d.val_from_train:
+        return _names(root, d.val_split, "images", n) if d.val_split else None
+    from xmodal.training.loop import carved_rows
+
+    names = None
+    if root:
+        for item in ("image", "video"):
+            p = Path(root) / f"{d.train_split}_{item}s.txt"
+            if p.is_file():
+                names = [line.strip() for line in p.read_text().splitlines()]
+                break
+    if names is None or len(names) <= d.val_from_train:
+        return None
+    held = carved_rows(len(names), d.val_from_train)[1]
+    return [names[i] for i in held] if held.size == n else None
+
+
 def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: int = 0, top: int = 5,
                      video_names: list[str] | None = None, images: Path | None = None,
                      item: str | None = None) -> list[str]:
@@ -397,7 +417,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
                  _png(plot_fn_fp(a["fn_fp"], tmp / "f.png", title=title), "fn/fp by mass")]
         body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg, item)
         root = cfg.data.root if cfg.data.name != "synthetic" else None
-        names = _names(root, cfg.data.val_split, "images", val.num_videos)
+        names = _val_names(root, cfg.data, val.num_videos)
         body += ["<h2>Example rankings</h2>"] + examples_section(
             model, val, name, num=num_examples, seed=seed, video_names=names,
             images=images if names else None, item=item)

@@ -22,7 +22,8 @@ def fit(config: Config, splits: dict, *, out: str | os.PathLike | None = None, *
 
     Args:
         config: the resolved :class:`~xmodal.config.Config` (e.g. ``xmodal.config.from_dict``).
-        splits: ``{"train": PairedSplit, "val": PairedSplit[, "test": PairedSplit]}``.
+        splits: ``{"train": PairedSplit, "val": PairedSplit[, "test": PairedSplit]}``; "val"
+            may be left out when ``data.val_from_train`` carves it from "train".
         out: optional run directory. Given, it is a full run directory (checkpoint, logs,
             ``model.pt``; ``provenance.json`` lists no data files). Resuming it needs the
             same ``splits`` again (the checkpoint records the config, not the arrays).
@@ -34,7 +35,8 @@ def fit(config: Config, splits: dict, *, out: str | os.PathLike | None = None, *
         fitted, the selected one stored) and the summary dict (``metrics.json``).
 
     Raises:
-        ValueError / TypeError: ``splits`` without ``train`` and ``val`` PairedSplits.
+        ValueError / TypeError: ``splits`` without ``train`` and ``val`` PairedSplits (``val``
+            is optional with ``data.val_from_train``).
 
     >>> import numpy as np
     >>> from xmodal.config import from_dict

@@ -74,7 +74,7 @@ def load_splits(cfg: Config, splits: dict | None = None) -> dict:
 
     d = cfg.data
     if splits is not None:
-        splits = _given_splits(splits)
+        splits = _given_splits(splits, need_val=not d.val_from_train)
     elif d.name == "synthetic":
         all_splits = xdata.synthetic(**d.synthetic, seed=cfg.train.seed)
         splits = {"train": all_splits[d.train_split], "val": all_splits[d.val_split]}
@@ -109,15 +109,24 @@ def carve_validation(train, num_videos: int, seed: int = 0x7A1) -> tuple:
     if not 0 < num_videos < train.num_videos:
         raise ValueError(f"data.val_from_train: must lie in [1, {train.num_videos - 1}] "
                          f"(the training split has {train.num_videos} videos), got {num_videos}")
-    held = np.random.default_rng(seed).permutation(train.num_videos)
-    return train.subset(np.sort(held[num_videos:])), train.subset(np.sort(held[:num_videos]))
+    keep, held = carved_rows(train.num_videos, num_videos, seed)
+    return train.subset(keep), train.subset(held)
 
 
-def _given_splits(splits: Any) -> dict:
+def carved_rows(n: int, num_videos: int, seed: int = 0x7A1) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted video rows ``(kept for training, held out)`` of :func:`carve_validation`
+    for a training split of ``n`` videos (the report maps the held-out rows to names)."""
+    held = np.random.default_rng(seed).permutation(n)
+    return np.sort(held[num_videos:]), np.sort(held[:num_videos])
+
+
+def _given_splits(splits: Any, need_val: bool = True) -> dict:
     from xmodal.data import PairedSplit
 
-    if not isinstance(splits, dict) or not {"train", "val"} <= set(splits):
-        raise ValueError("splits: expected a dict with 'train' and 'val' (and optionally 'test') PairedSplits")
+    need = {"train", "val"} if need_val else {"train"}
+    if not isinstance(splits, dict) or not need <= set(splits):
+        raise ValueError("splits: expected a dict with 'train' and 'val' (and optionally 'test') PairedSplits"
+                         + ("" if need_val else " ('val' may be left out: data.val_from_train carves it)"))
     out = {}
     for key, value in splits.items():
         if key not in ("train", "val", "test"):

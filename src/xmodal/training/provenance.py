@@ -82,7 +82,7 @@ def data_files(cfg: Any) -> list[Path]:
         return []
     from xmodal.data import layout
 
-    splits = [d.train_split, d.val_split]
+    splits = [d.train_split] + ([] if d.val_from_train else [d.val_split])  # val carved out of train
     if d.test_split and not layout.missing_files(d.root, d.test_split):
         splits.append(d.test_split)
     return sorted({p for s in dict.fromkeys(splits) for p in split_files(d.root, s)})
