@@ -68,6 +68,7 @@ from xmodal.metrics._common import check_block_size, check_finite, similarity
 
 EMPTY = ("skip", "zero", "error")
 _REL_BITS = np.uint64(0x3FFFFFFF)
+_BIT62 = np.uint64(1 << 62)
 
 
 def _relevancy(relevancy: Any, shape: tuple[int, int]) -> np.ndarray:
@@ -216,7 +217,7 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
     than ``max_collisions`` (default: one per row) 1-ulp key collisions need fixing.
 
     Shape:
-        s, r: [b, G] with b < 2 ** (32 - bits(G - 1)) -> (ap, dcg, idcg, #hits), each [b].
+        s, r: [b, G] with b < 2 ** (29 - bits(G - 1)) -> (ap, dcg, idcg, #hits), each [b].
     """
     b, g = s.shape
     sub = max(1, min(b, sub_elems // g))
@@ -264,10 +265,13 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
     rowoff = np.repeat(np.arange(b, dtype=np.int64) * g, n_pos)
     # relevant items in ranked order: one sort of (row, score key, column)
     cb = max(1, int(g - 1).bit_length())
-    packed = np.repeat(np.arange(b, dtype=np.uint64) << np.uint64(32 + cb), n_pos)
+    # bit 62 set and row < 2 ** (29 - cb) (the caller's block cap): every key is a normal
+    # positive float64 (exponent neither 0 nor all ones), so the float64 view sorts like the
+    # unsigned integers and about twice as fast; no denormals, so flush-to-zero is harmless
+    packed = np.repeat((np.arange(b, dtype=np.uint64) << np.uint64(32 + cb)) | _BIT62, n_pos)
     packed |= u.astype(np.uint64) << np.uint64(cb)
     packed |= (idx - rowoff).view(np.uint64)
-    packed.sort()
+    packed.view(np.float64).sort()
     rel = r.ravel()[(packed & np.uint64((1 << cb) - 1)).view(np.int64) + rowoff]
     tie = np.flatnonzero(np.diff(packed) < np.uint64(1 << cb))
     mixed = np.zeros(0, np.int64)
@@ -282,7 +286,7 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
         n_all = np.bincount(group)
         bad = (n_hit > 0) & (n_hit < n_all)
         if bad.any():
-            mixed = np.unique((packed[members[bad[group]]] >> np.uint64(32 + cb)).astype(np.int64))
+            mixed = np.unique(((packed[members[bad[group]]] & ~_BIT62) >> np.uint64(32 + cb)).astype(np.int64))
         rel[members] = vals[np.lexsort((-vals if optimistic else vals, group))]
     if cand.size:    # exact count of the irrelevant items 1 ulp away, on the wrong side
         us = ((packed[cand] >> np.uint64(cb)) & np.uint64(0xFFFFFFFF)).astype(np.int64)
@@ -303,8 +307,11 @@ def _block_sparse(s: np.ndarray, r: np.ndarray, optimistic: bool, sub_elems: int
     # Prefix sums are only needed at row starts and just after hits: one reduceat.
     hits = np.flatnonzero(rel == 1)
     hb = np.searchsorted(hits, bounds)
-    cuts = np.union1d(np.append(starts, 0), hits + 1)
-    cuts = cuts[cuts < m]
+    mark = np.zeros(m + 1, np.bool_)                  # union of row starts and hit ends, sorted
+    mark[starts] = True
+    mark[0] = True
+    mark[hits + 1] = True
+    cuts = np.flatnonzero(mark[:m])
     prefix = np.zeros(cuts.size + 1)
     np.cumsum(np.add.reduceat(rel, cuts, dtype=np.float64), out=prefix[1:])
     inv_p = 1.0 / p[hits]
@@ -447,8 +454,8 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
         sn = sn.astype(np.float32, copy=False)
         r = np.ascontiguousarray(r, dtype=np.float32)
     b = block_size or max(1, (1 << 18) // max(1, g))
-    if fast:   # (row, 32-bit key, column) must fit in 64 bits
-        b = min(b, 1 << (31 - max(1, int(g - 1).bit_length())))
+    if fast:   # (bit 62, row, 32-bit key, column) must fit in 62 bits below bit 62
+        b = min(b, 1 << (29 - max(1, int(g - 1).bit_length())))
     block_fn = _block_fast if fast else _block_general
 
     def one(start: int):
