@@ -384,3 +384,31 @@ def test_analytic_all_equal_embeddings(lam):
     _, _, xi, yi = _data(n=6)
     got = crossclr_loss(z, z, xi, yi, temperature=0.05, intra_weight=lam, prune_threshold=None)
     assert got.item() == pytest.approx(math.log(6 + lam * 5), abs=1e-12)
+
+
+def test_lambda_is_the_released_codes_weight_on_intra_modal_logits():
+    """The official release (github.com/amazon-research/crossmodal-contrastive-learning,
+    ``trainer/loss.py``, ``CrossCLR_onlyIntraModality``, default ``negative_weight=0.8``)
+    concatenates ``[l_vt, w * l_vv]`` of logits already divided by tau: lambda = 0.8 weights
+    the intra-modal *logits* (``delta ** lambda``, our ``intra_mode="logit"``). Re-derived
+    here as a per-anchor softmax; the release also multiplies the diagonal by 0, leaving
+    ``exp(0) = 1`` in every denominator (Alg. 2's quirk 2 in the module doc), which we drop:
+    with that term set to -inf instead, the release's formula equals ours."""
+    g = torch.Generator().manual_seed(7)
+    b, d, tau, lam = 6, 5, 0.1, 0.8
+    v = torch.nn.functional.normalize(torch.randn(b, d, generator=g, dtype=torch.float64), dim=1)
+    t = torch.nn.functional.normalize(torch.randn(b, d, generator=g, dtype=torch.float64), dim=1)
+
+    def released(x, y, self_term):
+        inter, intra = x @ y.T / tau, x @ x.T / tau
+        intra = intra * (1 - torch.eye(b, dtype=torch.float64)) if self_term else \
+            intra.masked_fill(torch.eye(b, dtype=torch.bool), float("-inf"))
+        logits = torch.cat([inter, lam * intra], dim=1)
+        return -torch.log_softmax(logits, dim=1).diagonal().mean()
+
+    ours = crossclr_loss(v, t, temperature=tau, intra_weight=lam, prune_threshold=None,
+                         weight_scale=None, intra_mode="logit")
+    ref = (released(v, t, False) + released(t, v, False)) / 2
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    with_self = (released(v, t, True) + released(t, v, True)) / 2
+    assert float(with_self - ours) > 1e-3      # the release's extra exp(0) terms raise the loss

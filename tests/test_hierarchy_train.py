@@ -152,7 +152,8 @@ def test_coot_preset_loads_validates_and_trains(data_dir, tmp_path):
     m, lo, o = cfg.model, cfg.loss, cfg.optim
     assert (m.hierarchy, m.dim, m.heads, m.global_heads, m.pooling, m.dropout) == (True, 384, 8, 8, "atn", 0.05)
     assert (lo.name, lo.temperature, lo.global_weight) == ("crossclr", 0.03, 0.6)
-    assert lo.kwargs == {"weight_scale": 0.0035, "intra_weight": 0.8, "prune_threshold": 0.9, "queue_size": 5000}
+    assert lo.kwargs == {"weight_scale": 0.0035, "intra_weight": 0.8, "prune_threshold": 0.9, "queue_size": 5000,
+                         "intra_mode": "logit"}
     assert (o.name, o.lr, o.betas, o.warmup_epochs, o.scheduler, o.plateau_patience, o.plateau_cooldown) == \
         ("radam", 7e-4, (0.56, 0.999), 4.0, "plateau", 6, 4)
     assert cfg.train.batch_size == 64 and cfg.train.epochs == 40

@@ -57,10 +57,14 @@ Where Alg. 2's pseudo-code disagrees with eqs. 3/6 (each shown by a test in
    (0.8 vs 0.0035) and ``0.0035 * logits`` would make every intra term ~1 (no intra-modal
    alignment, contradicting Table 2's IM gain). ``intra_mode="delta"`` (default) is eq. 3
    ``lambda * delta``; ``"logit"`` is Alg. 2 / official code ``delta ** lambda``. The value
-   ``lambda = 0.8`` (Table 7, YouCook2) most likely comes from the released code, where it
-   multiplies the intra-modal *logits* (``delta ** lambda``, a temperature ``tau / lambda`` on
-   the intra terms), not from eq. 3's ``lambda * delta``; with eq. 3, 0.8 is only a mild
-   down-weighting. Both readings are available; neither is tuned here.
+   ``lambda = 0.8`` (Table 7, YouCook2) is the released code's: the official repository
+   (amazon-research/crossmodal-contrastive-learning, ``trainer/loss.py``,
+   ``CrossCLR_onlyIntraModality(temperature=0.03, negative_weight=0.8)``) concatenates
+   ``[l_vt, 0.8 * l_vv]`` of logits already divided by tau, i.e. it multiplies the
+   intra-modal *logits* (``delta ** lambda``, a temperature ``tau / lambda`` on the intra
+   terms), not eq. 3's ``lambda * delta``; with eq. 3, 0.8 is only a mild down-weighting
+   (``tests/test_crossclr.py::test_lambda_is_the_released_codes_weight_on_intra_modal_logits``).
+   Both readings are available; the default stays eq. 3 (the paper's equation).
 
 Multiple positives (appendix C.1, eq. 8): for anchor ``x_i`` the extra positives are
 ``P_y = {y_k : k in topK(I_x)}``, the ``K`` influential samples of the anchor's modality most

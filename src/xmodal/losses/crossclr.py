@@ -23,7 +23,9 @@ class CrossCLR(nn.Module):
     (optionally) the appendix C.1 multiple positives; the equations, and which reading is
     taken where the paper's text and pseudo-code disagree, are in
     :mod:`xmodal.functional.crossclr`. Defaults are the paper's (Table 7, YouCook2): tau 0.03,
-    lambda 0.8 (most likely the released code's ``delta ** lambda``, ``intra_mode="logit"``),
+    lambda 0.8 (the released code's weight on the intra-modal logits, ``delta ** lambda``:
+    ``intra_mode="logit"``, which ``configs/crossclr/coot_youcook2.yaml`` uses; the default
+    ``"delta"`` is eq. 3's ``lambda * delta``),
     gamma 0.9, kappa 0.0035 (the extracted text's "35e4").
 
     Connectivity (eq. 4) uses the frozen *input* features (``video_input``, ``text_input``):
