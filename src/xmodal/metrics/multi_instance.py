@@ -82,7 +82,7 @@ def _relevancy(relevancy: Any, shape: tuple[int, int]) -> np.ndarray:
         r = r.float()
     x = r.numpy()
     if x.size:
-        lo, hi = x.min(), x.max()               # NaN propagates through both
+        lo, hi = (float(v) for v in torch.aminmax(r))   # one fused pass; NaN propagates
         if not (np.isfinite(lo) and np.isfinite(hi)):
             check_finite(r, "relevancy")
         if lo < 0 or hi > 1:
