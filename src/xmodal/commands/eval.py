@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--video-features", metavar="NPY", help="raw video/image features [V, Dv] or [V, F, Dv]")
     r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt] or tokens [T, L, Dt]")
     r.add_argument("--text-mask", metavar="NPY", help="bool or 0/1 [T, L], True = real token, of token "
-                   "features (written by 'xmodal encode texts --tokens')")
+                   "features (written by 'xmodal encode text --tokens')")
     from xmodal.commands import _video_inputs
 
     _video_inputs.add_arguments(parser, group=r)

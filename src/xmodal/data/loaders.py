@@ -183,7 +183,7 @@ def _padding_problems(root: Path, split: str, out: dict, labels: dict) -> list[s
             problems.append(f"{labels.get('text', 'text')}: {rows.size} text(s) end in all-zero tokens "
                             f"({rows_text(rows)}) and there is no {layout.names(split, 'text_mask')[0]}: padding "
                             f"would count as real tokens; write the mask (True = real token; "
-                            f"'xmodal encode texts --tokens' writes it)")
+                            f"'xmodal encode text --tokens' writes it)")
     return problems
 
 
