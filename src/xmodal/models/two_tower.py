@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -333,6 +334,9 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     if text_kind is None:
         text_kind = "linear" if kind in ("meanp", "transformer") else kind
     choice(text_kind, "model.text_kind", TOWER_KINDS)
+    if text_max_len is not None and (isinstance(text_max_len, bool) or not isinstance(text_max_len, (int, np.integer))
+                                     or text_max_len < 1):
+        raise ValueError(f"text_max_len: expected a positive integer or None, got {text_max_len!r}")
     common = dict(out_dim=dim, width=width, depth=depth, dropout=dropout, layers=layers, heads=heads,
                   hidden=hidden)
     return TwoTower(TowerSpec(kind=kind, in_dim=video_dim, **common),
