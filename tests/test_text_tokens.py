@@ -223,6 +223,43 @@ def test_train_on_token_files_then_eval_run_agrees(tmp_path, hierarchy):
     assert out2.returncode == 0, out2.stderr
     assert json.loads(out2.stdout)["t2v"]["R@1"] == pytest.approx(test["t2v"]["R@1"])
     assert split.has_tokens
+    if not hierarchy:
+        _index_and_query(tmp_path, data, split)
+
+
+def _index_and_query(tmp_path, data, split):
+    """``xmodal index`` + ``xmodal query --text-features --text-mask`` return the videos that the
+    index returns for each text embedded alone, without padding (reference)."""
+    from xmodal import encoders
+    from xmodal.cli import main
+    from xmodal.commands.query import SearchIndex
+
+    if importlib.util.find_spec("faiss") is None:
+        pytest.skip("faiss not installed")
+    assert main(["index", "--run", str(tmp_path / "run"), "--data", str(data), "--split", "test",
+                 "--out", str(tmp_path / "idx"), "--normalizer", "none"]) == 0
+    assert main(["query", "--index", str(tmp_path / "idx"), "--text-features", str(data / "test_text_features.npy"),
+                 "--text-mask", str(data / "test_text_mask.npy"), "--k", "3",
+                 "--out", str(tmp_path / "top.npy")]) == 0
+    got = np.load(tmp_path / "top.npy")
+    idx = SearchIndex(tmp_path / "idx")
+    assert idx.model.text_tower.spec.tokens
+    for i in range(split.num_texts):
+        n = int(split.text_mask[i].sum())
+        _, ref = idx.search(split.text[i:i + 1, :n], 3)
+        np.testing.assert_array_equal(got[i], ref[0])
+    # raw captions of a token run go through the token encoder: (tokens, mask)
+    dim = split.text.shape[-1]
+    encoders.TOKEN_ENCODERS["test-words"] = lambda caps, *, batch_size, progress: [
+        np.full((len(c.split()), dim), float(len(c)), np.float32) for c in caps]
+    try:
+        feats, mask = idx.encode_captions(["a b", "c d e f"], text_encoder="test-words")
+        assert feats.shape == (2, 4, dim) and mask.sum(1).tolist() == [2, 4]
+        assert idx.search((feats, mask), 2)[1].shape == (2, 2)
+        with pytest.raises(ValueError, match="text encoder 'nope' gives no token features"):
+            idx.encode_captions(["a"], text_encoder="nope")
+    finally:
+        del encoders.TOKEN_ENCODERS["test-words"]
 
 
 # --------------------------------------------------------------------------- encode text --tokens

@@ -319,29 +319,31 @@ def _as_mask(m: Any) -> torch.Tensor | None:
 def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int = 256, width: int = 1024,
                 depth: int = 1, dropout: float = 0.0, layers: int = 2, heads: int = 8, hidden: int = 512,
                 text_kind: str | None = None, temperature: float = 0.05, experts: dict[str, int] | None = None,
-                fusion: str = "gated", text_max_len: int | None = None) -> TwoTower:
+                fusion: str = "gated", text_tokens: int | None = None) -> TwoTower:
     """A :class:`TwoTower` from explicit keywords.
 
     ``kind`` sets the video tower; the text tower uses ``text_kind`` (default: the
     same kind, with frame pooling kinds mapped to ``linear`` since texts have no frames).
     ``experts`` (``{name: input dim}``) adds further video experts, each with a tower
     of ``kind``, fused by ``fusion`` (``concat`` or ``gated``, see :class:`ExpertFusion`).
-    ``text_max_len``: the longest token sequence a ``transformer`` text tower takes
-    (its position table; default :class:`TowerSpec`'s ``max_frames``, 64).
+    ``text_tokens``: the text tower is trained on token features of up to this many
+    tokens (its spec records ``tokens``; a ``transformer`` text tower's position table
+    covers ``max(64, text_tokens)``).
     """
     choice(fusion, "model.fusion", FUSIONS)
     choice(kind, "model.kind", TOWER_KINDS)
     if text_kind is None:
         text_kind = "linear" if kind in ("meanp", "transformer") else kind
     choice(text_kind, "model.text_kind", TOWER_KINDS)
-    if text_max_len is not None and (isinstance(text_max_len, bool) or not isinstance(text_max_len, (int, np.integer))
-                                     or text_max_len < 1):
-        raise ValueError(f"text_max_len: expected a positive integer or None, got {text_max_len!r}")
+    if text_tokens is not None and (isinstance(text_tokens, bool) or not isinstance(text_tokens, (int, np.integer))
+                                    or text_tokens < 1):
+        raise ValueError(f"text_tokens: expected a positive integer or None, got {text_tokens!r}")
     common = dict(out_dim=dim, width=width, depth=depth, dropout=dropout, layers=layers, heads=heads,
                   hidden=hidden)
     return TwoTower(TowerSpec(kind=kind, in_dim=video_dim, **common),
                     TowerSpec(kind=text_kind, in_dim=text_dim, **common,
-                              **({"max_frames": int(text_max_len)} if text_max_len else {})), temperature=temperature,
+                              **({"max_frames": max(64, int(text_tokens)), "tokens": True} if text_tokens else {})),
+                    temperature=temperature,
                     experts={k: TowerSpec(kind=kind, in_dim=d, **common) for k, d in (experts or {}).items()} or None,
                     fusion=fusion)
 
