@@ -155,6 +155,13 @@ def test_zero_padded_tokens_without_a_mask_are_refused(tmp_path):
     assert check_directory(tmp_path)["problems"]["train"] == []
 
 
+def test_training_refuses_token_and_sentence_splits_mixed():
+    s = token_splits()
+    sentences = dataclasses.replace(s["val"], text=s["val"].text[:, 0].copy(), text_mask=None)
+    with pytest.raises(ValueError, match=r"has sentence features \[T, Dt\], the training split .*token features"):
+        fit(token_config(False, epochs=1), {"train": s["train"], "val": sentences}, verbose=False, progress=False)
+
+
 def test_sentence_features_refuse_a_token_mask():
     with pytest.raises(ValueError, match=r"text_mask: expected shape none \(sentence features"):
         PairedSplit.from_arrays(video=np.ones((2, 3)), text=np.ones((3, 4)), text_to_video=[0, 1, 1],

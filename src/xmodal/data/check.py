@@ -246,6 +246,10 @@ def check_same_sizes(splits: dict[str, Any]) -> None:
     for role, split in splits.items():
         if role == "train" or split is None:
             continue
+        if (split.text.ndim == 3) != (ref.text.ndim == 3):
+            kind = lambda s: "token features [T, L, Dt]" if s.text.ndim == 3 else "sentence features [T, Dt]"  # noqa: E731
+            problems.append(f"{split.name or role} has {kind(split)}, the training split {ref.name or ''} "
+                            f"{kind(ref)}")
         got = sizes(split)
         for what in sorted(set(want) | set(got)):
             if what not in got:
