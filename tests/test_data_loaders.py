@@ -60,7 +60,7 @@ def test_does_not_keep_a_view_of_the_file(tmp_path):
     ("missing_text", r"dev_text_features.npy \(or dev_caption_features.npy\): file not found"),
     ("missing_map", r"dev_text_to_video.npy \(or dev_caption_to_video.npy, dev_caption_to_image.npy\): file not"),
     ("video_1d", r"dev_image_features.npy: expected an array \[N, D\] or \[N, F, D\]"),
-    ("text_3d", r"dev_caption_features.npy: expected an array \[T, Dt\]"),
+    ("text_4d", r"dev_caption_features.npy: expected an array \[T, Dt\] \(or token features \[T, L, Dt\]\)"),
     ("count_mismatch", "dev_caption_to_image.npy: 7 entries but dev_caption_features.npy has 8"),
     ("out_of_range", r"dev_caption_to_image.npy: values must lie in \[0, 4\)"),
     ("negative", r"dev_caption_to_image.npy: values must lie in"),
@@ -85,8 +85,8 @@ def test_errors_name_the_file(tmp_path, case, match):
         f[name].unlink()
     elif case == "video_1d":
         np.save(f["image_features.npy"], np.zeros(4, np.float16))
-    elif case == "text_3d":
-        np.save(f["caption_features.npy"], np.zeros((8, 2, 5), np.float16))
+    elif case == "text_4d":  # [T, L, Dt] token features are valid (with S_text_mask.npy)
+        np.save(f["caption_features.npy"], np.zeros((8, 2, 2, 5), np.float16))
     elif case == "count_mismatch":
         np.save(f["caption_to_image.npy"], np.zeros(7, np.int32))
     elif case == "out_of_range":

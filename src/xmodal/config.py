@@ -79,7 +79,9 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     kind: str = key("linear", "video tower: linear | mlp | meanp (CLIP4Clip mean pooling) | transformer")
-    text_kind: str = key("", "text tower kind; '' = same as kind (linear for frame-pooling kinds)")
+    text_kind: str = key("", "text tower kind; '' = same as kind (linear for frame-pooling kinds); with token "
+                             "features [T, L, Dt] + S_text_mask.npy, transformer (COOT's word level) or meanp "
+                             "pools the tokens (linear / mlp average them first)")
     dim: int = key(256, "joint embedding dimension")
     width: int = key(1024, "hidden width of mlp towers")
     depth: int = key(1, "hidden layers of mlp towers")

@@ -290,7 +290,8 @@ def _hf_progress(progress: bool):
             fn()
 
 
-def _minilm(captions: list[str], *, batch_size: int, progress: bool) -> np.ndarray:
+def _minilm_model(progress: bool):
+    """The bundled SentenceTransformer (loaded once, offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if "minilm" not in _CACHE:
@@ -302,9 +303,56 @@ def _minilm(captions: list[str], *, batch_size: int, progress: bool) -> np.ndarr
                                       "(pip install 'xmodal[encoders]')") from None
         with _hf_progress(progress):  # transformers' "Loading weights" bar: a terminal's only
             _CACHE["minilm"] = SentenceTransformer(str(model_dir), device="cpu")
-    st = _CACHE["minilm"]
+    return _CACHE["minilm"]
+
+
+def _minilm(captions: list[str], *, batch_size: int, progress: bool) -> np.ndarray:
+    st = _minilm_model(progress)
     return st.encode(captions, batch_size=batch_size, show_progress_bar=progress,
                      normalize_embeddings=True, convert_to_numpy=True)
+
+
+def _minilm_tokens(captions: list[str], *, batch_size: int, progress: bool) -> list[np.ndarray]:
+    """Per caption, the MiniLM token embeddings ``[L_i, 384]`` (the transformer's last layer,
+    ``[CLS]`` and ``[SEP]`` included, padding dropped): the inputs of its mean pooling."""
+    st = _minilm_model(progress)
+    out = st.encode(captions, batch_size=batch_size, show_progress_bar=progress, output_value="token_embeddings",
+                    convert_to_numpy=False)
+    return [t.detach().float().cpu().numpy() for t in out]
+
+
+#: text encoders that also give token-level features: name -> fn(captions, *, batch_size,
+#: progress) -> a list of float ``[L_i, D]`` arrays (:func:`encode_text_tokens`).
+TOKEN_ENCODERS: dict[str, Callable[..., list]] = {"minilm": _minilm_tokens}
+
+
+def encode_text_tokens(captions: Sequence[str], *, model: str = "minilm", batch_size: int = 256,
+                       progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Token-level caption features (COOT's word level) and their mask.
+
+    ``minilm``: all-MiniLM-L6-v2's last-layer token embeddings (not normalised; their
+    mean over the real tokens, L2-normalised, is :func:`encode_text`'s sentence feature).
+
+    Returns:
+        ``(tokens float32 [T, L, D], mask bool [T, L])``: captions right-padded with zeros to
+        the longest one ``L``; ``mask`` True = a real token (``S_text_mask.npy``).
+    """
+    if isinstance(captions, str) or not all(isinstance(c, str) for c in captions):
+        raise TypeError("captions: expected a sequence of strings")
+    if len(captions) == 0:
+        raise ValueError("captions: empty")
+    if model not in TOKEN_ENCODERS:
+        raise ValueError(f"model: encoder {model!r} has no token-level features; token encoders: "
+                         f"{', '.join(sorted(TOKEN_ENCODERS))}")
+    rows = TOKEN_ENCODERS[model](list(captions), batch_size=_batch_size(batch_size), progress=progress)
+    length = max(len(r) for r in rows)
+    dim = rows[0].shape[-1]
+    tokens = np.zeros((len(rows), length, dim), dtype=np.float32)
+    mask = np.zeros((len(rows), length), dtype=bool)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+        mask[i, :len(r)] = True
+    return tokens, mask
 
 
 def _efficientnet_lite0_model():

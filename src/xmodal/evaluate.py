@@ -19,10 +19,12 @@ __all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_no
 def embed_split(model, split, batch_size: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """(text embeddings ``[M, D]``, video embeddings ``[N, D]``), L2-normalised, float32.
 
-    The split's frame mask and experts (``split.video_input()``) go to ``encode_video``.
+    The split's frame mask and experts (``split.video_input()``) go to ``encode_video``, its
+    token mask (``split.text_input()``, token features) to ``encode_text``.
     """
     video = model.encode_video(*split.video_input(), batch_size=batch_size)
-    return model.encode_text(split.text, batch_size=batch_size), video
+    text, text_mask = split.text_input() if hasattr(split, "text_input") else (split.text, None)
+    return model.encode_text(text, text_mask, batch_size=batch_size), video
 
 
 def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray,
@@ -131,7 +133,8 @@ def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
         return {}
     if hasattr(model, "encode_groups"):
         paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
-                                                  split.video_to_group, batch_size=batch_size)
+                                                  split.video_to_group, batch_size=batch_size,
+                                                  text_mask=getattr(split, "text_mask", None))
     else:
         paragraph, video = mean_pooled_groups(model, split, batch_size)
     out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)

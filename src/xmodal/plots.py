@@ -301,7 +301,8 @@ def gallery_item(cfg: Any) -> str:
 def t2v_similarity(model: Any, split: Any, name: str) -> torch.Tensor:
     """Text -> video similarities ``[T, V]`` of ``split`` under the run's normaliser ``name``."""
     video, mask = split.video_input()
-    return torch.as_tensor(model.similarity(split.text, video, normalizer=name, video_mask=mask))
+    text, text_mask = split.text_input()
+    return torch.as_tensor(model.similarity(text, video, normalizer=name, video_mask=mask, text_mask=text_mask))
 
 
 def mass_analysis(model: Any, split: Any, *, bins: int = 8) -> dict[str, Any]:

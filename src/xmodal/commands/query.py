@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from xmodal.cli import add_common_args
 
     parser.add_argument("--index", required=True, metavar="DIR", help="directory written by 'xmodal index'")
-    parser.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt]")
+    parser.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt] or tokens [T, L, Dt]")
+    parser.add_argument("--text-mask", metavar="NPY", help="bool or 0/1 [T, L], True = real token, of token "
+                        "features (written by 'xmodal encode text --tokens')")
     parser.add_argument("--captions", nargs="+", metavar="TEXT", help="raw captions to encode and search")
     parser.add_argument("--k", type=int, default=10, help="results per query (default 10)")
     parser.add_argument("--text-encoder", default=None, metavar="NAME",
@@ -77,8 +80,10 @@ class SearchIndex:
                                  f"{self.index.num_items} videos (rewrite it with 'xmodal index --names')")
 
     def encode_captions(self, captions: list[str], *, text_encoder: str | None = None,
-                        progress: bool = False) -> np.ndarray:
-        """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; MiniLM by default).
+                        progress: bool = False) -> Any:
+        """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; MiniLM by default);
+        for a run whose text tower was trained on token features, ``(tokens [T, L, Dt], mask [T, L])``
+        (:func:`xmodal.encoders.encode_text_tokens`), which :meth:`search` takes as they are.
 
         The one place that turns raw text into what :meth:`search` takes ('xmodal query
         --captions' and 'xmodal serve' both come here). A missing encoder package is a
@@ -87,14 +92,23 @@ class SearchIndex:
         from xmodal import encoders
 
         name = text_encoder or self.meta.get("text_encoder", "minilm")
+        tokens = bool(getattr(getattr(self.model.text_tower, "spec", None), "tokens", False))
         try:
+            if tokens:
+                if name not in encoders.TOKEN_ENCODERS:
+                    raise ValueError(f"text encoder {name!r} gives no token features, which this run's text "
+                                     f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
+                return encoders.encode_text_tokens(list(captions), model=name, progress=progress)
             return encoders.encode_text(list(captions), model=name, progress=progress)
         except ModuleNotFoundError as exc:
             raise ValueError(f"text encoder {name!r} is not installed ({exc})") from None
 
-    def search(self, text_features, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``."""
-        emb = self.model.encode_text(text_features).cpu().numpy().astype(np.float32)
+    def search(self, text_features, k: int, text_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``,
+        or token features ``[T, L, Dt]`` with ``text_mask`` (or a ``(tokens, mask)`` pair)."""
+        if isinstance(text_features, tuple):
+            text_features, text_mask = text_features
+        emb = self.model.encode_text(text_features, text_mask).cpu().numpy().astype(np.float32)
         return self.index.search(emb - self.shift[None, :], k)
 
 
@@ -106,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--text-features: give exactly one of --text-features or --captions")
     if args.k < 1:
         raise ValueError(f"--k: must be >= 1, got {args.k}")
+    if getattr(args, "text_mask", None) and args.text_features is None:
+        raise ValueError("--text-mask: only with --text-features")
     idx = SearchIndex(args.index)
     if args.captions is not None:
         try:
@@ -119,12 +135,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         feats = load_npy(args.text_features, "--text-features")
         labels = [f"text {i}" for i in range(len(feats))]
+        if getattr(args, "text_mask", None):
+            from xmodal.data.types import token_mask
+
+            feats = (feats, token_mask(load_npy(args.text_mask, "--text-mask")))
     try:
         scores, indices = idx.search(feats, args.k)
     except (ValueError, TypeError) as exc:
         msg = str(exc)
         if msg.startswith("features:"):
             msg = ("--captions: " if args.captions else "--text-features: ") + msg[len("features:"):].strip()
+        elif msg.startswith("text_mask:"):
+            msg = ("--captions: " if args.captions else "--text-mask: ") + msg[len("text_mask:"):].strip()
         raise type(exc)(msg) from None
     if args.out:
         np.save(args.out, indices)

@@ -213,6 +213,13 @@ def summarize(arrays: dict) -> list[str]:
             lines.append(f"captions per video: {_stats(np.bincount(t2v, minlength=n))}")
     if isinstance(text, np.ndarray) and text.ndim == 2:
         lines.append(f"texts {text.shape[0]}, feature dim {text.shape[1]}")
+    elif isinstance(text, np.ndarray) and text.ndim == 3:
+        tmask = arrays.get("text_mask")
+        if isinstance(tmask, np.ndarray) and tmask.shape == text.shape[:2] and tmask.dtype == np.bool_:
+            tokens = _stats(tmask.sum(1)) + f" (padded to {text.shape[1]})"
+        else:
+            tokens = f"{text.shape[1]} (no mask)"
+        lines.append(f"texts {text.shape[0]}, feature dim {text.shape[2]}, tokens per text: {tokens}")
     g = arrays.get("video_to_group")
     if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and np.issubdtype(g.dtype, np.integer) and g.min() >= 0:
         sizes = np.bincount(g)
@@ -239,6 +246,10 @@ def check_same_sizes(splits: dict[str, Any]) -> None:
     for role, split in splits.items():
         if role == "train" or split is None:
             continue
+        if (split.text.ndim == 3) != (ref.text.ndim == 3):
+            kind = lambda s: "token features [T, L, Dt]" if s.text.ndim == 3 else "sentence features [T, Dt]"  # noqa: E731
+            problems.append(f"{split.name or role} has {kind(split)}, the training split {ref.name or ''} "
+                            f"{kind(ref)}")
         got = sizes(split)
         for what in sorted(set(want) | set(got)):
             if what not in got:

@@ -50,6 +50,24 @@ def pooled(features: Any, mask: Any) -> torch.Tensor:
     return masked_mean(x if m is None else x.masked_fill(~m[..., None], 0.0), m)
 
 
+def text_tensors(split: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """All texts of a :class:`~xmodal.data.PairedSplit` as CPU tensors: float32 features
+    ``[T, Dt]`` or ``[T, L, Dt]`` and the bool token mask ``[T, L]`` (or None)."""
+    feats, mask = split.text_input()
+    return (torch.as_tensor(np.asarray(feats, dtype=np.float32)),
+            None if mask is None else torch.as_tensor(np.asarray(mask, dtype=bool)))
+
+
+def pooled_text(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Text input features as losses that read raw inputs take them (``text_input``): sentence
+    features ``[N, Dt]`` as they are, token features averaged over real tokens."""
+    from xmodal.models import masked_mean
+
+    if features.ndim == 2:
+        return features
+    return masked_mean(features if mask is None else features.masked_fill(~mask[..., None], 0.0), mask)
+
+
 def padded_rows(features: Any, *, missing_rows: bool = False) -> np.ndarray:
     """Rows that look zero-padded but come without a mask: ``[N, F, D]`` (``F > 1``) rows whose
     last frame is all zero or not finite; with ``missing_rows`` (an expert ``[N, D]``) rows

@@ -5,7 +5,8 @@ are the Flickr8k names of ``../shared/data/flickr8k``)::
 
     S_video_features.npy   float [N, Dv] or [N, F, Dv]        (S_image_features.npy)
     S_video_mask.npy       bool  [N, F], True = real frame    optional
-    S_text_features.npy    float [T, Dt]                      (S_caption_features.npy)
+    S_text_features.npy    float [T, Dt] or [T, L, Dt] tokens (S_caption_features.npy)
+    S_text_mask.npy        bool/uint8 [T, L], True = real token  optional (token features)
     S_text_to_video.npy    int   [T], row of each text's video (S_caption_to_video.npy,
                                                                S_caption_to_image.npy)
     S_videos.txt           one video name per line            optional (S_images.txt)
@@ -34,6 +35,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "video": ("{split}_video_features.npy", "{split}_image_features.npy"),
     "video_mask": ("{split}_video_mask.npy",),
     "text": ("{split}_text_features.npy", "{split}_caption_features.npy"),
+    "text_mask": ("{split}_text_mask.npy",),  # optional bool/uint8 [T, L] of token features [T, L, Dt]
     "text_to_video": ("{split}_text_to_video.npy", "{split}_caption_to_video.npy",
                       "{split}_caption_to_image.npy"),
     "video_names": ("{split}_videos.txt", "{split}_images.txt"),

@@ -18,7 +18,7 @@ from xmodal.data import layout
 from xmodal.data.groups import group_problems
 from xmodal.data.inputs import padded_rows
 from xmodal.data.npyfile import load_array
-from xmodal.data.types import PairedSplit, check_relevancy, rows_text, split_problems
+from xmodal.data.types import PairedSplit, check_relevancy, rows_text, split_problems, token_mask
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -58,7 +58,7 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
 
     Returns:
         ``(arrays, problems)``: ``arrays`` holds what could be read (keys ``video``,
-        ``text``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
+        ``text``, ``text_mask``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
         ``video_labels``, ``text_labels``, ``captions``, ``video_names``, ``relevancy``, ``video_to_group``, ``group_names``;
         float features as float32 copies); ``problems`` lists every problem found, one
         message each, naming the file and the rows (and video names) concerned:
@@ -91,8 +91,10 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
         else:
             out[key] = arr
 
-    for role in ("video", "video_mask", "text", "text_to_video", "video_labels", "text_labels"):
+    for role in ("video", "video_mask", "text", "text_mask", "text_to_video", "video_labels", "text_labels"):
         read(role, layout.find(root, split, role), role)
+    if "text_mask" in out:  # bool or 0/1 integers (uint8)
+        out["text_mask"] = token_mask(out["text_mask"])
     for name, path in layout.expert_files(root, split).items():
         read(f"experts.{name}", path, f"video.{name}")
         read(f"expert_masks.{name}", layout.expert_mask_file(root, split, name), f"video_mask.{name}")
@@ -140,7 +142,7 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
                                    video_mask=out.get("video_mask"), experts=out["experts"],
                                    expert_masks=out["expert_masks"], video_labels=out.get("video_labels"),
                                    text_labels=out.get("text_labels"), labels=labels, uncaptioned=uncaptioned,
-                                   video_names=vnames)
+                                   video_names=vnames, text_mask=out.get("text_mask"))
     problems += _padding_problems(root, split, out, labels)
     rel_path = layout.find(root, split, "relevancy")  # optional [T, V] graded relevancy (EPIC-100 MIR)
     if rel_path is not None:
@@ -173,6 +175,15 @@ def _padding_problems(root: Path, split: str, out: dict, labels: dict) -> list[s
             problems.append(f"{labels.get(key, key)}: {rows.size} video(s) {what} ({rows_text(rows, out.get('video_names'))}) "
                             f"and there is no {mask_name}: padding would count as real frames; write the mask "
                             f"(True = real frame; 'xmodal data import' writes it)")
+    text, tmask = out.get("text"), out.get("text_mask")
+    if (tmask is None and "text_mask" not in labels and isinstance(text, np.ndarray) and text.ndim == 3
+            and np.issubdtype(text.dtype, np.floating) and np.isfinite(text).all()):
+        rows = padded_rows(text)
+        if rows.size:
+            problems.append(f"{labels.get('text', 'text')}: {rows.size} text(s) end in all-zero tokens "
+                            f"({rows_text(rows)}) and there is no {layout.names(split, 'text_mask')[0]}: padding "
+                            f"would count as real tokens; write the mask (True = real token; "
+                            f"'xmodal encode text --tokens' writes it)")
     return problems
 
 
@@ -187,7 +198,8 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
 
     Returns:
         A :class:`PairedSplit` with float32 features (float16 storage is upcast),
-        ``text_to_video`` int64, the frame mask, further experts, labels and names
+        ``text_to_video`` int64, the frame mask, the token mask (``S_text_mask.npy``, bool
+        or 0/1 integers, beside token features ``[T, L, Dt]``), further experts, labels and names
         when their files exist, and ``relevancy`` from ``{split}_relevancy.npy`` (float
         ``[T, V]`` in ``[0, 1]``) when present.
 
@@ -212,4 +224,5 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
                        relevancy=relevancy,
                        video_to_group=None if arrays.get("video_to_group") is None
                        else arrays["video_to_group"].astype(np.int64),
-                       group_names=arrays.get("group_names") if arrays.get("video_to_group") is not None else None)
+                       group_names=arrays.get("group_names") if arrays.get("video_to_group") is not None else None,
+                       text_mask=arrays.get("text_mask"))

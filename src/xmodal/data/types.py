@@ -80,10 +80,13 @@ def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: 
 def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any = None,
                    experts: dict | None = None, expert_masks: dict | None = None,
                    video_labels: Any = None, text_labels: Any = None, labels: dict | None = None,
-                   uncaptioned: bool = False, video_names: list[str] | None = None) -> list[str]:
+                   uncaptioned: bool = False, video_names: list[str] | None = None,
+                   text_mask: Any = None) -> list[str]:
     """Every problem of a split's arrays, one message each, naming the array.
 
-    ``labels`` maps role names (``video``, ``video_mask``, ``text``, ``text_to_video``,
+    ``text`` is ``[T, Dt]`` (sentence features) or ``[T, L, Dt]`` (token features, with
+    an optional bool ``text_mask`` ``[T, L]``, True = real token; every text needs one).
+    ``labels`` maps role names (``video``, ``video_mask``, ``text``, ``text_mask``, ``text_to_video``,
     ``video_labels``, ``text_labels``, ``video.EXPERT``, ``video_mask.EXPERT``) to the
     names used in messages (file names for the loader, argument names otherwise).
     ``uncaptioned``: also report videos that no text points to. ``video_names``: named
@@ -126,12 +129,19 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
                        f"drop them or unmask a frame")
     if text is None:
         t = None
-    elif not isinstance(text, np.ndarray) or text.ndim != 2:
-        out.append(f"{lab('text')}: expected an array [T, Dt], got {_shape(text)}")
+    elif not isinstance(text, np.ndarray) or text.ndim not in (2, 3):
+        out.append(f"{lab('text')}: expected an array [T, Dt] (or token features [T, L, Dt]), got {_shape(text)}")
         t = None
     else:
         t = text.shape[0]
-        out += _feature_problems(text, lab("text"), None, None, "", True)
+        problems = _feature_problems(text, lab("text"), None, text_mask, lab("text_mask"), True)
+        out += [p.replace(" in real frames", " in real tokens")
+                .replace("(features have no frames)", "(sentence features [T, Dt] have no tokens)") for p in problems]
+        if text_mask is not None and usable(text, text_mask, True) and text.ndim == 3:
+            empty = np.flatnonzero(~text_mask.any(1))
+            if empty.size:
+                out.append(f"{lab('text_mask')}: {empty.size} text(s) have no real token ({rows_text(empty)}); "
+                           f"drop them or unmask a token")
     t2v = np.asarray(text_to_video)
     if text_to_video is None:
         pass
@@ -155,6 +165,18 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
             if a.shape != (count,) or not np.issubdtype(a.dtype, np.integer):
                 out.append(f"{lab(role)}: expected {count} integer labels, got shape {a.shape} dtype {a.dtype}")
     return out
+
+
+def token_mask(mask: Any, name: str = "text_mask") -> Any:
+    """A bool copy of a token mask stored as bool or as 0/1 integers (uint8 ``[T, L]``);
+    anything else is returned unchanged for :func:`split_problems` to report.
+
+    >>> token_mask(np.array([[1, 0]], np.uint8)).tolist()
+    [[True, False]]
+    """
+    if isinstance(mask, np.ndarray) and np.issubdtype(mask.dtype, np.integer) and np.isin(mask, (0, 1)).all():
+        return mask.astype(bool)
+    return np.array(mask, copy=True) if isinstance(mask, np.ndarray) else mask
 
 
 def check_relevancy(relevancy: Any, num_texts: int, num_videos: int, name: str = "relevancy") -> np.ndarray:
@@ -182,7 +204,8 @@ class PairedSplit:
 
     Attributes:
         video: float32 video/image features, ``[N, Dv]`` or ``[N, F, Dv]`` (frame axis).
-        text: float32 text features ``[M, Dt]``.
+        text: float32 text features ``[M, Dt]`` (sentences) or ``[M, L, Dt]`` (tokens,
+            COOT's word level; padded tokens marked by ``text_mask``).
         text_to_video: int64 ``[M]``: row in ``video`` of each text's video.
         video_labels: optional int class id per video ``[N]``.
         text_labels: optional int class id per text ``[M]``.
@@ -201,10 +224,12 @@ class PairedSplit:
             (CrossCLR appendix A / COOT hierarchy; ``S_video_to_group.npy``, rules in
             :mod:`xmodal.data.groups`). A group's paragraph is its clips' texts in clip order.
         group_names: optional name per group (``S_groups.txt``).
+        text_mask: optional bool ``[M, L]`` for token features, True = real token
+            (``S_text_mask.npy``); padded tokens never change an embedding.
 
     Shape:
         - video: ``[N, Dv]`` or ``[N, F, Dv]``
-        - text: ``[M, Dt]``
+        - text: ``[M, Dt]`` or ``[M, L, Dt]``
         - text_to_video: ``[M]`` with values in ``[0, N)``
     """
 
@@ -222,6 +247,7 @@ class PairedSplit:
     relevancy: np.ndarray | None = None
     video_to_group: np.ndarray | None = None
     group_names: list[str] | None = None
+    text_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         t2v = np.asarray(self.text_to_video)
@@ -231,7 +257,7 @@ class PairedSplit:
         self.expert_masks = dict(self.expert_masks or {})
         problems = split_problems(self.video, self.text, t2v, video_mask=self.video_mask, experts=self.experts,
                                   expert_masks=self.expert_masks, video_labels=self.video_labels,
-                                  text_labels=self.text_labels,
+                                  text_labels=self.text_labels, text_mask=self.text_mask,
                                   labels={f"video.{k}": f"experts[{k!r}]" for k in self.experts}
                                   | {f"video_mask.{k}": f"expert_masks[{k!r}]" for k in self.expert_masks})
         if problems:
@@ -282,12 +308,13 @@ class PairedSplit:
 
         Args:
             video: ``[N, Dv]`` or ``[N, F, Dv]``.
-            text: ``[T, Dt]``.
+            text: ``[T, Dt]``, or token features ``[T, L, Dt]``.
             text_to_video: ``[T]`` integer row of each text's video.
             video_mask: optional bool ``[N, F]``, True = real frame.
             experts, expert_masks: optional further experts (see the class attributes).
             **kwargs: ``video_labels``, ``text_labels``, ``captions``, ``name``, ``video_names``,
-                ``relevancy``, ``video_to_group``, ``group_names``.
+                ``relevancy``, ``video_to_group``, ``group_names``, ``text_mask`` (bool or 0/1
+                ``[T, L]``, True = real token).
 
         Raises:
             ValueError: every problem at once (shapes, NaN/inf in real frames, ids out
@@ -301,6 +328,8 @@ class PairedSplit:
         (dtype('float32'), [2, 1])
         """
         def arr(x: Any, name: str, dtype: Any) -> np.ndarray:
+            if name == "text_mask":
+                return token_mask(x.detach().cpu().numpy() if hasattr(x, "detach") else np.array(x), name)
             if hasattr(x, "detach"):
                 x = x.detach().cpu().numpy()
             a = np.array(x)  # always a copy
@@ -317,6 +346,8 @@ class PairedSplit:
         t2v = arr(text_to_video, "text_to_video", None)
         if t2v.size and not np.issubdtype(t2v.dtype, np.integer):
             raise TypeError(f"text_to_video: expected integers, got {t2v.dtype}")
+        if kwargs.get("text_mask") is not None:
+            kwargs["text_mask"] = arr(kwargs["text_mask"], "text_mask", bool)
         return cls(video=arr(video, "video", float), text=arr(text, "text", float), text_to_video=t2v,
                    video_mask=None if video_mask is None else arr(video_mask, "video_mask", bool),
                    experts={k: arr(v, f"experts[{k!r}]", float) for k, v in (experts or {}).items()},
@@ -383,6 +414,19 @@ class PairedSplit:
     def has_frames(self) -> bool:
         return self.video.ndim == 3
 
+    @property
+    def has_tokens(self) -> bool:
+        """Token-level text features ``[M, L, Dt]`` (COOT's word level)."""
+        return self.text.ndim == 3
+
+    def text_input(self, rows: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(features, mask)`` as the model's ``encode_text``/``forward_text`` take them, for
+        all texts or ``rows`` (``mask``: ``text_mask``, None for sentence features or all
+        tokens real). Views when ``rows`` is None."""
+        if rows is None:
+            return self.text, self.text_mask
+        return self.text[rows], None if self.text_mask is None else self.text_mask[rows]
+
     def expert_dims(self) -> dict[str, int]:
         """``{expert: input dim}`` of the further experts (empty for one expert)."""
         return {k: int(v.shape[-1]) for k, v in self.experts.items()}
@@ -432,4 +476,5 @@ class PairedSplit:
             video_names=None if self.video_names is None else [self.video_names[i] for i in rows],
             relevancy=None if self.relevancy is None else self.relevancy[keep][:, rows].copy(),
             video_to_group=subset_groups(self.video_to_group, rows),
+            text_mask=None if self.text_mask is None else self.text_mask[keep].copy(),
         )

@@ -57,7 +57,7 @@ def save_split(split: Any, root: str | os.PathLike, name: str) -> list[Path]:
                               first("text_to_video"): np.asarray(split.text_to_video, dtype=np.int64)}
     optional = {"video_mask": split.video_mask, "video_labels": split.video_labels,
                 "text_labels": split.text_labels, "relevancy": split.relevancy}
-    for role in ("video_to_group",):  # roles other modules add to the layout and the split
+    for role in ("video_to_group", "text_mask"):  # roles other modules add to the layout and the split
         if role in layout.ROLES and getattr(split, role, None) is not None:
             optional[role] = getattr(split, role)
     for role, value in optional.items():

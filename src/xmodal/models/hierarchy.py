@@ -152,13 +152,14 @@ class HierarchicalTwoTower(TwoTower):
 
     @torch.no_grad()
     def encode_groups(self, video_features: Any, video_mask: Any, text_features: Any, text_to_video: Any,
-                      video_to_group: Any, *, batch_size: int = 8192
+                      video_to_group: Any, *, batch_size: int = 8192, text_mask: Any = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """L2-normalised ``(paragraphs [P, D], videos [P, D], groups [P])`` of the groups that
         have a paragraph (at least one text), in group order (eval mode, no grad).
 
         ``video_features``/``video_mask`` as :meth:`encode_video`; ``text_to_video`` int
-        ``[T]``; ``video_to_group`` int ``[N]`` (:mod:`xmodal.data.groups`).
+        ``[T]``; ``video_to_group`` int ``[N]`` (:mod:`xmodal.data.groups`); ``text_features``
+        / ``text_mask`` as :meth:`encode_text` (sentence or token features).
         """
         import numpy as np
 
@@ -174,8 +175,8 @@ class HierarchicalTwoTower(TwoTower):
             rows = lambda fn, count: torch.cat([fn(slice(i, i + batch_size))  # noqa: E731
                                                 for i in range(0, count, batch_size)])
             clips = rows(lambda sl: self.video_tower(_rows(x, sl), _rows(m, sl)), n)
-            t = self._prepare(text_features, "features", self.text_tower)
-            sentences = rows(lambda sl: self.text_tower(t[sl]), t.shape[0])
+            t, tm = self._prepare_text(text_features, text_mask)
+            sentences = rows(lambda sl: self.text_tower(t[sl], _rows(tm, sl)), t.shape[0])
             order = np.lexsort((np.arange(t2v.size), t2v))  # a paragraph: texts in clip order
             text_group = g[t2v[order]]
             have = np.unique(text_group)  # groups with a paragraph, renumbered 0..P-1

@@ -18,7 +18,11 @@ TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
 
 @dataclass(frozen=True)
 class TowerSpec:
-    """Architecture of one tower (plain values, stored in checkpoints)."""
+    """Architecture of one tower (plain values, stored in checkpoints).
+
+    ``tokens``: a text tower trained on token features ``[N, L, D]`` (COOT's word level), so
+    raw captions are encoded at the token level for it (``xmodal query --captions``, ``serve``).
+    """
 
     kind: str = "linear"
     in_dim: int = 0
@@ -30,6 +34,7 @@ class TowerSpec:
     heads: int = 8
     hidden: int = 512
     max_frames: int = 64
+    tokens: bool = False
 
 
 class Standardize(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -157,8 +158,22 @@ class TwoTower(nn.Module):
             raise ValueError("mask: some videos have no real frame; every video needs at least one")
         return self.video_tower(features, mask)
 
-    def forward_text(self, features: torch.Tensor) -> torch.Tensor:
-        return self.text_tower(features)
+    def forward_text(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Unnormalised text embeddings (trainer path, keeps grad): sentence features ``[N, Dt]``
+        or token features ``[N, L, Dt]`` with an optional bool ``mask`` ``[N, L]`` (True = real token)."""
+        if mask is not None and features.ndim == 3 and not bool(mask.any(1).all()):
+            raise ValueError("text_mask: some texts have no real token; every text needs at least one")
+        return self.text_tower(features, mask)
+
+    def _prepare_text(self, features: Any, mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Validated text input on the model's device: ``(tensor [N, Dt] or [N, L, Dt], mask or None)``."""
+        x, m = self._prepare_one(features, mask, self.text_tower, "features", "text_mask", False)
+        if m is not None:
+            empty = torch.nonzero(~m.any(1)).flatten()
+            if len(empty):
+                raise ValueError(f"text_mask: {len(empty)} text(s) have no real token (rows "
+                                 f"{empty[:5].tolist()}); every text needs at least one")
+        return x, m
 
     def encode_video(self, features: Any, mask: Any = None, *, batch_size: int = 8192,
                      unit: bool = True) -> torch.Tensor:
@@ -190,10 +205,31 @@ class TwoTower(nn.Module):
         n = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
         return self._encode_rows(lambda sl: self.video_tower(_rows(x, sl), _rows(m, sl)), n, batch_size, unit)
 
-    def encode_text(self, features: Any, batch_size: int = 8192, *, unit: bool = True) -> torch.Tensor:
-        """L2-normalised text embeddings (``unit=False``: before the final norm). Shape: ``[N, Dt]`` -> ``[N, D]``."""
-        x = self._prepare(features, "features", self.text_tower)
-        return self._encode_rows(lambda sl: self.text_tower(x[sl]), x.shape[0], batch_size, unit)
+    def encode_text(self, features: Any, text_mask: Any = None, batch_size: int = 8192, *,
+                    unit: bool = True) -> torch.Tensor:
+        """L2-normalised text embeddings (eval mode, no grad; ``unit=False``: before the final norm).
+
+        Args:
+            features: sentence features ``[N, Dt]`` or token features ``[N, L, Dt]``
+                (COOT's word level; a ``transformer`` or ``meanp`` text tower pools the tokens).
+            text_mask: optional bool ``[N, L]``, True = real token (padded tokens never
+                change an embedding; NaN/inf there is ignored).
+            batch_size: texts per forward pass.
+
+        Shape:
+            ``[N, Dt]`` or ``[N, L, Dt]`` -> ``[N, D]``
+
+        >>> m = build_model(video_dim=3, text_dim=2, kind="meanp", text_kind="transformer", dim=4,
+        ...                 hidden=8, heads=2)
+        >>> x = torch.randn(2, 5, 2); mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+        >>> junk = x.clone(); junk[~mask] = 1e6
+        >>> torch.allclose(m.encode_text(x, mask), m.encode_text(junk, mask))
+        True
+        """
+        if isinstance(text_mask, int) and not isinstance(text_mask, bool):
+            raise TypeError("encode_text: pass batch_size by keyword (the second argument is text_mask)")
+        x, m = self._prepare_text(features, text_mask)
+        return self._encode_rows(lambda sl: self.text_tower(x[sl], _rows(m, sl)), x.shape[0], batch_size, unit)
 
     @torch.no_grad()
     def _encode_rows(self, fn: Any, n: int, batch_size: int, unit: bool = True) -> torch.Tensor:
@@ -207,7 +243,8 @@ class TwoTower(nn.Module):
         return torch.cat(out) if out else self._temperature.new_zeros(0, self.dim)
 
     def similarity(self, text_features: Any, video_features: Any, normalizer: str = "selected", *,
-                   direction: str = "t2v", video_mask: Any = None, batch_size: int = 8192) -> torch.Tensor:
+                   direction: str = "t2v", video_mask: Any = None, batch_size: int = 8192,
+                   text_mask: Any = None) -> torch.Tensor:
         """Retrieval scores of raw input features under the run's test-time normaliser.
 
         Raw features -> the run's heads -> cosine scores -> the stored normaliser of
@@ -215,7 +252,7 @@ class TwoTower(nn.Module):
         gallery biases are computed against this gallery, see :mod:`xmodal.testtime`).
 
         Args:
-            text_features: ``[T, Dt]``.
+            text_features: ``[T, Dt]`` or token features ``[T, L, Dt]`` (with ``text_mask``).
             video_features: ``[V, Dv]`` or ``[V, F, Dv]``; for a run with experts a dict
                 ``{"video": ..., EXPERT: ...}`` holding every expert of the run.
             normalizer: ``"selected"`` (chosen on val when training), ``"none"`` or a fitted name.
@@ -224,6 +261,7 @@ class TwoTower(nn.Module):
                 trainer's ``metrics.json`` scores each direction this way).
             video_mask: optional bool ``[V, F]`` (True = real frame); with experts a dict of
                 ``[V]`` (expert present) / ``[V, Fe]`` masks, as :meth:`encode_video`.
+            text_mask: optional bool ``[T, L]`` (True = real token), as :meth:`encode_text`.
 
         Shape:
             ``[T, V]`` (``direction="t2v"``) or ``[V, T]``, on the model's device.
@@ -232,14 +270,16 @@ class TwoTower(nn.Module):
         >>> m.similarity(torch.randn(5, 4), torch.randn(2, 6), normalizer="none").shape
         torch.Size([5, 2])
         """
-        text = self.encode_text(text_features, batch_size=batch_size)
+        text = self.encode_text(text_features, text_mask, batch_size=batch_size)
         video = (self.encode_video(video_features, batch_size=batch_size) if video_mask is None
                  else self.encode_video(video_features, mask=video_mask, batch_size=batch_size))
         return self.test_time.similarity(text, video, normalizer, direction=direction)
 
-    def fit_standardization(self, video: Any, text: torch.Tensor, video_mask: Any = None) -> None:
+    def fit_standardization(self, video: Any, text: torch.Tensor, video_mask: Any = None,
+                            text_mask: Any = None) -> None:
         """Measure input mean/std on training features (stored as buffers); only real
-        frames and present experts count (``video``/``video_mask`` as :meth:`encode_video`)."""
+        frames, present experts and real tokens count (``video``/``video_mask`` as
+        :meth:`encode_video`, ``text``/``text_mask`` as :meth:`encode_text`)."""
         tower = self.video_tower
         if isinstance(tower, ExpertFusion):
             masks = video_mask or {}
@@ -247,7 +287,7 @@ class TwoTower(nn.Module):
                 tower.towers[k].standardize.fit(torch.as_tensor(video[k]), _as_mask(masks.get(k)))
         else:
             tower.standardize.fit(torch.as_tensor(video), _as_mask(video_mask))
-        self.text_tower.standardize.fit(text)
+        self.text_tower.standardize.fit(torch.as_tensor(text), _as_mask(text_mask))
 
     def architecture(self) -> dict:
         tower = self.video_tower
@@ -279,23 +319,31 @@ def _as_mask(m: Any) -> torch.Tensor | None:
 def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int = 256, width: int = 1024,
                 depth: int = 1, dropout: float = 0.0, layers: int = 2, heads: int = 8, hidden: int = 512,
                 text_kind: str | None = None, temperature: float = 0.05, experts: dict[str, int] | None = None,
-                fusion: str = "gated") -> TwoTower:
+                fusion: str = "gated", text_tokens: int | None = None) -> TwoTower:
     """A :class:`TwoTower` from explicit keywords.
 
     ``kind`` sets the video tower; the text tower uses ``text_kind`` (default: the
     same kind, with frame pooling kinds mapped to ``linear`` since texts have no frames).
     ``experts`` (``{name: input dim}``) adds further video experts, each with a tower
     of ``kind``, fused by ``fusion`` (``concat`` or ``gated``, see :class:`ExpertFusion`).
+    ``text_tokens``: the text tower is trained on token features of up to this many
+    tokens (its spec records ``tokens``; a ``transformer`` text tower's position table
+    covers ``max(64, text_tokens)``).
     """
     choice(fusion, "model.fusion", FUSIONS)
     choice(kind, "model.kind", TOWER_KINDS)
     if text_kind is None:
         text_kind = "linear" if kind in ("meanp", "transformer") else kind
     choice(text_kind, "model.text_kind", TOWER_KINDS)
+    if text_tokens is not None and (isinstance(text_tokens, bool) or not isinstance(text_tokens, (int, np.integer))
+                                    or text_tokens < 1):
+        raise ValueError(f"text_tokens: expected a positive integer or None, got {text_tokens!r}")
     common = dict(out_dim=dim, width=width, depth=depth, dropout=dropout, layers=layers, heads=heads,
                   hidden=hidden)
     return TwoTower(TowerSpec(kind=kind, in_dim=video_dim, **common),
-                    TowerSpec(kind=text_kind, in_dim=text_dim, **common), temperature=temperature,
+                    TowerSpec(kind=text_kind, in_dim=text_dim, **common,
+                              **({"max_frames": max(64, int(text_tokens)), "tokens": True} if text_tokens else {})),
+                    temperature=temperature,
                     experts={k: TowerSpec(kind=kind, in_dim=d, **common) for k, d in (experts or {}).items()} or None,
                     fusion=fusion)
 

@@ -129,15 +129,17 @@ class HierarchyData:
     Args:
         split: a :class:`~xmodal.data.PairedSplit` with ``video_to_group``.
         video_all, mask_all, text_all: its inputs as CPU tensors (:mod:`xmodal.data.inputs`).
+        text_mask_all: the token mask of token features ``text_all`` ``[T, L, Dt]`` (or None).
         seed, batch_size: groups per batch (``train.batch_size``).
     """
 
     def __init__(self, split: Any, video_all: Any, mask_all: Any, text_all: torch.Tensor, *, seed: int,
-                 batch_size: int) -> None:
+                 batch_size: int, text_mask_all: torch.Tensor | None = None) -> None:
         if split.video_to_group is None:
             raise ValueError(f"model.hierarchy: the training split {split.name or ''} has no groups; add "
                              f"S_video_to_group.npy (README, 'Your data')")
         self.split, self.video_all, self.mask_all, self.text_all = split, video_all, mask_all, text_all
+        self.text_mask_all = text_mask_all
         self.seed, self.batch_size = seed, batch_size
         self.rows = split.group_rows()
         self.paragraphs = paragraph_texts(split.text_to_video, split.video_to_group)
@@ -161,15 +163,16 @@ class HierarchyData:
         pos_of_row = {int(r): i for i, r in enumerate(clip_rows)}
         text_clip = np.array([pos_of_row[int(r)] for r in self.split.text_to_video[texts]], dtype=np.int64)
         video_in, mask_in = video_inputs.take(self.video_all, self.mask_all, clip_rows, device)
-        text_in = self.text_all[texts].to(device)
+        text_in, tmask_in = video_inputs.take(self.text_all, self.text_mask_all, texts, device)
         clip_g = torch.as_tensor(clip_group, device=device)
         text_g = torch.as_tensor(text_group, device=device)
         with amp:
             clips = model.forward_video(video_in, mask_in)
-            sentences = model.forward_text(text_in)
+            sentences = model.forward_text(text_in, tmask_in)
             gv, gt = model.forward_groups(clips, clip_g, sentences, text_g, b)
         ids = torch.as_tensor(self.split.text_to_video[texts], device=device)
         pooled_in = video_inputs.pooled(video_in, mask_in)
+        text_in = video_inputs.pooled_text(text_in, tmask_in)  # raw inputs of CrossCLR's weights: [S, Dt]
         tc = torch.as_tensor(text_clip, device=device)
         local_kw = loss_extras(loss_fn.local, ids=ids, video_in=pooled_in[tc], text_in=text_in,
                                scheduled=scheduled, keyword=keyword)

@@ -93,6 +93,7 @@ def load_splits(cfg: Config, splits: dict | None = None) -> dict:
         keep = np.sort(np.random.default_rng(cfg.train.seed).choice(train.num_texts, d.max_train_texts,
                                                                      replace=False))
         train = dataclasses.replace(train, text=train.text[keep], text_to_video=train.text_to_video[keep],
+                                    text_mask=None if train.text_mask is None else train.text_mask[keep],
                                     text_labels=None if train.text_labels is None else train.text_labels[keep],
                                     captions=None,
                                     relevancy=None if train.relevancy is None else train.relevancy[keep])
@@ -165,7 +166,7 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
     video_bank = model.encode_video(*train.video_input(vi))
     ncl_bank = loss.query_bank() if hasattr(loss, "query_bank") else None
-    return fit_test_time(tc.normalizers, text_bank=model.encode_text(train.text[ti]), video_bank=video_bank,
+    return fit_test_time(tc.normalizers, text_bank=model.encode_text(*train.text_input(ti)), video_bank=video_bank,
                          ncl_bank=ncl_bank, temperature=model.temperature, iters=tc.sinkhorn_iters,
                          lam=tc.dn_lam, k=tc.qb_k, beta=tc.qb_beta, dn_bank=dn_bank,
                          dn_num_samples=tc.dn_num_samples, dn_seeds=tc.dn_seeds, dn_source=tc.dn_source)
@@ -273,13 +274,14 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                         width=cfg.model.width, depth=cfg.model.depth, dropout=cfg.model.dropout,
                         layers=cfg.model.layers, heads=cfg.model.heads, hidden=cfg.model.hidden,
                         temperature=cfg.loss.temperature or 0.05,
-                        experts=train_split.expert_dims(), fusion=cfg.model.fusion)
+                        experts=train_split.expert_dims(), fusion=cfg.model.fusion,
+                        text_tokens=train_split.text.shape[1] if train_split.has_tokens else None)
     if cfg.model.hierarchy:  # clips inside videos: global towers (CrossCLR app. A, xmodal.training.hierarchy)
         model = with_global_towers(model, hierarchy.global_spec(cfg))
     video_all, mask_all = video_inputs.video_tensors(train_split)  # (features, mask); dicts with experts
-    text_all = torch.as_tensor(np.asarray(train_split.text, dtype=np.float32))
+    text_all, text_mask_all = video_inputs.text_tensors(train_split)  # [T, Dt] or tokens [T, L, Dt] + mask
     if cfg.model.standardize:
-        model.fit_standardization(video_all, text_all, video_mask=mask_all)
+        model.fit_standardization(video_all, text_all, video_mask=mask_all, text_mask=text_mask_all)
     model.to(device)
     build = hierarchy.build_hierarchical_loss if cfg.model.hierarchy else build_loss_from_config
     loss_fn = build(cfg, video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1]).to(device)
@@ -299,7 +301,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         if world > 1:
             raise ValueError("model.hierarchy: single-process training only (no torchrun)")
         hier = hierarchy.HierarchyData(train_split, video_all, mask_all, text_all, seed=tc.seed,
-                                       batch_size=tc.batch_size)
+                                       batch_size=tc.batch_size, text_mask_all=text_mask_all)
     batches_of = hier.batches if hier is not None else (lambda e: epoch_batches(e, **sampler))
     steps_per_epoch = len(batches_of(0))
     if steps_per_epoch == 0:
@@ -353,14 +355,15 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             else:
                 mine = batch[dist.rank() * local_bs:(dist.rank() + 1) * local_bs]
                 ids_np = t2v_np[mine]
-                text_in = text_all[mine].to(device)
+                text_in, tmask_in = video_inputs.take(text_all, text_mask_all, mine, device)
                 video_in, mask_in = video_inputs.take(video_all, mask_all, ids_np, device)
                 ids = torch.as_tensor(ids_np, device=device)
                 with amp:
                     v = model.forward_video(video_in, mask_in)
-                    t = model.forward_text(text_in)
+                    t = model.forward_text(text_in, tmask_in)
                 extra = loss_extras(loss_fn, ids=ids, video_in=video_inputs.pooled(video_in, mask_in),
-                                    text_in=text_in, scheduled=plan(step, mine), keyword=plan.keyword)
+                                    text_in=video_inputs.pooled_text(text_in, tmask_in),
+                                    scheduled=plan(step, mine), keyword=plan.keyword)
                 loss = loss_fn(v.float(), t.float(), **extra)
             value = float(loss.detach())  # the step's one host sync
             if not math.isfinite(value):
