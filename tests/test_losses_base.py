@@ -406,3 +406,47 @@ def test_milnce_joint_equals_official_howto100m_form():
         mil_nce(video, video, temperature=torch.ones(nv), joint=True)
     with pytest.raises(ValueError, match="joint"):
         MILNCE(joint=True, local_loss=True)
+
+
+def _one_line(exc_info, name):
+    msg = str(exc_info.value)
+    assert "\n" not in msg and msg.startswith(name), msg
+
+
+@pytest.mark.parametrize("cls, kwargs, name", [
+    # a tensor as a flag: bool() of it raised "RuntimeError: Boolean value of Tensor ..."
+    (InfoNCE, dict(learnable=torch.tensor([-0.7, 0.6, 0.7])), "learnable"),
+    (InfoNCE, dict(gather=torch.zeros(2, 3)), "gather"),
+    (NTXent, dict(normalize=torch.zeros(0, 2, dtype=torch.long)), "normalize"),
+    (MaxMargin, dict(local_loss=torch.ones(2, 4, 2)), "local_loss"),
+    (MILNCE, dict(local_loss=torch.ones(4, 4, dtype=torch.long)), "local_loss"),
+    # a string is not read as True
+    (MaxMargin, dict(hardest="false"), "hardest"),
+])
+def test_junk_flags_refused_in_one_line(cls, kwargs, name):
+    with pytest.raises(TypeError) as exc:
+        cls(**kwargs)
+    _one_line(exc, name)
+
+
+@pytest.mark.parametrize("make, name, error", [
+    # an array where a number is expected: once a multi-line message with the array's repr
+    (lambda: MIMaxMargin(margin=torch.rand(2, 5) < 0.5), "margin", TypeError),
+    (lambda: MIMaxMargin(threshold=torch.ones(3)), "threshold", TypeError),
+    (lambda: DebiasedContrastive(tau_plus=torch.ones(3)), "tau_plus", TypeError),  # was a RuntimeError
+    (lambda: MaxMargin(margin=float("nan")), "margin", ValueError),
+])
+def test_junk_numbers_refused_in_one_line(make, name, error):
+    with pytest.raises(error) as exc:
+        make()
+    _one_line(exc, name)
+
+
+def test_valid_flags_and_numbers_still_accepted():
+    # numpy bools and 0/1 are flags; numpy scalars and numeric strings are numbers, as before
+    import numpy as np
+
+    assert InfoNCE(learnable=np.True_).learnable is True
+    assert MaxMargin(hardest=1, margin=np.float32(0.25)).hardest is True
+    assert MIMaxMargin(margin="0.5").margin == 0.5
+    assert DebiasedContrastive(tau_plus=np.float64(0.2)).tau_plus == 0.2

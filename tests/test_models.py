@@ -102,3 +102,57 @@ def test_checkpoint_round_trip(tmp_path):
         torch.testing.assert_close(loaded.encode_text(t), model.encode_text(t))
     with pytest.raises(FileNotFoundError, match="path"):
         load_model(tmp_path / "missing")
+
+
+def test_junk_specs_and_models_refused_in_one_line():
+    """What the public-callable fuzz found: each once an AttributeError, AssertionError,
+    IndexError or RuntimeError deep inside torch."""
+    from xmodal.models import (ExpertFusion, Standardize, Tower, TowerSpec, masked_mean, model_from_payload,
+                               parameter_count)
+
+    ok = TowerSpec(in_dim=4, out_dim=3)
+    cases = [
+        (lambda: Tower(None), TypeError, "spec"),
+        (lambda: Tower(TowerSpec(in_dim=4, width=True)), TypeError, "spec.width"),
+        (lambda: Tower(TowerSpec(in_dim=4, depth=-1)), ValueError, "spec.depth"),
+        # torch's own check is an AssertionError in MultiheadAttention
+        (lambda: Tower(TowerSpec(kind="transformer", in_dim=4, hidden=10, heads=4)), ValueError, "spec.heads"),
+        (lambda: Tower(TowerSpec(in_dim=4, dropout=float("nan"))), ValueError, "spec.dropout"),
+        (lambda: TwoTower([], ok), TypeError, "video"),
+        (lambda: TwoTower(ok, ok, temperature=np.zeros((2, 2))), TypeError, "temperature"),
+        (lambda: TwoTower(ok, ok, experts={"video": ok}), ValueError, "experts"),
+        (lambda: ExpertFusion(np.array([[2, 2]])), TypeError, "specs"),
+        (lambda: ExpertFusion({"k": 0, "a": ok}), TypeError, "specs['k']"),
+        (lambda: ExpertFusion({"a.b": ok, "c": ok}), ValueError, "specs"),
+        (lambda: Standardize(torch.tensor(True)), TypeError, "dim"),
+        (lambda: Standardize(-1), ValueError, "dim"),
+        (lambda: build_model(video_dim=torch.zeros(4, 0, 4), text_dim=3), TypeError, "video_dim"),
+        (lambda: build_model(video_dim=3, text_dim=3, experts=[4, 4]), TypeError, "experts"),
+        (lambda: masked_mean(None, None), TypeError, "x"),
+        (lambda: masked_mean(torch.ones(2, 3, 4), torch.ones(2, 3, dtype=torch.long)), TypeError, "mask"),
+        (lambda: masked_mean(torch.ones(2, 3, 4), torch.ones(3, 2, dtype=torch.bool)), ValueError, "mask"),
+        (lambda: model_payload(None), TypeError, "model"),
+        (lambda: parameter_count([1, 4]), TypeError, "model"),
+        (lambda: model_from_payload(torch.ones(3)), TypeError, "payload"),
+        (lambda: model_from_payload({}), ValueError, "payload"),
+        (lambda: model_from_payload({"architecture": [1], "state_dict": {}}), ValueError, "architecture"),
+        (lambda: model_from_payload({"architecture": {"video": {"kind": "linear", "in_dim": 3, "bogus": 1},
+                                                      "text": {}}, "state_dict": {}}),
+         ValueError, "architecture['video']"),
+    ]
+    for make, error, name in cases:
+        with pytest.raises(error) as exc:
+            make()
+        msg = str(exc.value)
+        assert "\n" not in msg and msg.startswith(name), (name, msg)
+
+
+def test_payload_with_weights_the_architecture_lacks_is_a_value_error():
+    payload = model_payload(build_model(video_dim=5, text_dim=4, dim=3))
+    payload["state_dict"] = {**payload["state_dict"], "extra.weight": torch.zeros(2)}
+    from xmodal.models import model_from_payload
+
+    with pytest.raises(ValueError, match=r"payload\['state_dict'\]: .*extra\.weight"):
+        model_from_payload(payload)
+    del payload["state_dict"]["extra.weight"]
+    assert isinstance(model_from_payload(payload), TwoTower)

@@ -301,3 +301,37 @@ def test_streaming_evaluator_matches_dense_for_every_normaliser():
         streamed = metrics.streaming_retrieval(queries, gallery, positives, block_size=8,
                                                **norm.streaming_kwargs())
         assert streamed == pytest.approx(dense), type(norm).__name__
+
+
+def test_junk_hyper_parameters_refused_in_one_line():
+    """What the public-callable fuzz found: a tensor as ``oracle`` raised RuntimeError, an
+    array as ``seeds``/``k``/``form`` printed its repr over several lines, a bad
+    ``block_size`` surfaced only in ``fit``."""
+    from xmodal.normalize import blockwise_log_sinkhorn
+
+    cases = [
+        (lambda: QBNorm(oracle=torch.tensor([[1, 3, -1, 4, 0]])), TypeError, "oracle"),
+        (lambda: InvertedSoftmax(oracle=torch.zeros(0, 2, dtype=torch.bool)), TypeError, "oracle"),
+        (lambda: QBNorm(k=np.ones((2, 3))), TypeError, "k"),
+        (lambda: QBNorm(block_size=0), ValueError, "block_size"),
+        (lambda: DualSoftmax(block_size=-1), ValueError, "block_size"),
+        (lambda: SinkhornBias(track_error=torch.ones(3)), TypeError, "track_error"),
+        (lambda: DistributionNormalization(seeds=torch.ones(2, 5)), TypeError, "seeds"),
+        (lambda: DistributionNormalization(form=torch.ones(3, 5)), ValueError, "form"),
+        (lambda: DistributionNormalization(lam=np.ones(3)), TypeError, "lam"),
+        (lambda: DistributionNormalization(seed=-1), ValueError, "seed"),
+        (lambda: blockwise_log_sinkhorn(3, 2, 2, gamma=0.1, iters=2, log_r=torch.zeros(2), log_c=torch.zeros(2)),
+         TypeError, "blocks"),
+        (lambda: blockwise_log_sinkhorn(lambda: iter(()), 2, 2, gamma=0.1, iters=2, log_r=[0, 0],
+                                        log_c=torch.zeros(2)), TypeError, "log_r"),
+        (lambda: blockwise_log_sinkhorn(lambda: iter(()), 2, 3, gamma=0.1, iters=2, log_r=torch.zeros(2),
+                                        log_c=torch.zeros(2)), ValueError, "log_c"),
+        (lambda: blockwise_log_sinkhorn(lambda: iter(()), 2, 2, gamma=-1.0, iters=2, log_r=torch.zeros(2),
+                                        log_c=torch.zeros(2)), ValueError, "gamma"),
+    ]
+    for make, error, name in cases:
+        with pytest.raises(error) as exc:
+            make()
+        msg = str(exc.value)
+        assert "\n" not in msg and msg.startswith(name), (name, msg)
+    assert QBNorm(block_size=np.int64(7), oracle=np.True_).hparams()["block_size"] == 7

@@ -114,6 +114,58 @@ def positive_number(v: Any, name: str) -> float:
 
 
 def choice(v: str, name: str, options: tuple[str, ...]) -> str:
-    if v not in options:
+    # not a string: never an option (and ``array in options`` would compare element-wise)
+    if not isinstance(v, str) or v not in options:
         raise ValueError(f"{name}: unknown option {short_repr(v)}; expected one of {', '.join(options)}")
     return v
+
+
+def flag(v: Any, name: str) -> bool:
+    """A boolean switch: ``True``/``False``, a numpy bool, or the integers 0 and 1.
+
+    Anything else (a string such as ``"false"``, None, an array) is refused rather than
+    read through ``bool()``, which would take a typo for True or fail on an array.
+
+    >>> flag(1, "normalize"), flag(False, "normalize")
+    (True, False)
+    """
+    if isinstance(v, (bool, np.bool_)) or (isinstance(v, (int, np.integer)) and v in (0, 1)):
+        return bool(v)
+    raise TypeError(f"{name}: expected True or False, got {short_repr(v)}")
+
+
+def integer(v: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A Python or numpy integer (not a bool) in ``[minimum, maximum]``.
+
+    Raises:
+        TypeError: not a number (None, a string, an array, a bool).
+        ValueError: a non-integral number, or out of range.
+    """
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)):
+        raise TypeError(f"{name}: expected an integer, got {short_repr(v)}")
+    low = "" if minimum is None else f" >= {minimum}"
+    if not isinstance(v, (int, np.integer)) or (minimum is not None and v < minimum):
+        raise ValueError(f"{name}: must be an integer{low}, got {short_repr(v)}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name}: must be at most {maximum}, got {short_repr(v)}")
+    return int(v)
+
+
+def number(v: Any, name: str, *, minimum: float | None = None) -> float:
+    """A finite float (anything ``float()`` reads: numbers, numeric strings, one-element
+    arrays), ``>= minimum`` when given.
+
+    Raises:
+        TypeError: not a number (None, an array of several values, a non-numeric string).
+        ValueError: NaN/inf, too large for a float, or below ``minimum``.
+    """
+    try:
+        f = float(v)
+    except OverflowError:
+        f = float("inf")
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several values
+        raise TypeError(f"{name}: expected a number, got {short_repr(v)}") from None
+    if not np.isfinite(f) or (minimum is not None and f < minimum):
+        low = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{name}: must be a finite number{low}, got {short_repr(v)}")
+    return f

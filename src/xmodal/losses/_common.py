@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xmodal._validate import positive_number
+from xmodal._validate import number, positive_number
 
 
 def optional_positive(v, name: str) -> float | None:
@@ -12,13 +12,7 @@ def optional_positive(v, name: str) -> float | None:
 
 def non_negative(v, name: str) -> float:
     """A finite float >= 0 (margins)."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a number, got {v!r}") from None
-    if not (f >= 0.0 and f != float("inf")):
-        raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-    return f
+    return number(v, name, minimum=0.0)
 
 
 class DirectionalTemperatures:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmodal._validate import choice, float_matrix, positive_number
+from xmodal._validate import choice, flag, float_matrix, integer, number, positive_number, short_repr
 from xmodal.functional._common import Temperature
 from xmodal.functional.calince import (calibrated_nce, correspondence_loss, derangement,
                                        predictive_coding_loss)
@@ -90,26 +90,30 @@ class CaliNCE(nn.Module):
                  detach_weight: bool = True, normalize: bool = True, seed: int | None = None) -> None:
         super().__init__()
         self.temperature = positive_number(temperature, "temperature")
-        self.calibration = bool(calibration)
-        self.contrastive_weight = float(contrastive_weight)
-        self.correspondence_weight = float(correspondence_weight)
-        self.predictive_weight = float(predictive_weight)
-        for name in ("contrastive_weight", "correspondence_weight", "predictive_weight"):
-            value = getattr(self, name)
-            if not (value >= 0 and value < float("inf")):
-                raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+        self.calibration = flag(calibration, "calibration")
+        self.contrastive_weight = number(contrastive_weight, "contrastive_weight", minimum=0.0)
+        self.correspondence_weight = number(correspondence_weight, "correspondence_weight", minimum=0.0)
+        self.predictive_weight = number(predictive_weight, "predictive_weight", minimum=0.0)
         if self.calibration and self.correspondence_weight == 0:
             raise ValueError("correspondence_weight: calibration=True needs the correspondence loss "
                              "(eq. 6) to train c_ii; use calibration=False for uncalibrated co-training")
         if self.contrastive_weight == self.correspondence_weight == self.predictive_weight == 0:
             raise ValueError("contrastive_weight, correspondence_weight, predictive_weight: all are 0")
         self.head_input = choice(head_input, "head_input", ("embeddings", "inputs"))
-        self.detach_weight, self.normalize = bool(detach_weight), bool(normalize)
+        self.detach_weight, self.normalize = flag(detach_weight, "detach_weight"), flag(normalize, "normalize")
+        hidden_dim = integer(hidden_dim, "hidden_dim", minimum=1)
+        embed_dim = None if embed_dim is None else integer(embed_dim, "embed_dim", minimum=1)
+        if input_dims is not None:
+            if not isinstance(input_dims, (tuple, list)) or len(input_dims) != 2:
+                raise TypeError(f"input_dims: expected a pair (video dim, text dim), got {short_repr(input_dims)}")
+            input_dims = tuple(integer(d, "input_dims", minimum=1) for d in input_dims)
+        if seed is not None:
+            seed = integer(seed, "seed", minimum=-(1 << 63), maximum=(1 << 64) - 1)
         in_dim = None
         if head_input == "embeddings" and embed_dim is not None:
-            in_dim = 2 * int(embed_dim)
+            in_dim = 2 * embed_dim
         elif head_input == "inputs" and input_dims is not None:
-            in_dim = int(input_dims[0]) + int(input_dims[1])
+            in_dim = input_dims[0] + input_dims[1]
         self.head = None
         if self.calibration or self.correspondence_weight > 0:
             self.head = nn.Sequential(_linear(in_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, 2))
@@ -117,9 +121,9 @@ class CaliNCE(nn.Module):
         if self.predictive_weight > 0:
             if embed_dim is None:
                 raise ValueError("embed_dim: required when predictive_weight > 0 (G_v, G_t are D x D)")
-            self.predict_v = nn.Linear(int(embed_dim), int(embed_dim))
-            self.predict_t = nn.Linear(int(embed_dim), int(embed_dim))
-        self.generator = None if seed is None else torch.Generator().manual_seed(int(seed))
+            self.predict_v = nn.Linear(embed_dim, embed_dim)
+            self.predict_t = nn.Linear(embed_dim, embed_dim)
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
         self.last_terms: dict[str, float] = {}
 
     def _head_features(self, batch: Batch, video_input, text_input):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from xmodal._validate import choice, float_matrix, positive_number
+from xmodal._validate import choice, flag, float_matrix, integer, number, positive_number
 from xmodal.functional._common import Temperature, l2_normalize
 from xmodal.functional.crossclr import crossclr_loss
 from xmodal.losses._gather import embeddings, gather_ids, gather_inputs, gather_pair, gather_per_sample
@@ -79,23 +77,18 @@ class CrossCLR(nn.Module):
                  normalize: bool = True) -> None:
         super().__init__()
         self.temperature = positive_number(temperature, "temperature")
-        if not math.isfinite(float(intra_weight)) or float(intra_weight) < 0:
-            raise ValueError(f"intra_weight: must be a finite number >= 0, got {intra_weight!r}")
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 0:
-            raise ValueError(f"queue_size: must be an integer >= 0, got {queue_size!r}")
-        self.intra_weight = float(intra_weight)
-        self.prune_threshold = None if prune_threshold is None else float(prune_threshold)
+        self.intra_weight = number(intra_weight, "intra_weight", minimum=0.0)
+        self.queue_size = integer(queue_size, "queue_size", minimum=0)
+        self.prune_threshold = None if prune_threshold is None else number(prune_threshold, "prune_threshold")
         self.weight_scale = None if weight_scale is None else positive_number(weight_scale, "weight_scale")
-        self.queue_size = queue_size
-        self.options = dict(weight_norm=weight_norm, prune_norm=prune_norm, intra_mode=intra_mode,
-                            num_positives=num_positives, positive_weight=positive_weight)
-        self.normalize = bool(normalize)
         choice(weight_norm, "weight_norm", ("sum", "mean", "none"))
         choice(prune_norm, "prune_norm", ("max", "none"))
         choice(intra_mode, "intra_mode", ("delta", "logit"))
         positive_number(positive_weight, "positive_weight")
-        if isinstance(num_positives, bool) or not isinstance(num_positives, int) or num_positives < 0:
-            raise ValueError(f"num_positives: must be an integer >= 0, got {num_positives!r}")
+        num_positives = integer(num_positives, "num_positives", minimum=0)
+        self.options = dict(weight_norm=weight_norm, prune_norm=prune_norm, intra_mode=intra_mode,
+                            num_positives=num_positives, positive_weight=positive_weight)
+        self.normalize = flag(normalize, "normalize")
         for name in ("video_queue", "text_queue", "video_embed_queue", "text_embed_queue"):
             self.register_buffer(name, torch.zeros(0, 0))
         self.register_buffer("id_queue", torch.zeros(0, dtype=torch.long))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xmodal._validate import flag, number
 from xmodal.functional._common import Temperature
 from xmodal.functional.dcl import debiased_contrastive
 from xmodal.losses._common import DirectionalTemperatures
@@ -35,11 +36,12 @@ class DebiasedContrastive(DirectionalTemperatures, nn.Module):
                  normalize: bool = True, gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
         self._set_temperatures(temperature, t2v_temperature, v2t_temperature)
-        tau_plus = float(tau_plus)
+        tau_plus = number(tau_plus, "tau_plus")
         if not 0.0 <= tau_plus < 1.0:
             raise ValueError(f"tau_plus: must lie in [0, 1), got {tau_plus}")
         self.tau_plus = tau_plus
-        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+        self.normalize, self.gather, self.local_loss = (flag(normalize, "normalize"), flag(gather, "gather"),
+                                                     flag(local_loss, "local_loss"))
 
     def forward(self, video, text, *, ids=None, temperature: Temperature | None = None,
                 t2v_temperature: Temperature | None = None,

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from xmodal._validate import positive_number
+from xmodal._validate import flag, positive_number
 from xmodal.functional._common import Temperature
 from xmodal.functional.infonce import info_nce
 from xmodal.losses._gather import embeddings, gather_ids, gather_pair, gather_per_sample
@@ -51,12 +51,13 @@ class InfoNCE(nn.Module):
         super().__init__()
         temperature = positive_number(temperature, "temperature")
         self.max_logit_scale = positive_number(max_logit_scale, "max_logit_scale")
-        if learnable and (t2v_temperature is not None or v2t_temperature is not None):
+        self.learnable = flag(learnable, "learnable")
+        if self.learnable and (t2v_temperature is not None or v2t_temperature is not None):
             raise ValueError("t2v_temperature/v2t_temperature: not combinable with learnable=True")
         self.t2v_temperature = None if t2v_temperature is None else positive_number(t2v_temperature, "t2v_temperature")
         self.v2t_temperature = None if v2t_temperature is None else positive_number(v2t_temperature, "v2t_temperature")
-        self.learnable = bool(learnable)
-        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+        self.normalize, self.gather, self.local_loss = (flag(normalize, "normalize"), flag(gather, "gather"),
+                                                     flag(local_loss, "local_loss"))
         if self.learnable:
             self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmodal._validate import choice
+from xmodal._validate import choice, flag
 from xmodal.functional._common import Temperature
 from xmodal.functional.maxmargin import max_margin
 from xmodal.losses._common import non_negative
@@ -39,8 +39,9 @@ class MaxMargin(nn.Module):
         super().__init__()
         self.negative_reduction = choice(negative_reduction, "negative_reduction", ("mean", "sum"))
         self.margin = non_negative(margin, "margin")
-        self.hardest = bool(hardest)
-        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+        self.hardest = flag(hardest, "hardest")
+        self.normalize, self.gather, self.local_loss = (flag(normalize, "normalize"), flag(gather, "gather"),
+                                                     flag(local_loss, "local_loss"))
 
     def forward(self, video, text, *, ids=None, margin: Temperature | None = None) -> torch.Tensor:
         """Loss of a batch; ``margin`` (float or ``[B]``) overrides the constructed one."""

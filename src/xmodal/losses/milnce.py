@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xmodal._validate import flag
 from xmodal.functional._common import Temperature
 from xmodal.functional.milnce import mil_nce
 from xmodal.losses._common import DirectionalTemperatures
@@ -42,11 +43,13 @@ class MILNCE(DirectionalTemperatures, nn.Module):
                  v2t_temperature: float | None = None, normalize: bool = True,
                  joint: bool = False, gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
-        self.joint = bool(joint)
+        self.joint = flag(joint, "joint")
+        local_loss = flag(local_loss, "local_loss")
         if self.joint and (local_loss or t2v_temperature is not None or v2t_temperature is not None):
             raise ValueError("joint: not combinable with local_loss or per-direction temperatures")
         self._set_temperatures(temperature, t2v_temperature, v2t_temperature)
-        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+        self.normalize, self.gather, self.local_loss = (flag(normalize, "normalize"), flag(gather, "gather"),
+                                                     flag(local_loss, "local_loss"))
 
     def forward(self, video, text, *, ids=None, temperature: Temperature | None = None,
                 t2v_temperature: Temperature | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xmodal._validate import flag, number
 from xmodal.functional._common import Temperature
 from xmodal.functional.mimaxmargin import mi_max_margin
 from xmodal.losses._common import non_negative
@@ -35,8 +36,9 @@ class MIMaxMargin(nn.Module):
                  gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
         self.margin = non_negative(margin, "margin")
-        self.threshold = float(threshold)
-        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+        self.threshold = number(threshold, "threshold")
+        self.normalize, self.gather, self.local_loss = (flag(normalize, "normalize"), flag(gather, "gather"),
+                                                     flag(local_loss, "local_loss"))
 
     def forward(self, video, text, *, relevancy=None, margin: Temperature | None = None) -> torch.Tensor:
         """Loss of a batch; ``relevancy`` is required."""

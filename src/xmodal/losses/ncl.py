@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from xmodal._validate import positive_number
+from xmodal._validate import flag, integer, positive_number
 from xmodal.functional._common import l2_normalize
 from xmodal.functional.ncl import ncl_loss, scalar_temperature
 from xmodal.losses._gather import embeddings, gather_ids, gather_pair
@@ -88,17 +88,14 @@ class NCL(nn.Module):
         super().__init__()
         temperature = positive_number(temperature, "temperature")
         self.max_logit_scale = positive_number(max_logit_scale, "max_logit_scale")
-        self.learnable = bool(learnable)
+        self.learnable = flag(learnable, "learnable")
         if self.learnable:
             self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
         else:
             self._temperature = temperature
-        for name, value, low in (("sinkhorn_iters", sinkhorn_iters, 1), ("queue_size", queue_size, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
-        self.sinkhorn_iters = sinkhorn_iters
-        self.queue_size = queue_size
-        self.normalize = bool(normalize)
+        self.sinkhorn_iters = integer(sinkhorn_iters, "sinkhorn_iters", minimum=1)
+        self.queue_size = integer(queue_size, "queue_size", minimum=0)
+        self.normalize = flag(normalize, "normalize")
         self.register_buffer("text_queue", torch.zeros(0, 0))
         self.register_buffer("video_queue", torch.zeros(0, 0))
         self.last_biases: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from xmodal._validate import flag
 from xmodal.functional._common import Temperature
 from xmodal.functional.ntxent import nt_xent
 from xmodal.losses._common import DirectionalTemperatures
@@ -34,7 +35,8 @@ class NTXent(DirectionalTemperatures, nn.Module):
                  gather: bool = True, local_loss: bool = False) -> None:
         super().__init__()
         self._set_temperatures(temperature, t2v_temperature, v2t_temperature)
-        self.normalize, self.gather, self.local_loss = bool(normalize), bool(gather), bool(local_loss)
+        self.normalize, self.gather, self.local_loss = (flag(normalize, "normalize"), flag(gather, "gather"),
+                                                     flag(local_loss, "local_loss"))
 
     def forward(self, video, text, *, ids=None, temperature: Temperature | None = None,
                 t2v_temperature: Temperature | None = None,

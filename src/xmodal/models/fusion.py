@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from xmodal._validate import choice
-from xmodal.models.towers import Tower, TowerSpec
+from xmodal._validate import choice, short_repr
+from xmodal.models.towers import Tower, TowerSpec, check_spec
 
 FUSIONS = ("concat", "gated")
+
+
+def check_experts(specs: Any, name: str) -> dict[str, TowerSpec]:
+    """A ``{expert name: TowerSpec}`` mapping (names: non-empty strings without a dot,
+    as module names must be), each spec validated."""
+    if not isinstance(specs, dict):
+        raise TypeError(f"{name}: expected a dict {{expert name: TowerSpec}}, got {short_repr(specs)}")
+    for key, spec in specs.items():
+        if not isinstance(key, str) or not key or "." in key:
+            raise ValueError(f"{name}: expert names must be non-empty strings without '.', got {short_repr(key)}")
+        check_spec(spec, f"{name}[{key!r}]")
+    return specs
 
 
 class ExpertFusion(nn.Module):
@@ -36,6 +50,7 @@ class ExpertFusion(nn.Module):
     def __init__(self, specs: dict[str, TowerSpec], fusion: str = "gated") -> None:
         super().__init__()
         choice(fusion, "model.fusion", FUSIONS)
+        check_experts(specs, "specs")
         dims = {s.out_dim for s in specs.values()}
         if len(specs) < 2 or len(dims) != 1:
             raise ValueError(f"experts: need at least two experts with one out_dim, got {len(specs)} / {dims}")

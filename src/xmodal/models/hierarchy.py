@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from xmodal._validate import choice
+from xmodal._validate import choice, short_repr
 from xmodal.models.towers import TowerSpec, position_table, transformer_encoder
-from xmodal.models.two_tower import TwoTower
+from xmodal.models.two_tower import TwoTower, specs_from_architecture
 
 POOLINGS = ("max", "atn")
 
@@ -206,9 +206,11 @@ class HierarchicalTwoTower(TwoTower):
 
     @classmethod
     def from_architecture(cls, arch: dict) -> "HierarchicalTwoTower":
-        experts = {k: TowerSpec(**v) for k, v in (arch.get("experts") or {}).items()}
-        return cls(TowerSpec(**arch["video"]), TowerSpec(**arch["text"]), experts=experts or None,
-                   fusion=arch.get("fusion", "gated"), hierarchy=GlobalSpec(**arch["hierarchy"]))
+        video, text, experts = specs_from_architecture(arch)
+        if not isinstance(arch["hierarchy"], dict):
+            raise ValueError(f"architecture['hierarchy']: expected a mapping, got {short_repr(arch['hierarchy'])}")
+        return cls(video, text, experts=experts, fusion=arch.get("fusion", "gated"),
+                   hierarchy=GlobalSpec(**arch["hierarchy"]))
 
 
 def _rows(x: Any, sl: slice) -> Any:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from xmodal._validate import short_repr
 from xmodal.models.two_tower import TwoTower
 from xmodal.runs import load_checkpoint
 from xmodal.testtime import TestTime
@@ -16,6 +17,8 @@ CHECKPOINT_NAMES = ("model.pt", "checkpoint.pt")
 
 def model_payload(model: TwoTower) -> dict:
     """What a checkpoint stores about the model (plain tensors and dicts)."""
+    if not isinstance(model, TwoTower):
+        raise TypeError(f"model: expected a TwoTower, got {short_repr(model)}")
     return {"architecture": model.architecture(), "state_dict": model.state_dict(),
             "test_time": model.test_time.state_dict()}
 
@@ -44,6 +47,8 @@ def check_declared_shapes(arch: dict, state_dict: dict) -> None:
 def _model_class(arch: dict) -> type[TwoTower]:
     """The class an architecture record rebuilds: clips inside videos (``hierarchy``) add
     global towers; otherwise a :class:`TwoTower` (several experts + fusion head included)."""
+    if not isinstance(arch, dict):
+        raise ValueError(f"architecture: expected a mapping, got {short_repr(arch)}")
     if "hierarchy" in arch:
         from xmodal.models.hierarchy import HierarchicalTwoTower
 
@@ -52,10 +57,24 @@ def _model_class(arch: dict) -> type[TwoTower]:
 
 
 def model_from_payload(payload: dict) -> TwoTower:
+    """The model a :func:`model_payload` record describes, in eval mode.
+
+    Raises:
+        TypeError: ``payload`` is not a dict.
+        ValueError: its architecture or weights are missing, malformed or do not match.
+    """
+    if not isinstance(payload, dict):
+        raise TypeError(f"payload: expected a dict written by model_payload, got {short_repr(payload)}")
+    for key in ("architecture", "state_dict"):
+        if key not in payload:
+            raise ValueError(f"payload: no {key!r} (not written by model_payload)")
     arch = payload["architecture"]
     check_declared_shapes(arch, payload["state_dict"])
     model = _model_class(arch).from_architecture(arch)
-    model.load_state_dict(payload["state_dict"])
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:  # e.g. keys the architecture does not declare
+        raise ValueError(f"payload['state_dict']: {' '.join(str(exc).split())[:300]}") from None
     model.test_time = TestTime.from_state_dict(payload.get("test_time"))
     model.eval()
     return model

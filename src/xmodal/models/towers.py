@@ -6,12 +6,13 @@ Tower kinds (``TOWER_KINDS``): ``linear``, ``mlp``, ``meanp`` (CLIP4Clip meanP),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import nn
 
-from xmodal._validate import choice
+from xmodal._validate import choice, integer, number, short_repr
 
 TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
 
@@ -37,11 +38,48 @@ class TowerSpec:
     tokens: bool = False
 
 
+#: Smallest value of each integer field of a :class:`TowerSpec` (``depth`` 0: an mlp without
+#: hidden layers, i.e. a linear map).
+_SPEC_MINIMUM = {"in_dim": 1, "out_dim": 1, "width": 1, "depth": 0, "layers": 0, "heads": 1, "hidden": 1,
+                 "max_frames": 1}
+
+
+def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
+    """Validate a :class:`TowerSpec` (its values are plain, unchecked dataclass fields).
+
+    Raises:
+        TypeError: ``spec`` is not a TowerSpec, or a field has the wrong type.
+        ValueError: naming the field (``{name}.width`` ...): unknown kind, a size below 1,
+            dropout outside ``[0, 1]``, transformer ``hidden`` not divisible by ``heads``.
+    """
+    if not isinstance(spec, TowerSpec):
+        raise TypeError(f"{name}: expected a TowerSpec, got {short_repr(spec)}")
+    choice(spec.kind, "model.kind", TOWER_KINDS)
+    for field, low in _SPEC_MINIMUM.items():
+        integer(getattr(spec, field), f"{name}.{field}", minimum=low)
+    if not 0.0 <= number(spec.dropout, f"{name}.dropout") <= 1.0:
+        raise ValueError(f"{name}.dropout: must lie in [0, 1], got {spec.dropout!r}")
+    if spec.kind == "transformer" and spec.hidden % spec.heads:
+        raise ValueError(f"{name}.heads: must divide {name}.hidden ({spec.hidden}), got {spec.heads}")
+    return spec
+
+
+def spec_from_dict(d: Any, name: str) -> TowerSpec:
+    """A validated :class:`TowerSpec` from a checkpoint's architecture record (``asdict``)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{name}: expected a mapping of tower fields, got {short_repr(d)}")
+    unknown = sorted(map(str, set(d) - {f.name for f in fields(TowerSpec)}))
+    if unknown:
+        raise ValueError(f"{name}: unknown tower field(s) {', '.join(unknown)}")
+    return check_spec(TowerSpec(**d), name)
+
+
 class Standardize(nn.Module):
     """``(x - mean) / std`` with statistics kept as buffers (saved with the model)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
+        dim = integer(dim, "dim", minimum=1)
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("std", torch.ones(dim))
 
@@ -76,8 +114,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     >>> masked_mean(x, torch.tensor([[True, True, False]]))
     tensor([[2.]])
     """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x: expected a floating tensor, got {short_repr(x)}")
+    if x.ndim != 3:
+        raise ValueError(f"x: expected shape [N, F, D], got {tuple(x.shape)}")
     if mask is None:
         return x.mean(1)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask: expected a bool tensor (True = real frame), got {short_repr(mask)}")
+    if mask.shape != x.shape[:2]:
+        raise ValueError(f"mask: expected shape {list(x.shape[:2])} for x of shape {list(x.shape)}, "
+                         f"got {list(mask.shape)}")
     total = x.masked_fill(~mask[..., None], 0.0).sum(1)
     return total / mask.sum(1, keepdim=True).clamp_min(1).to(x.dtype)
 
@@ -111,9 +158,7 @@ class Tower(nn.Module):
 
     def __init__(self, spec: TowerSpec) -> None:
         super().__init__()
-        choice(spec.kind, "model.kind", TOWER_KINDS)
-        if spec.in_dim <= 0 or spec.out_dim <= 0:
-            raise ValueError(f"model: in_dim and out_dim must be positive, got {spec.in_dim}, {spec.out_dim}")
+        check_spec(spec)
         self.spec = spec
         self.standardize = Standardize(spec.in_dim)
         self.drop = nn.Dropout(spec.dropout)

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from xmodal._validate import as_tensor, check_finite, choice
-from xmodal.models.fusion import FUSIONS, ExpertFusion
-from xmodal.models.towers import TOWER_KINDS, Tower, TowerSpec
+from xmodal._validate import as_tensor, check_finite, choice, integer, number, positive_number, short_repr
+from xmodal.models.fusion import FUSIONS, ExpertFusion, check_experts
+from xmodal.models.towers import TOWER_KINDS, Tower, TowerSpec, check_spec, spec_from_dict
 from xmodal.testtime import TestTime
 
 MAIN_EXPERT = "video"  # the key of the main video features among several experts
@@ -36,14 +36,23 @@ class TwoTower(nn.Module):
     def __init__(self, video: TowerSpec, text: TowerSpec, temperature: float = 0.05, *,
                  experts: dict[str, TowerSpec] | None = None, fusion: str = "gated") -> None:
         super().__init__()
+        check_spec(video, "video")
+        check_spec(text, "text")
+        temperature = positive_number(temperature, "temperature")
+        choice(fusion, "model.fusion", FUSIONS)
+        if experts is not None:
+            check_experts(experts, "experts")
+            if MAIN_EXPERT in experts:
+                raise ValueError(f"experts: {MAIN_EXPERT!r} is the main video expert (the video spec), "
+                                 f"not an extra one")
         if video.out_dim != text.out_dim:
             raise ValueError(f"model: video and text out_dim differ ({video.out_dim} vs {text.out_dim})")
         # One expert keeps the plain Tower (and its state_dict keys); several get a fusion head.
         self.video_tower: Tower | ExpertFusion = (
             ExpertFusion({MAIN_EXPERT: video, **experts}, fusion) if experts else Tower(video))
         self.text_tower = Tower(text)
-        self.register_buffer("_temperature", torch.tensor(float(temperature)))
-        self.test_time = TestTime(temperature=float(temperature))
+        self.register_buffer("_temperature", torch.tensor(temperature))
+        self.test_time = TestTime(temperature=temperature)
 
     @property
     def test_time(self) -> TestTime:
@@ -300,9 +309,23 @@ class TwoTower(nn.Module):
     @classmethod
     def from_architecture(cls, arch: dict) -> "TwoTower":
         """An untrained model of the architecture :meth:`architecture` describes."""
-        experts = {k: TowerSpec(**v) for k, v in (arch.get("experts") or {}).items()}
-        return cls(TowerSpec(**arch["video"]), TowerSpec(**arch["text"]), experts=experts or None,
-                   fusion=arch.get("fusion", "gated"))
+        video, text, experts = specs_from_architecture(arch)
+        return cls(video, text, experts=experts, fusion=arch.get("fusion", "gated"))
+
+
+def specs_from_architecture(arch: Any) -> tuple[TowerSpec, TowerSpec, dict[str, TowerSpec] | None]:
+    """``(video, text, experts or None)`` tower specs of an architecture record, validated."""
+    if not isinstance(arch, dict):
+        raise ValueError(f"architecture: expected a mapping, got {short_repr(arch)}")
+    for key in ("video", "text"):
+        if key not in arch:
+            raise ValueError(f"architecture: no {key!r} tower")
+    experts = arch.get("experts") or {}
+    if not isinstance(experts, dict):
+        raise ValueError(f"architecture['experts']: expected a mapping, got {short_repr(experts)}")
+    specs = {k: spec_from_dict(v, f"architecture['experts'][{k!r}]") for k, v in experts.items()}
+    return (spec_from_dict(arch["video"], "architecture['video']"),
+            spec_from_dict(arch["text"], "architecture['text']"), specs or None)
 
 
 def _rows(x: Any, sl: slice) -> Any:
@@ -332,6 +355,16 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     """
     choice(fusion, "model.fusion", FUSIONS)
     choice(kind, "model.kind", TOWER_KINDS)
+    video_dim, text_dim = integer(video_dim, "video_dim", minimum=1), integer(text_dim, "text_dim", minimum=1)
+    for name, value, low in (("dim", dim, 1), ("width", width, 1), ("depth", depth, 0), ("layers", layers, 0),
+                             ("heads", heads, 1), ("hidden", hidden, 1)):
+        integer(value, name, minimum=low)
+    if not 0.0 <= number(dropout, "dropout") <= 1.0:
+        raise ValueError(f"dropout: must lie in [0, 1], got {dropout!r}")
+    if experts is not None:
+        if not isinstance(experts, dict):
+            raise TypeError(f"experts: expected a dict {{expert name: input dim}}, got {short_repr(experts)}")
+        experts = {k: integer(d, f"experts[{k!r}]", minimum=1) for k, d in experts.items()}
     if text_kind is None:
         text_kind = "linear" if kind in ("meanp", "transformer") else kind
     choice(text_kind, "model.text_kind", TOWER_KINDS)
@@ -349,4 +382,7 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
 
 
 def parameter_count(model: nn.Module) -> int:
+    """Trainable parameters of ``model`` (those with ``requires_grad``)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {short_repr(model)}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

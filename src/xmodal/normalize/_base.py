@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, check_finite
+from xmodal._validate import as_tensor, check_finite, short_repr
 
 # Elements of one [rows, N] score block; bounds the working memory of every bank pass.
 BLOCK_ELEMENTS = 1 << 22
@@ -38,11 +38,11 @@ def to_work(x: Any, name: str, *, ndim: int = 2) -> torch.Tensor:
 def positive_int(v: Any, name: str, *, maximum: int | None = None) -> int:
     """A positive integer (bools, non-integral and non-numeric values rejected), at most ``maximum``."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer, float, np.floating)):
-        raise TypeError(f"{name}: expected a positive integer, got {v!r}")
+        raise TypeError(f"{name}: expected a positive integer, got {short_repr(v)}")
     if isinstance(v, (float, np.floating)) and not math.isfinite(v) or int(v) != v or v < 1:
-        raise ValueError(f"{name}: must be an integer >= 1, got {v!r}")
+        raise ValueError(f"{name}: must be an integer >= 1, got {short_repr(v)}")
     if maximum is not None and v > maximum:
-        raise ValueError(f"{name}: must be at most {maximum}, got {v!r}")
+        raise ValueError(f"{name}: must be at most {maximum}, got {short_repr(v)}")
     return int(v)
 
 
@@ -57,6 +57,11 @@ def like_input(t: torch.Tensor, ref: Any) -> Any:
     if ref_dtype is not None and np.issubdtype(ref_dtype, np.floating):
         arr = arr.astype(ref_dtype, copy=False)
     return arr
+
+
+def optional_block_size(v: Any) -> int | None:
+    """``block_size`` of a normaliser: None (automatic) or a positive integer."""
+    return None if v is None else positive_int(v, "block_size")
 
 
 def default_block_rows(num_columns: int, block_rows: int | None = None) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmodal._validate import positive_number
+from xmodal._validate import choice, flag, integer, number, positive_number
 from xmodal.normalize._base import Normalizer, like_input, to_work
 
 
@@ -87,22 +87,17 @@ class DistributionNormalization(Normalizer):
     def __init__(self, lam: float = 0.25, num_samples: int | None = 100, seed: int = 0,
                  oracle: bool = False, seeds: int = 1, form: str = "linear", tau: float = 0.01,
                  coef: float = 0.5) -> None:
-        self.oracle = bool(oracle)
-        lam = float(lam)
-        if not np.isfinite(lam) or lam < 0:
-            raise ValueError(f"lam: must be a finite number >= 0, got {lam!r}")
+        self.oracle = flag(oracle, "oracle")
+        lam = number(lam, "lam", minimum=0.0)
         if num_samples is not None:
             num_samples = int(positive_number(num_samples, "num_samples"))
-        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-            raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
-        if form not in self.FORMS:
-            raise ValueError(f"form: expected one of {', '.join(self.FORMS)}, got {form!r}")
+        seeds = integer(seeds, "seeds", minimum=1)
+        choice(form, "form", self.FORMS)
         if form == "full" and seeds != 1:
             raise ValueError(f"seeds: form 'full' (eq. 8) uses one sample, got seeds={seeds}")
-        tau, coef = float(positive_number(tau, "tau")), float(coef)
-        if not np.isfinite(coef):
-            raise ValueError(f"coef: must be finite, got {coef!r}")
-        self.lam, self.num_samples, self.seed, self.seeds = lam, num_samples, int(seed), seeds
+        tau, coef = float(positive_number(tau, "tau")), number(coef, "coef")
+        seed = integer(seed, "seed", minimum=0)
+        self.lam, self.num_samples, self.seed, self.seeds = lam, num_samples, seed, seeds
         self.form, self.tau, self.coef = form, tau, coef
         self._xs_q: torch.Tensor | None = None  # eq. 8's samples x1 / y1
         self._xs_g: torch.Tensor | None = None
@@ -155,8 +150,7 @@ class DistributionNormalization(Normalizer):
             query_samples ``[K, D]``, gallery_samples ``[N, D]`` -> a list of ``seeds``
             fitted normalisers.
         """
-        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-            raise ValueError(f"seeds: must be an integer >= 1, got {seeds!r}")
+        seeds = integer(seeds, "seeds", minimum=1)
         return [cls(lam=lam, num_samples=num_samples, seed=seed + k, oracle=oracle)
                 .fit(query_samples, gallery_samples) for k in range(seeds)]
 

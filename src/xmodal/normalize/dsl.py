@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from xmodal._validate import positive_number
+from xmodal._validate import flag, positive_number
 from xmodal.normalize._base import (Normalizer, check_pair, check_scores, default_block_rows,
-                                    like_input, matrix_blocks, score_blocks, to_work)
+                                    like_input, matrix_blocks, optional_block_size, score_blocks, to_work)
 from xmodal.normalize.qbnorm import bank_column_logsumexp
 
 
@@ -39,8 +39,8 @@ class DualSoftmax(Normalizer):
     def __init__(self, temperature: float = 0.01, oracle: bool = True,
                  block_size: int | None = None) -> None:
         self.temperature = positive_number(temperature, "temperature")
-        self.oracle = bool(oracle)
-        self.block_size = block_size
+        self.oracle = flag(oracle, "oracle")
+        self.block_size = optional_block_size(block_size)
         self._lse: torch.Tensor | None = None
 
     @property

@@ -8,9 +8,10 @@ from typing import Any, Iterable
 
 import torch
 
-from xmodal._validate import choice, positive_number
+from xmodal._validate import choice, flag, positive_number
 from xmodal.normalize._base import (Normalizer, check_pair, check_scores, default_block_rows,
-                                    like_input, matrix_blocks, positive_int, score_blocks, to_work)
+                                    like_input, matrix_blocks, optional_block_size, positive_int, score_blocks,
+                                    to_work)
 
 
 def bank_column_logsumexp(blocks: Iterable[tuple[int, int, torch.Tensor]], beta: float,
@@ -75,10 +76,10 @@ class InvertedSoftmax(Normalizer):
 
     def __init__(self, beta: float = 20.0, output: str = "similarity",
                  block_size: int | None = None, oracle: bool = False) -> None:
-        self.oracle = bool(oracle)
+        self.oracle = flag(oracle, "oracle")
         self.beta = positive_number(beta, "beta")
         self.output = choice(output, "output", ("similarity", "log", "ratio"))
-        self.block_size = block_size
+        self.block_size = optional_block_size(block_size)
         self._lse: torch.Tensor | None = None
         self._active: torch.Tensor | None = None
 

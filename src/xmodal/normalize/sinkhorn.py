@@ -10,10 +10,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from xmodal._validate import as_tensor, check_finite, positive_number
+from xmodal._validate import as_tensor, check_finite, flag, positive_number, short_repr
 from xmodal.normalize._base import (Normalizer, check_pair, check_scores, default_block_rows,
-                                    like_input, matrix_blocks, positive_int, score_blocks,
-                                    to_work)
+                                    like_input, matrix_blocks, optional_block_size, positive_int,
+                                    score_blocks, to_work)
 
 #: Upper bound on Sinkhorn iterations (NCL uses 4).
 MAX_ITERS = 10_000
@@ -61,7 +61,15 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
         ``(log_alpha [K], log_beta [N], errors)``, ``errors[t] = max(max_i |P 1 - r|_i,
         max_j |P^T 1 - c|_j)`` after iteration ``t`` (``iters`` values, or
         ``iters - 1`` without ``track_error``).
+
+    Raises:
+        TypeError, ValueError: naming the argument, for a ``blocks`` that is not callable,
+            sizes or ``iters`` that are not positive integers, a non-positive ``gamma``, or
+            log marginals that are not floating tensors of shape ``[K]`` / ``[N]`` on one device.
+            Only types and shapes are checked (no pass over the values).
     """
+    num_rows, num_cols, gamma, iters, track_error = _check_sinkhorn_args(
+        blocks, num_rows, num_cols, gamma, iters, log_r, log_c, track_error)
     dtype, device = log_c.dtype, log_c.device
     inv_gamma = 1.0 / gamma
     finfo = torch.finfo(dtype)
@@ -100,6 +108,25 @@ def blockwise_log_sinkhorn(blocks: Blocks, num_rows: int, num_cols: int, *, gamm
         log_beta = torch.where(c > 0, log_c - col_lse, torch.full_like(col_lse, float("-inf")))
         col_err = (torch.exp(log_beta + col_lse) - c).nan_to_num(0.0).abs().max()
     return log_alpha, log_beta, errors
+
+
+def _check_sinkhorn_args(blocks: Any, num_rows: Any, num_cols: Any, gamma: Any, iters: Any, log_r: Any,
+                         log_c: Any, track_error: Any) -> tuple[int, int, float, int, bool]:
+    """The arguments of :func:`blockwise_log_sinkhorn` checked by type and shape only."""
+    if not callable(blocks):
+        raise TypeError(f"blocks: expected a callable returning (start, stop, block) triples, "
+                        f"got {short_repr(blocks)}")
+    num_rows, num_cols = positive_int(num_rows, "num_rows"), positive_int(num_cols, "num_cols")
+    gamma = positive_number(gamma, "gamma")
+    iters = positive_int(iters, "iters", maximum=MAX_ITERS)
+    for t, name, size in ((log_r, "log_r", num_rows), (log_c, "log_c", num_cols)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name}: expected a floating tensor of log marginals, got {short_repr(t)}")
+        if tuple(t.shape) != (size,):
+            raise ValueError(f"{name}: expected shape ({size},), got {tuple(t.shape)}")
+    if log_r.device != log_c.device:
+        raise ValueError(f"log_r and log_c: on different devices ({log_r.device} vs {log_c.device})")
+    return num_rows, num_cols, gamma, iters, flag(track_error, "track_error")
 
 
 def _exact_column_lse(blocks: Blocks, columns: torch.Tensor, log_alpha: torch.Tensor,
@@ -279,8 +306,9 @@ class SinkhornBias(Normalizer):
         # NCL uses 4; the marginal error is ~1e-6 within a few hundred iterations, and an
         # unbounded count (1e9) would run for days with no output.
         iters = positive_int(iters, "iters", maximum=MAX_ITERS)
-        self.iters, self.oracle, self.block_size = iters, bool(oracle), block_size
-        self.track_error = bool(track_error)
+        self.iters, self.oracle = iters, flag(oracle, "oracle")
+        self.block_size = optional_block_size(block_size)
+        self.track_error = flag(track_error, "track_error")
         self.history: list[float] = []
         self._bias: torch.Tensor | None = None
         self._log_alpha: torch.Tensor | None = None
