@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from xmodal._validate import choice, integer, number, short_repr
+from xmodal._validate import choice, flag, integer, number, short_repr
 
 TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
 
@@ -59,6 +59,7 @@ def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
         integer(getattr(spec, field), f"{name}.{field}", minimum=low)
     if not 0.0 <= number(spec.dropout, f"{name}.dropout") <= 1.0:
         raise ValueError(f"{name}.dropout: must lie in [0, 1], got {spec.dropout!r}")
+    flag(spec.tokens, f"{name}.tokens")
     if spec.kind == "transformer" and spec.hidden % spec.heads:
         raise ValueError(f"{name}.heads: must divide {name}.hidden ({spec.hidden}), got {spec.heads}")
     return spec
