@@ -45,10 +45,6 @@ SAFE_ONLY = {
 #: is an xfail that does not run (its shrinking alone takes minutes); remove an entry once
 #: fixed and the test runs again. HYPOTHESIS_PROFILE=deep XMODAL_FUZZ_KNOWN=run runs them.
 KNOWN = {
-    "xmodal.data.PairedSplit": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
-    "xmodal.data.load_paired_split": "a multi-line message: split: expected a non-empty string, got array(...)",
-    "xmodal.data.relevancy_from_classes": "OverflowError: cannot convert float infinity to integer",
-    "xmodal.data.synthetic": "a multi-line message: hub_fraction: expected a number, got array(...)",
     "xmodal.evaluate.embed_split": "AttributeError: 'NoneType' object has no attribute 'encode_video'",
     "xmodal.evaluate.mean_pooled_groups": "AttributeError: 'NoneType' object has no attribute 'encode_video'",
     "xmodal.evaluate.evaluate": "AttributeError: 'bool' object has no attribute 'test_time'",
