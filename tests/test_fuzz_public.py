@@ -69,9 +69,6 @@ KNOWN = {
     "xmodal.normalize.QBNorm": "RuntimeError: Boolean value of Tensor with no values is ambiguous",
     "xmodal.normalize.SinkhornBias": "AttributeError: 'bool' object has no attribute 'dtype'",
     "xmodal.normalize.blockwise_log_sinkhorn": "slow and failing under shrinking (see a deep run)",
-    "xmodal.report.examples_section": "AttributeError: 'float' object has no attribute 'video_input'",
-    "xmodal.report.results_tables": "AttributeError: 'NoneType' object has no attribute 'get'",
-    "xmodal.report.table": "IndexError: invalid index to scalar variable.",
 }
 #: Exceptions a call may raise on bad input.
 ALLOWED = (ValueError, TypeError, FileNotFoundError, ImportError, NotADirectoryError, IsADirectoryError)
