@@ -348,9 +348,11 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
     duck(split, "split", "a PairedSplit", ("video_input",), ("text", "text_to_video", "num_texts", "captions"))
     if not isinstance(name, str):
         raise TypeError(f"name: expected a normaliser name, got {short_repr(name)}")
-    num, top = positive_int(num, "num"), positive_int(top, "top")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TypeError(f"seed: expected an integer >= 0, got {short_repr(seed)}")
+    num, top = whole_number(num, "num"), positive_int(top, "top")  # num 0: no examples (--examples 0)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an integer, got {short_repr(seed)}")
+    if seed < 0:
+        raise ValueError(f"seed: must be >= 0, got {int(seed)}")
     if video_names is not None and not _seq(video_names):
         raise TypeError(f"video_names: expected a list of names or None, got {short_repr(video_names)}")
     if item is not None and not isinstance(item, str):
