@@ -169,3 +169,42 @@ def number(v: Any, name: str, *, minimum: float | None = None) -> float:
         low = "" if minimum is None else f" >= {minimum:g}"
         raise ValueError(f"{name}: must be a finite number{low}, got {short_repr(v)}")
     return f
+
+
+def duck(v: Any, name: str, what: str, methods: tuple[str, ...] = (), attrs: tuple[str, ...] = ()) -> Any:
+    """``v`` itself when it has the callables ``methods`` and attributes ``attrs``, else a
+    ``TypeError`` naming the argument (e.g. a model or split where junk was given)."""
+    missing = [m for m in methods if not callable(getattr(v, m, None))] + [a for a in attrs if not hasattr(v, a)]
+    if missing:
+        raise TypeError(f"{name}: expected {what}, got {type(v).__name__} (no {', '.join(missing)})")
+    return v
+
+
+def positive_int(v: Any, name: str) -> int:
+    """A Python or numpy integer >= 1 (bools refused)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name}: expected a positive integer, got {short_repr(v)}")
+    if v < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {int(v)}")
+    return int(v)
+
+
+def option(v: Any, name: str, options: tuple[str, ...]) -> str:
+    """:func:`choice` that first refuses a non-string (an array's ``in`` test is element-wise)."""
+    if not isinstance(v, str):
+        raise TypeError(f"{name}: expected one of {', '.join(options)}, got {short_repr(v)}")
+    return choice(v, name, options)
+
+
+def finite_number(v: Any, name: str) -> float:
+    """A finite float (any sign): :func:`number` without a minimum."""
+    return number(v, name)
+
+
+def whole_number(v: Any, name: str, minimum: int = 0) -> int:
+    """An integer >= ``minimum``: a Python/numpy int or a float holding a whole number (bools refused)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected an integer, got {short_repr(v)}")
+    if not np.isfinite(v) or float(v) != int(v) or v < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {short_repr(v)}")
+    return int(v)

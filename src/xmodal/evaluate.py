@@ -11,8 +11,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from xmodal._validate import as_tensor, duck, option, positive_int
+
 __all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_normalizers", "group_metrics",
            "mean_pooled_groups"]
+
+
+def _check_inputs(model, split, batch_size) -> int:
+    """``TypeError`` naming ``model`` / ``split`` when they are not a model and a split; the batch size."""
+    duck(model, "model", "a model (encode_video, encode_text)", ("encode_video", "encode_text"))
+    duck(split, "split", "a PairedSplit", ("video_input",), ("text", "text_to_video"))
+    return positive_int(batch_size, "batch_size")
 
 
 @torch.no_grad()
@@ -22,6 +31,7 @@ def embed_split(model, split, batch_size: int = 8192) -> tuple[torch.Tensor, tor
     The split's frame mask and experts (``split.video_input()``) go to ``encode_video``, its
     token mask (``split.text_input()``, token features) to ``encode_text``.
     """
+    batch_size = _check_inputs(model, split, batch_size)
     video = model.encode_video(*split.video_input(), batch_size=batch_size)
     text, text_mask = split.text_input() if hasattr(split, "text_input") else (split.text, None)
     return model.encode_text(text, text_mask, batch_size=batch_size), video
@@ -49,17 +59,23 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
     from xmodal.metrics import mir, retrieval, text_video
 
     opts = {"ks": ks, "ties": ties, "block_size": block_size}
+    sim_t2v = as_tensor(sim_t2v, "sim_t2v")
+    v2t = option(v2t, "v2t", ("all-captions", "max-over-captions"))
+    if sim_v2t is not None:
+        sim_v2t = as_tensor(sim_v2t, "sim_v2t")
+        if sim_v2t.ndim != 2:
+            raise ValueError(f"sim_v2t: expected 2 dimensions [videos, texts], got shape {tuple(sim_v2t.shape)}")
     if sim_v2t is None:
         out = text_video(sim_t2v, text_to_video, v2t=v2t, **opts)
     elif v2t == "all-captions":
-        t2v = torch.as_tensor(text_to_video)
+        t2v = as_tensor(text_to_video, "text_to_video")
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
         out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
     else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
-        out = {"t2v": retrieval(sim_t2v, torch.as_tensor(text_to_video), **opts),
+        out = {"t2v": retrieval(sim_t2v, as_tensor(text_to_video, "text_to_video"), **opts),
                "v2t": text_video(sim_v2t.T, text_to_video, v2t=v2t, **opts)["v2t"]}
     if relevancy is not None:
-        if ties not in ("pessimistic", "optimistic"):
+        if ties not in ("pessimistic", "optimistic"):  # a string: retrieval checked it
             raise ValueError(f"ties: mAP / nDCG support pessimistic or optimistic, got {ties!r}")
         rel = torch.as_tensor(np.asarray(relevancy, dtype=np.float32))
         v2t_sim = sim_t2v.T if sim_v2t is None else sim_v2t
@@ -103,8 +119,12 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
     With a relevancy (``split.mir_relevancy()``: a relevancy file or video labels) each
     direction also holds ``mAP`` and ``nDCG``.
     """
+    from xmodal._validate import short_repr
     from xmodal.testtime import TestTime
 
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names: expected a list of normaliser names, got {short_repr(names)}")
+    _check_inputs(model, split, batch_size)
     tt = test_time if isinstance(test_time, TestTime) else TestTime.from_state_dict(test_time)
     text, video = embed_split(model, split, batch_size)
     rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
@@ -148,6 +168,9 @@ def mean_pooled_groups(model, split, batch_size: int = 8192) -> tuple[torch.Tens
     paragraph-level baseline)."""
     from torch.nn import functional as F
 
+    _check_inputs(model, split, batch_size)
+    if getattr(split, "video_to_group", None) is None:
+        raise ValueError("split: has no groups (video_to_group); mean-pooled paragraphs need them")
     text, video = embed_split(model, split, batch_size)
     g = torch.as_tensor(split.video_to_group, device=video.device)
     tg = g[torch.as_tensor(split.text_to_video, device=video.device)]
@@ -159,5 +182,9 @@ def mean_pooled_groups(model, split, batch_size: int = 8192) -> tuple[torch.Tens
 
 def evaluate(model, split, normalizer: str | None = None, batch_size: int = 8192) -> dict:
     """Metrics of a loaded model on a split with its selected (or the given) normaliser."""
+    if normalizer is not None and not isinstance(normalizer, str):
+        raise TypeError(f"normalizer: expected a normaliser name or None, got {type(normalizer).__name__}")
+    _check_inputs(model, split, batch_size)
+    duck(model, "model", "a loaded model (with test_time)", attrs=("test_time",))
     name = normalizer or "selected"
     return evaluate_normalizers([name], model.test_time, model, split, batch_size)[name]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, choice, float_matrix
+from xmodal._validate import as_tensor, float_matrix, option, whole_number
 
 __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "selected_normalizer", "best_foldable",
            "FOLDABLE"]
@@ -89,17 +89,19 @@ class BiasedIndex:
     def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat",
                  nlist: int | None = None, nprobe: int = 8) -> None:
         faiss = import_faiss()
-        self.kind = choice(kind, "kind", ("flat", "ivf"))
+        self.kind = option(kind, "kind", ("flat", "ivf"))
+        if gallery is None:
+            raise TypeError("gallery: expected [N, D] embeddings (numpy or torch), got None")
         _, g = fold_bias(None, gallery, bias)
         self.num_items, self.dim = g.shape[0], g.shape[1] - 1
         if self.kind == "flat":
             self.index = faiss.IndexFlatIP(g.shape[1])
         else:
-            nlist = int(nlist) if nlist is not None else max(1, min(g.shape[0], int(4 * np.sqrt(g.shape[0]))))
-            if nlist < 1 or nlist > g.shape[0]:
+            nlist = (whole_number(nlist, "nlist", minimum=1) if nlist is not None
+                     else max(1, min(g.shape[0], int(4 * np.sqrt(g.shape[0])))))
+            if nlist > g.shape[0]:
                 raise ValueError(f"nlist: must be in [1, {g.shape[0]}], got {nlist}")
-            if int(nprobe) < 1:
-                raise ValueError(f"nprobe: must be >= 1, got {nprobe}")
+            nprobe = whole_number(nprobe, "nprobe", minimum=1)
             self._quantizer = faiss.IndexFlatIP(g.shape[1])
             self.index = faiss.IndexIVFFlat(self._quantizer, g.shape[1], nlist,
                                             faiss.METRIC_INNER_PRODUCT)
@@ -109,8 +111,7 @@ class BiasedIndex:
 
     def search(self, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Biased top-``k``.  Shape: queries ``[Q, D]`` -> ``([Q, k], [Q, k])``."""
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"k: must be a positive integer, got {k!r}")
+        k = whole_number(k, "k", minimum=1)
         q, _ = fold_bias(queries, None)
         if q.shape[1] != self.dim + 1:
             raise ValueError(f"queries: embedding size {q.shape[1] - 1} != gallery's {self.dim}")

@@ -19,11 +19,14 @@ import csv
 import html
 import io
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from xmodal._validate import duck, positive_int, short_repr, whole_number
 
 LOWER_IS_BETTER = ("MdR", "MnR", "train s")
 CSS = """
@@ -126,11 +129,34 @@ def _fmt(v: Any, digits: int = 1) -> str:
     return _e(v)
 
 
+def _seq(v: Any) -> bool:
+    return isinstance(v, (list, tuple, range))
+
+
+def _indices(v: Any, name: str) -> list[int]:
+    """A list of non-negative column / row indices."""
+    if isinstance(v, (str, bytes, dict)) or not isinstance(v, Iterable) or (hasattr(v, "ndim") and v.ndim != 1):
+        raise TypeError(f"{name}: expected a list of indices, got {short_repr(v)}")
+    return [whole_number(j, name) for j in v]
+
+
 def table(header: list[str], rows: list[list[Any]], *, best_cols: Iterable[int] = (),
           lower: Callable[[str], bool] = lambda h: h.split()[-1] in LOWER_IS_BETTER,
           left_cols: int = 1, selected: Iterable[int] = (), digits: int = 1) -> str:
     """An HTML table; in ``best_cols`` the best value (max, or min where ``lower(header)``)
     is bold/green. Cells may be floats, strings or ``(mean, std)`` pairs."""
+    if not _seq(header) or not all(isinstance(h, str) for h in header):
+        raise TypeError(f"header: expected a list of column names, got {short_repr(header)}")
+    if not _seq(rows) or not all(_seq(r) for r in rows):
+        raise TypeError(f"rows: expected a list of rows (lists of cells), got {short_repr(rows)}")
+    if not callable(lower):
+        raise TypeError(f"lower: expected a callable, got {type(lower).__name__}")
+    best_cols, selected = _indices(best_cols, "best_cols"), _indices(selected, "selected")
+    width = min((len(r) for r in rows), default=0)
+    if any(j >= min(width, len(header)) for j in best_cols) and rows:
+        raise ValueError(f"best_cols: column index out of range for {len(header)} column(s)")
+    left_cols, digits = whole_number(left_cols, "left_cols"), whole_number(digits, "digits")
+
     def val(c):
         return c[0] if isinstance(c, tuple) else c
 
@@ -188,11 +214,18 @@ def chance_levels(text_to_video: Any, num_videos: int) -> dict:
 def results_tables(metrics: dict, sizes: dict | None = None) -> list[str]:
     """Per split, one row per normaliser (selected one highlighted, best per column bold);
     ``sizes[split]`` (:func:`chance_levels`) adds the gallery sizes and chance R@1."""
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics: expected a dict (metrics.json), got {type(metrics).__name__}")
+    if sizes is not None and not isinstance(sizes, dict):
+        raise TypeError(f"sizes: expected a dict or None, got {type(sizes).__name__}")
     parts = []
     for split in ("val", "test"):
         res = metrics.get(split)
         if not res:
             continue
+        if not isinstance(res, dict) or not all(isinstance(r, dict) and all(isinstance(v, dict) for v in r.values())
+                                                for r in res.values()):
+            raise TypeError(f"metrics[{split!r}]: expected {{normaliser: {{direction: {{metric: value}}}}}}")
         names = list(res)
         # p2v / v2p (paragraph <-> video) where the split has groups and the run a hierarchy
         dirs = [d for d in ("t2v", "v2t", "p2v", "v2p") if all(d in res[n] for n in names)]
@@ -201,6 +234,8 @@ def results_tables(metrics: dict, sizes: dict | None = None) -> list[str]:
                 + [res[n][d].get(k) for d in dirs for k in METRIC_KEYS] for n in names]
         parts.append(f"<h3>{_e(split)}</h3>")
         c = (sizes or {}).get(split)
+        if c and (not isinstance(c, dict) or not {"videos", "texts", "t2v", "v2t"} <= set(c)):
+            raise TypeError(f"sizes[{split!r}]: expected chance_levels()'s dict (videos, texts, t2v, v2t)")
         if c:
             parts.append(f'<p class="muted">Gallery: {c["videos"]} videos (t2v), {c["texts"]} texts (v2t); '
                          f'chance R@1: t2v {c["t2v"]:.2f}%, v2t {c["v2t"]:.2f}%.</p>')
@@ -309,6 +344,21 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
 
     from xmodal.plots import t2v_similarity
 
+    duck(model, "model", "a loaded model (similarity)", ("similarity",))
+    duck(split, "split", "a PairedSplit", ("video_input",), ("text", "text_to_video", "num_texts", "captions"))
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a normaliser name, got {short_repr(name)}")
+    num, top = whole_number(num, "num"), positive_int(top, "top")  # num 0: no examples (--examples 0)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an integer, got {short_repr(seed)}")
+    if seed < 0:
+        raise ValueError(f"seed: must be >= 0, got {int(seed)}")
+    if video_names is not None and not _seq(video_names):
+        raise TypeError(f"video_names: expected a list of names or None, got {short_repr(video_names)}")
+    if item is not None and not isinstance(item, str):
+        raise TypeError(f"item: expected a string or None, got {short_repr(item)}")
+    if images is not None and not isinstance(images, (str, os.PathLike)):
+        raise TypeError(f"images: expected a folder path or None, got {short_repr(images)}")
     sim = t2v_similarity(model, split, name)
     rng = np.random.default_rng(seed)
     queries = np.sort(rng.choice(split.num_texts, size=min(num, split.num_texts), replace=False))

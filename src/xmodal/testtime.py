@@ -204,10 +204,12 @@ class TestTime:
 
     @classmethod
     def from_state_dict(cls, state: dict | None) -> "TestTime":
-        if not state:
+        if state is None:
             return cls()
         if not isinstance(state, dict):
             raise TypeError(f"state: expected a dict, got {type(state).__name__}")
+        if not state:
+            return cls()
         if "version" not in state:
             return _check_state(_from_legacy(state))
         return _check_state(cls(temperature=float(state["temperature"]), hparams=dict(state.get("hparams", {})),
@@ -273,6 +275,22 @@ def _from_legacy(d: dict) -> TestTime:
     return tt
 
 
+def _bank(x: Any, name: str) -> torch.Tensor:
+    """A detached float32 CPU copy of a ``[K, D]`` bank of embeddings (numpy or torch)."""
+    from xmodal._validate import float_matrix
+
+    return float_matrix(x, name, allow_empty=True, finite=False).detach().float().cpu()
+
+
+def _bank_pair(pair: Any, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """None, or a ``(texts, videos)`` pair of banks."""
+    if pair is None:
+        return None
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"{name}: expected a pair (texts, videos) of [K, D] banks, got {type(pair).__name__}")
+    return _bank(pair[0], f"{name}[0]"), _bank(pair[1], f"{name}[1]")
+
+
 def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor, video_bank: torch.Tensor,
                   ncl_bank: tuple[torch.Tensor, torch.Tensor] | None = None, temperature: float,
                   iters: int = 4, lam: float = 0.25, k: int = 1, beta: float = 20.0,
@@ -298,9 +316,22 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
     >>> tt.names, tt.dn["name"]
     (('none', 'dn'), 'dn')
     """
-    banks = {"train": (text_bank.detach().float().cpu(), video_bank.detach().float().cpu())}
-    if ncl_bank is not None and len(ncl_bank[0]) and len(ncl_bank[1]):
-        banks["ncl"] = (ncl_bank[0].detach().float().cpu(), ncl_bank[1].detach().float().cpu())
+    from xmodal._validate import finite_number, option, positive_int, positive_number, short_repr, whole_number
+
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names: expected a list of normaliser names, got {short_repr(names)}")
+    temperature = positive_number(temperature, "temperature")
+    iters, k = whole_number(iters, "iters"), whole_number(k, "k", minimum=1)
+    lam, beta = finite_number(lam, "lam"), finite_number(beta, "beta")
+    dn_seeds = positive_int(dn_seeds, "dn_seeds")
+    if dn_num_samples is not None:
+        positive_number(dn_num_samples, "dn_num_samples")
+    dn_source = option(dn_source, "dn_source", ("train", "val"))
+    banks = {"train": (_bank(text_bank, "text_bank"), _bank(video_bank, "video_bank"))}
+    ncl = _bank_pair(ncl_bank, "ncl_bank")
+    if ncl is not None and len(ncl[0]) and len(ncl[1]):
+        banks["ncl"] = ncl
+    dn_bank = _bank_pair(dn_bank, "dn_bank")
     keep = []
     for n in ["none", *names]:
         key = _canonical(n, "names")
@@ -312,7 +343,7 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
     if "dn" in keep:
         from xmodal.normalize import DistributionNormalization
 
-        source = banks["train"] if dn_bank is None else tuple(b.detach().float().cpu() for b in dn_bank)
+        source = banks["train"] if dn_bank is None else dn_bank
         tt.dn = DistributionNormalization(lam=lam, num_samples=dn_num_samples, seeds=dn_seeds).fit(
             *source).state_dict()
     return tt

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal._validate import short_repr
+
 _CLIPS = "EPIC_100_retrieval_{split}.csv"
 _SENTENCES = "EPIC_100_retrieval_{split}_sentence.csv"
 
@@ -57,6 +59,36 @@ def _class_list(text: str, path: Path, row: int) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _class_ids(v, name: str) -> np.ndarray:
+    """A 1-D int64 array of class ids (integers, or floats holding whole numbers)."""
+    if hasattr(v, "detach"):
+        v = v.detach().cpu().numpy()
+    if isinstance(v, (str, bytes, dict)) or v is None:
+        raise TypeError(f"{name}: expected a 1-D sequence of integer classes, got {short_repr(v)}")
+    try:
+        a = np.asarray(v)
+    except ValueError:  # ragged nesting
+        raise ValueError(f"{name}: expected a 1-D sequence of integer classes") from None
+    if a.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D sequence of integer classes, got shape {a.shape}")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        if not np.issubdtype(a.dtype, np.floating) or not (np.isfinite(a).all() and (a == np.round(a)).all()):
+            raise TypeError(f"{name}: expected integer classes, got dtype {a.dtype}")
+    return a.astype(np.int64)
+
+
+def _noun_sets(v, name: str, count: int, per: str) -> list[frozenset]:
+    """``count`` noun-class sets, one per row of the matching verb array."""
+    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__len__") or not hasattr(v, "__iter__"):
+        raise TypeError(f"{name}: expected a sequence of noun-class lists, got {short_repr(v)}")
+    if len(v) != count:
+        raise ValueError(f"{name}: expected one noun list per {per} ({count}), got {len(v)}")
+    try:
+        return [frozenset(int(x) for x in n) for n in v]
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name}: each entry must be a list of integer noun classes") from None
+
+
 def relevancy_from_classes(clip_verbs, clip_nouns, sentence_verbs, sentence_nouns) -> np.ndarray:
     """Vectorised MIR relevancy ``(verb IoU + noun IoU) / 2`` for every clip/sentence pair.
 
@@ -73,15 +105,11 @@ def relevancy_from_classes(clip_verbs, clip_nouns, sentence_verbs, sentence_noun
     Shape:
         ``[C, S]``.
     """
-    cv = np.asarray(clip_verbs, dtype=np.int64)
-    sv = np.asarray(sentence_verbs, dtype=np.int64)
-    if cv.ndim != 1 or len(clip_nouns) != cv.shape[0]:
-        raise ValueError("clip_nouns: expected one noun list per clip verb")
-    if sv.ndim != 1 or len(sentence_nouns) != sv.shape[0]:
-        raise ValueError("sentence_nouns: expected one noun list per sentence verb")
+    cv = _class_ids(clip_verbs, "clip_verbs")
+    sv = _class_ids(sentence_verbs, "sentence_verbs")
     # Few distinct noun sets (hundreds), so IoU is computed between unique sets only.
-    c_sets = [frozenset(int(x) for x in n) for n in clip_nouns]
-    s_sets = [frozenset(int(x) for x in n) for n in sentence_nouns]
+    c_sets = _noun_sets(clip_nouns, "clip_nouns", cv.shape[0], "clip verb")
+    s_sets = _noun_sets(sentence_nouns, "sentence_nouns", sv.shape[0], "sentence verb")
     uniq = sorted(set(c_sets) | set(s_sets), key=lambda s: sorted(s))
     index = {s: i for i, s in enumerate(uniq)}
     vocab = sorted(set().union(*uniq)) if uniq else []

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from xmodal._validate import short_repr
 from xmodal.data import layout
 from xmodal.data.groups import group_problems
 from xmodal.data.inputs import padded_rows
@@ -67,7 +68,7 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
     """
     root = Path(root)
     if not isinstance(split, str) or not split:
-        raise ValueError(f"split: expected a non-empty string, got {split!r}")
+        raise ValueError(f"split: expected a non-empty string, got {short_repr(split)}")
     if not root.is_dir():
         raise ValueError(f"{root}: data directory not found")
     problems = [f"{root / m}: file not found" for m in layout.missing_files(root, split)]

@@ -73,7 +73,7 @@ def _count(v, name: str, *, minimum: int = 1) -> int:
 def _fraction(v, name: str) -> float:
     f = _nonneg(v, name)
     if f > 1:
-        raise ValueError(f"{name}: must lie in [0, 1], got {v!r}")
+        raise ValueError(f"{name}: must lie in [0, 1], got {short_repr(v)}")
     return f
 
 
@@ -148,7 +148,7 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
     n_frames = _count(frames, "frames", minimum=0)
     frame_noise = _nonneg(frame_noise, "frame_noise")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed: expected an integer, got {seed!r}")
+        raise TypeError(f"seed: expected an integer, got {short_repr(seed)}")
 
     root = np.random.SeedSequence(int(seed))
     streams = dict(zip(_STREAMS, root.spawn(len(_STREAMS))))

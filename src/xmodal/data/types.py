@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xmodal._validate import short_repr
 from xmodal.data.groups import check_groups, group_rows, paragraph_texts, subset_groups
 from xmodal.data.layout import MAIN_EXPERT, check_expert_name
 
@@ -253,8 +255,11 @@ class PairedSplit:
         t2v = np.asarray(self.text_to_video)
         if t2v.ndim == 1 and t2v.size and not np.issubdtype(t2v.dtype, np.integer):
             raise TypeError(f"text_to_video: expected integers, got {t2v.dtype}")
-        self.experts = dict(self.experts or {})
-        self.expert_masks = dict(self.expert_masks or {})
+        for attr in ("experts", "expert_masks"):
+            value = getattr(self, attr)
+            if value is not None and not isinstance(value, Mapping):
+                raise TypeError(f"{attr}: expected a dict of name -> array, got {short_repr(value)}")
+            setattr(self, attr, dict(value or {}))
         problems = split_problems(self.video, self.text, t2v, video_mask=self.video_mask, experts=self.experts,
                                   expert_masks=self.expert_masks, video_labels=self.video_labels,
                                   text_labels=self.text_labels, text_mask=self.text_mask,

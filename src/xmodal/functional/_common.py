@@ -55,6 +55,18 @@ def check_embeddings(video: torch.Tensor, text: torch.Tensor,
         raise ValueError(f"{bad}: contains NaN/inf values")
 
 
+def check_tensor(t: object, name: str, *, ndim: int = 2, floating: bool = True) -> torch.Tensor:
+    """A tensor of ``ndim`` dimensions (floating unless ``floating=False``): type and shape
+    checks only, no host sync (finiteness is the caller's business)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if floating and not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating tensor, got {t.dtype}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
 def prepare(x: torch.Tensor, dtype: torch.dtype, normalize: bool) -> torch.Tensor:
     """Cast to the compute dtype and optionally L2-normalise rows (never in place)."""
     x = x.to(dtype)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xmodal.functional._common import (Temperature, check_embeddings, check_ids, compute_dtype,
+from xmodal.functional._common import (Temperature, check_embeddings, check_ids, check_tensor, compute_dtype,
                                        full_precision, l2_normalize, per_sample, prepare)
 from xmodal.functional.infonce import contrastive_terms
 
@@ -69,6 +69,14 @@ def correspondence_loss(match_logits: torch.Tensor, mismatch_logits: torch.Tenso
         >>> round(correspondence_loss(logit, logit).item(), 4)      # -log 0.8 - log 0.2
         1.8326
     """
+    for x, name in ((match_logits, "match_logits"), (mismatch_logits, "mismatch_logits")):
+        if check_tensor(x, name).shape[1] != 2:
+            raise ValueError(f"{name}: expected shape [B, 2] (mismatch, match), got {tuple(x.shape)}")
+    if mismatch_valid is not None and mismatch_logits.shape[0]:
+        check_tensor(mismatch_valid, "mismatch_valid", ndim=1, floating=False)
+        if mismatch_valid.dtype != torch.bool or mismatch_valid.shape[0] != mismatch_logits.shape[0]:
+            raise ValueError(f"mismatch_valid: expected a bool mask of shape [{mismatch_logits.shape[0]}], "
+                             f"got {mismatch_valid.dtype} {tuple(mismatch_valid.shape)}")
     pos = -F.log_softmax(match_logits, dim=1)[:, 1]
     neg = -F.log_softmax(mismatch_logits, dim=1)[:, 0]
     if mismatch_valid is not None and neg.numel():
@@ -130,6 +138,13 @@ def predictive_coding_loss(pred_v: torch.Tensor, pred_t: torch.Tensor, video: to
     Shape:
         all ``[B, D]`` -> scalar.
     """
+    for pred, target, names in ((pred_v, text, ("pred_v", "text")), (pred_t, video, ("pred_t", "video"))):
+        check_tensor(pred, names[0]), check_tensor(target, names[1])
+        if pred.shape != target.shape or not target.numel():
+            raise ValueError(f"{names[0]} and {names[1]}: expected the same non-empty shape [B, D], "
+                             f"got {tuple(pred.shape)} and {tuple(target.shape)}")
+    if video.shape[0] != text.shape[0]:
+        raise ValueError(f"video and text: batch sizes differ, {video.shape[0]} vs {text.shape[0]}")
     with full_precision(video.device):
         dtype = compute_dtype(pred_v, pred_t, video, text)
         tv = l2_normalize(text.detach().to(dtype))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from xmodal.functional._common import (check_embeddings, check_ids, compute_dtype,
+from xmodal.functional._common import (check_embeddings, check_ids, check_tensor, compute_dtype,
                                        full_precision, prepare, same_id_mask, similarity)
 from xmodal.functional.sinkhorn import log_sinkhorn
 
@@ -81,6 +81,10 @@ def ncl_biases(sim: torch.Tensor, *, gamma: float, iters: int = 4,
         log_alpha, log_beta, _ = log_sinkhorn(sim, gamma=gamma, iters=iters, track_errors=False)
         b = gamma * (log_beta - torch.logsumexp(log_beta, 0))
     else:
+        check_tensor(sim, "sim")
+        if sim.shape[0] != sim.shape[1]:
+            raise ValueError(f"sim: ids need a square batch of pairs [B, B], got {tuple(sim.shape)}")
+        check_ids(ids, sim.shape[1])
         uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         first = torch.full((uniq.numel(),), sim.shape[1], dtype=torch.long, device=sim.device)
         first = first.scatter_reduce(0, inverse, torch.arange(sim.shape[1], device=sim.device),

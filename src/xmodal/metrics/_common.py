@@ -8,7 +8,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, choice
+from xmodal._validate import as_tensor, option, short_repr
 
 TIES = ("pessimistic", "optimistic", "average")
 
@@ -49,26 +49,26 @@ def check_ks(ks: Iterable[int]) -> tuple[int, ...]:
     Bools and non-integral numbers are rejected (``1.5`` or ``True`` used to become R@1).
     """
     if isinstance(ks, (str, bytes)) or not isinstance(ks, Iterable):
-        raise TypeError(f"ks: expected a sequence of positive integers, got {ks!r}")
+        raise TypeError(f"ks: expected a sequence of positive integers, got {short_repr(ks)}")
     out = []
     for k in ks:
         if isinstance(k, torch.Tensor) and k.ndim == 0:
             k = k.item()
         if isinstance(k, (bool, np.bool_)):
-            raise TypeError(f"ks: expected positive integers, got a bool in {ks!r}")
+            raise TypeError(f"ks: expected positive integers, got a bool in {short_repr(ks)}")
         if isinstance(k, (int, np.integer)):
             out.append(int(k))
         elif isinstance(k, (float, np.floating)) and math.isfinite(k) and float(k).is_integer():
             out.append(int(k))
         else:
-            raise TypeError(f"ks: expected positive integers, got {k!r} in {ks!r}")
+            raise TypeError(f"ks: expected positive integers, got {short_repr(k)} in {short_repr(ks)}")
     if not out or any(k < 1 for k in out):
-        raise ValueError(f"ks: expected positive integers, got {ks!r}")
+        raise ValueError(f"ks: expected positive integers, got {short_repr(ks)}")
     return tuple(out)
 
 
 def check_ties(ties: str) -> str:
-    return choice(ties, "ties", TIES)
+    return option(ties, "ties", TIES)
 
 
 def positives_of(positives: Any, num_queries: int, num_gallery: int,

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor
+from xmodal._validate import as_tensor, option
 from xmodal.metrics._common import positives_of, similarity
 from xmodal.metrics.multi_instance import mir
 from xmodal.metrics.ranking import retrieval
@@ -166,8 +166,7 @@ def epic_tail_classes(root: str | os.PathLike, kind: str = "verb") -> set[int]:
         root: folder holding the CSVs (e.g. ``../shared/data/epic100``).
         kind: ``"verb"`` or ``"noun"``.
     """
-    if kind not in ("verb", "noun"):
-        raise ValueError(f"kind: unknown option {kind!r}; expected one of verb, noun")
+    kind = option(kind, "kind", ("verb", "noun"))
     path = Path(root) / f"EPIC_100_tail_{kind}s.csv"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
