@@ -28,6 +28,11 @@ on stderr and skipped (exit status 1); finished videos are skipped on a re-run.
 Other encoders registered with xmodal.encoders.register_encoder are selected with --model."""
 
 
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as fh:  # np.save on a path would append ".npy" to the temporary name
+        np.save(fh, array, allow_pickle=False)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=("text", "images", "videos"), help="what to encode")
     parser.add_argument("source", nargs="?", metavar="DIR_OR_LIST",
@@ -54,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from xmodal import encoders
     from xmodal.cli import progress_enabled
     from xmodal.data.loaders import read_captions
+    from xmodal.runs import atomic_write
 
     progress = progress_enabled(args)
     start = time.perf_counter()
@@ -84,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npy")
-    np.save(tmp, feats.astype(np.float16 if args.float16 else np.float32))
-    tmp.replace(out)  # atomic: never a half-written feature file
+    array = feats.astype(np.float16 if args.float16 else np.float32)
+    for stale in out.parent.glob(f".{out.name}.tmp*"):  # left by a killed encode
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink(missing_ok=True)
+    # atomic: never a half-written feature file; a full disk is one line naming --out
+    atomic_write(out, lambda tmp: _save_npy(tmp, array))
     print(f"wrote {out}: {feats.shape[0]} x {feats.shape[1]} ({time.perf_counter() - start:.1f} s)")
     return 0
