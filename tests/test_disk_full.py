@@ -245,3 +245,29 @@ def test_data_import_on_a_full_disk(small_disk, capsys, tmp_path):
     _free_space(folder)
     assert main([*args, "--out", str(out)]) == 0
     assert (out / "train_video_features.npy").is_file()
+
+
+def test_encode_videos_on_a_full_disk(small_disk, capsys, tmp_path, dummy_encoders):
+    pytest.importorskip("av", reason="xmodal encode videos needs the [video] extra (PyAV)")
+    from test_video_encode import gradient_frames, write_video
+
+    vids = tmp_path / "vids"
+    vids.mkdir()
+    for name in ("a", "b", "c"):
+        write_video(vids / f"{name}.mp4", gradient_frames(12), "mpeg4")
+    folder = small_disk(24 << 10)  # room for one video's 12 x 256 float32 features, not three
+    folder.mkdir(exist_ok=True)
+    out = folder / "feats"
+    out.mkdir()
+    for stale in (".c.npy.tmp999999", ".c.npy.999999.tmp"):  # left by a killed encode (old and new names)
+        (out / stale).write_bytes(b"\0" * 100)
+    args = ["encode", "videos", str(vids), "--out", str(out), "--model", "disk-image", "--no-progress"]
+    rc = main(args)
+    err = _one_line_no_space(capsys, rc)
+    assert ".npy" in err and str(out) in err, err
+    for p in out.iterdir():  # what is there is whole
+        assert np.load(p).shape == (12, 256), p
+    _no_hidden_leftovers(folder)
+    _free_space(folder)
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["a.npy", "b.npy", "c.npy"]
