@@ -168,3 +168,106 @@ def test_torch_save_really_raises_runtime_error_on_enospc(small_disk):
         atomic_save({"w": torch.zeros(50_000)}, folder / "model.pt")
     assert info.value.errno == errno.ENOSPC
     assert list(folder.iterdir()) == []
+
+
+def _no_hidden_leftovers(folder: Path) -> None:
+    left = [p.name for p in folder.rglob("*") if p.name != ".filler"
+            and (".tmp" in p.name or ".partial" in p.name or ".import-" in p.name)]
+    assert left == [], left
+
+
+@pytest.fixture
+def dummy_encoders():
+    """A text and an image encoder registered for the test: the write path, not the model, is under test."""
+    from xmodal import encoders
+
+    def text(inputs, *, batch_size, progress):
+        return np.tile(np.arange(len(inputs), dtype=np.float32)[:, None], (1, 256))
+
+    def image(inputs, *, batch_size, progress):
+        return np.tile(np.arange(len(inputs), dtype=np.float32)[:, None], (1, 256))
+
+    encoders.register_encoder("disk-text", text, kind="text")
+    encoders.register_encoder("disk-image", image, kind="image")
+    yield
+    del encoders.ENCODERS["disk-text"], encoders.ENCODERS["disk-image"]
+
+
+def _free_space(folder: Path) -> None:
+    (folder.parent / ".filler").unlink()
+
+
+@pytest.mark.parametrize("kind", ["text", "images"])
+@pytest.mark.parametrize("free", [0, 16 << 10])
+def test_encode_on_a_full_disk(small_disk, capsys, tmp_path, dummy_encoders, kind, free):
+    src = tmp_path / "src"
+    src.mkdir()
+    if kind == "text":
+        (src / "c.txt").write_text("".join(f"caption {i}\n" for i in range(200)))
+        inputs = ["--captions", str(src / "c.txt"), "--model", "disk-text"]
+    else:
+        for i in range(200):
+            (src / f"{i:03d}.jpg").write_bytes(b"")
+        inputs = ["--dir", str(src), "--model", "disk-image"]
+    folder = small_disk(free)
+    folder.mkdir(exist_ok=True)
+    out = folder / "feats.npy"
+    rc = main(["encode", kind, *inputs, "--out", str(out), "--quiet"])
+    err = _one_line_no_space(capsys, rc)
+    assert str(out) in err
+    assert not out.exists()
+    _no_hidden_leftovers(folder)
+    _free_space(folder)
+    assert main(["encode", kind, *inputs, "--out", str(out), "--quiet"]) == 0
+    assert np.load(out).shape == (200, 256)
+
+
+def test_data_import_on_a_full_disk(small_disk, capsys, tmp_path):
+    rng = np.random.default_rng(0)
+    feats = tmp_path / "feats"
+    feats.mkdir()
+    lines = ["video,caption,split"]
+    for i in range(40):
+        np.save(feats / f"v{i}.npy", rng.standard_normal((8, 64)).astype(np.float32))
+        lines.append(f"v{i},caption {i},{'train' if i < 30 else 'test'}")
+    (tmp_path / "pairs.csv").write_text("\n".join(lines) + "\n")
+    np.save(tmp_path / "t.npy", rng.standard_normal((40, 32)).astype(np.float32))
+    args = ["data", "import", str(tmp_path / "pairs.csv"), "--features", str(feats),
+            "--text-features", str(tmp_path / "t.npy")]
+    folder = small_disk(24 << 10)
+    folder.mkdir(exist_ok=True)
+    out = folder / "data"
+    rc = main([*args, "--out", str(out)])
+    err = _one_line_no_space(capsys, rc)
+    assert str(folder) in err and ".npy" in err, err  # names the file being written
+    assert not out.exists()
+    _no_hidden_leftovers(folder)
+    _free_space(folder)
+    assert main([*args, "--out", str(out)]) == 0
+    assert (out / "train_video_features.npy").is_file()
+
+
+def test_encode_videos_on_a_full_disk(small_disk, capsys, tmp_path, dummy_encoders):
+    pytest.importorskip("av", reason="xmodal encode videos needs the [video] extra (PyAV)")
+    from test_video_encode import gradient_frames, write_video
+
+    vids = tmp_path / "vids"
+    vids.mkdir()
+    for name in ("a", "b", "c"):
+        write_video(vids / f"{name}.mp4", gradient_frames(12), "mpeg4")
+    folder = small_disk(24 << 10)  # room for one video's 12 x 256 float32 features, not three
+    folder.mkdir(exist_ok=True)
+    out = folder / "feats"
+    out.mkdir()
+    for stale in (".c.npy.tmp999999", ".c.npy.999999.tmp"):  # left by a killed encode (old and new names)
+        (out / stale).write_bytes(b"\0" * 100)
+    args = ["encode", "videos", str(vids), "--out", str(out), "--model", "disk-image", "--no-progress"]
+    rc = main(args)
+    err = _one_line_no_space(capsys, rc)
+    assert ".npy" in err and str(out) in err, err
+    for p in out.iterdir():  # what is there is whole
+        assert np.load(p).shape == (12, 256), p
+    _no_hidden_leftovers(folder)
+    _free_space(folder)
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["a.npy", "b.npy", "c.npy"]

@@ -154,3 +154,87 @@ def test_bad_input_file_is_one_line_naming_the_flag(cmd, files, capsys, data):
     assert argv[i] in line, line
     for k, arr in before.items():  # the CLI never writes to its inputs
         np.testing.assert_array_equal(np.load(paths[k]), arr)
+
+
+# ------------------------------------------------- index / query / report: junk input files
+JUNK = ("empty", "random bytes", "npz for npy", "a directory", "wrong shape")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny trained run, an index of it and one junk file of each kind."""
+    import torch
+
+    from xmodal.config import load_config
+    from xmodal.training.loop import train
+
+    root = tmp_path_factory.mktemp("fuzzrun")
+    run = root / "run"
+    tiny = ["data.synthetic={num_train: 120, num_val: 60, num_test: 60, num_concepts: 10}", "train.epochs=1",
+            "train.batch_size=32", "model.dim=16", "test_time.bank_size=100", "train.progress=false"]
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(load_config("configs/synthetic.yaml", tiny), run)
+    finally:
+        torch.set_num_threads(prev)
+    rng = np.random.default_rng(0)
+    np.save(root / "v.npy", rng.standard_normal((40, 64)).astype(np.float32))
+    junk = {"empty": root / "empty.npy", "random bytes": root / "random.npy", "npz for npy": root / "z.npz",
+            "a directory": root / "dir.npy", "wrong shape": root / "wrong.npy"}
+    junk["empty"].write_bytes(b"")
+    junk["random bytes"].write_bytes(rng.bytes(300))
+    np.savez(junk["npz for npy"], a=np.zeros(3))
+    junk["a directory"].mkdir()
+    np.save(junk["wrong shape"], rng.standard_normal((5, 3, 2, 7)).astype(np.float32))
+    assert main(["index", "--run", str(run), "--video-features", str(root / "v.npy"), "--out", str(root / "idx"),
+                 "--threads", "1"]) == 0
+    return root, run, junk
+
+
+@pytest.mark.parametrize("junk", JUNK)
+@pytest.mark.parametrize("flag", ["--video-features", "--video-mask", "--run"])
+def test_index_bad_input_file_is_one_line_naming_the_flag(trained_run, capsys, flag, junk):
+    root, run, files = trained_run
+    capsys.readouterr()
+    argv = {"--run": str(run), "--video-features": str(root / "v.npy"), "--out": str(root / "idx_bad"),
+            flag: str(files[junk]), "--threads": "1"}
+    line = _one_line(capsys, main(["index", *[x for kv in argv.items() for x in kv]]), "index")
+    assert flag in line, line
+    assert not (root / "idx_bad").exists()
+
+
+@pytest.mark.parametrize("junk", JUNK)
+@pytest.mark.parametrize("flag", ["--text-features", "--index"])
+def test_query_bad_input_file_is_one_line_naming_the_flag(trained_run, capsys, flag, junk):
+    root, _, files = trained_run
+    capsys.readouterr()
+    argv = {"--index": str(root / "idx"), "--text-features": str(files["wrong shape"]), flag: str(files[junk])}
+    line = _one_line(capsys, main(["query", *[x for kv in argv.items() for x in kv], "--k", "3"]), "query")
+    assert flag in line, line
+
+
+@pytest.mark.parametrize("junk", ["empty", "random bytes", "npz"])
+@pytest.mark.parametrize("name", ["model.pt", "metrics.json", "config.yaml", "log.jsonl", None])
+def test_report_bad_run_file_is_one_line_naming_it(trained_run, capsys, tmp_path, name, junk):
+    import shutil
+
+    root, run, files = trained_run
+    capsys.readouterr()
+    if name is None:  # RUN itself is a junk file
+        target = files["npz for npy" if junk == "npz" else junk]
+    else:
+        target = tmp_path / "run"
+        shutil.copytree(run, target)
+        data = {"empty": b"", "random bytes": np.random.default_rng(1).bytes(300),
+                "npz": files["npz for npy"].read_bytes()}[junk]
+        (target / name).write_bytes(data)
+        (target / "checkpoint.pt").unlink()  # model.pt is what the report loads
+    if (name, junk) == ("log.jsonl", "empty"):  # a run that died before its first epoch: no curves, no error
+        assert main(["report", str(target), "--out", str(tmp_path / "r.html"), "--threads", "1",
+                     "--examples", "2"]) == 0
+        return
+    line = _one_line(capsys, main(["report", str(target), "--out", str(tmp_path / "r.html"), "--threads", "1",
+                                   "--examples", "2"]), "report")
+    assert str(target / name if name else target) in line, line
+    assert not (tmp_path / "r.html").exists()

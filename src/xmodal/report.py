@@ -415,12 +415,37 @@ def _read_metrics(path: Path) -> dict:
     return metrics
 
 
+def _read_text(path: Path) -> str:
+    """A run's text file as UTF-8; anything else is a one-line ValueError naming the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file ({str(exc).splitlines()[0]})") from None
+
+
+def _read_log(path: Path) -> list[dict]:
+    """``log.jsonl`` records (one JSON object with an ``epoch`` per line); anything else is a
+    one-line ValueError naming the file and line."""
+    records = []
+    for i, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}: line {i} is not valid JSON ({str(exc).splitlines()[0]})") from None
+        if not isinstance(r, dict) or "epoch" not in r:
+            raise ValueError(f"{path}: line {i} is not an epoch record written by 'xmodal train'")
+        records.append(r)
+    return records
+
+
 def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0,
                data: Path | None = None) -> str:
     from xmodal.config import load_config
     from xmodal.metrics import normalization_error
     from xmodal.models import load_model
-    from xmodal.plots import (gallery_item, mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass, read_log,
+    from xmodal.plots import (gallery_item, mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass,
                               t2v_similarity)
     from xmodal.training.loop import load_splits
 
@@ -428,12 +453,13 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
             "<h2>Summary</h2>", _summary(run, metrics)]
     body += _provenance_section(run)
-    if (run / "config.yaml").is_file():
+    config_text = _read_text(run / "config.yaml") if (run / "config.yaml").is_file() else None
+    if config_text is not None:
         body.append("<details><summary>config.yaml</summary><pre>"
-                    f"{_e((run / 'config.yaml').read_text())}</pre></details>")
+                    f"{_e(config_text)}</pre></details>")
     cfg = splits = None
-    if (run / "config.yaml").is_file():
-        if not (run / "config.yaml").read_text().strip():  # never the default synthetic data instead
+    if config_text is not None:
+        if not config_text.strip():  # never the default synthetic data instead
             raise ValueError(f"{run / 'config.yaml'}: empty; the run's data cannot be known "
                              f"(restore the config the run was trained with)")
         # --data: the data folder moved since training
@@ -445,8 +471,9 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
              "bold green: best per column.</p>"] + results_tables(metrics, sizes)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        if (run / "log.jsonl").is_file():
-            body += ["<h2>Training curves</h2>", _png(plot_curves(read_log(run), tmp / "c.png"), "curves")]
+        log = _read_log(run / "log.jsonl") if (run / "log.jsonl").is_file() else []
+        if log:  # an empty log: the run died before its first epoch ended, no curves to draw
+            body += ["<h2>Training curves</h2>", _png(plot_curves(log, tmp / "c.png"), "curves")]
         if (run / "schedule.png").is_file():
             body += ["<h2>Schedule</h2>", _png(run / "schedule.png", "schedule")]
         if cfg is None:

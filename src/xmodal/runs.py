@@ -125,6 +125,14 @@ def _write_failed(exc: BaseException, path: Path) -> OSError | None:
     """The ``OSError`` to raise for a failed write, or None to re-raise ``exc``."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return _no_space(path)
+    if isinstance(exc, OSError) and exc.errno is None and "requested and" in str(exc):
+        # numpy's tofile (np.save of a large array) reports a short write as
+        # OSError("N requested and M written"), without an errno.
+        try:
+            full = shutil.disk_usage(path.parent).free < (1 << 20)
+        except OSError:
+            full = False
+        return _no_space(path) if full else OSError(errno.EIO, f"failed writing {path}: {exc}")
     if isinstance(exc, RuntimeError):
         # torch's zip writer reports ENOSPC as "[enforce fail at inline_container.cc] unexpected
         # pos N vs M" (or "file write failed"), FAISS as "write error ... (No space left on device)".

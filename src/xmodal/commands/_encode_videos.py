@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -12,14 +11,19 @@ import numpy as np
 
 
 def _write_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            np.save(fh, array)
-        os.replace(tmp, path)  # never a partial .npy under the final name
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Write through a temporary file removed on any failure (a full disk: one line naming ``path``)."""
+    from xmodal.commands.encode import _save_npy
+    from xmodal.runs import atomic_write
+
+    atomic_write(path, lambda tmp: _save_npy(tmp, array))
+
+
+def _remove_stale(out: Path, stems: list[str]) -> None:
+    """Remove the temporaries a killed encode left for these videos (``.STEM.npy.tmp*``)."""
+    for stem in stems:
+        for stale in out.glob(f".{stem}.npy.*tmp*"):
+            if stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -55,6 +59,7 @@ def run_videos(args: argparse.Namespace, progress: bool) -> int:
         raise ValueError(f"--out: {out} is a file; 'xmodal encode videos' writes a folder")
     out.mkdir(parents=True, exist_ok=True)
     todo = [p for p in paths if not (out / f"{p.stem}.npy").is_file()]
+    _remove_stale(out, [p.stem for p in todo])
     skipped = len(paths) - len(todo)
     model = args.model or "efficientnet-lite0"
     batch = 32 if args.batch_size is None else args.batch_size

@@ -34,6 +34,11 @@ on stderr and skipped (exit status 1); finished videos are skipped on a re-run.
 Other encoders registered with xmodal.encoders.register_encoder are selected with --model."""
 
 
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as fh:  # np.save on a path would append ".npy" to the temporary name
+        np.save(fh, array, allow_pickle=False)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=("text", "images", "videos"), help="what to encode")
     parser.add_argument("source", nargs="?", metavar="DIR_OR_LIST",
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from xmodal import encoders
     from xmodal.cli import progress_enabled
     from xmodal.data.loaders import read_captions
+    from xmodal.runs import atomic_write
 
     progress = progress_enabled(args)
     start = time.perf_counter()
@@ -112,9 +118,11 @@ def run(args: argparse.Namespace) -> int:
         mask_out.parent.mkdir(parents=True, exist_ok=True)
         written[mask_out] = mask
     for path, array in written.items():
-        tmp = path.with_name(path.name + ".tmp.npy")
-        np.save(tmp, array)
-        tmp.replace(path)  # atomic: never a half-written feature file
+        for stale in path.parent.glob(f".{path.name}.tmp*"):  # left by a killed encode
+            if stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
+        # atomic: never a half-written feature file; a full disk is one line naming the file
+        atomic_write(path, lambda tmp, array=array: _save_npy(tmp, array))
     shape = " x ".join(map(str, feats.shape))
     extra = f"; token mask {mask_out}" if mask is not None else ""
     print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")

@@ -26,6 +26,7 @@ grouped by video in order of first appearance, by ``start`` within a video when 
 from __future__ import annotations
 
 import csv
+import errno
 import glob
 import io
 import json
@@ -284,7 +285,17 @@ def parse_experts(specs: list[str] | None) -> dict[str, str]:
 
 
 def _save(path: Path, arr: np.ndarray) -> None:
-    np.save(path, arr)  # inside the import's private temporary folder
+    """``np.save`` inside the import's private temporary folder; a full disk raises
+    ``OSError(ENOSPC)`` naming the file (the folder is removed by :func:`import_pairs`)."""
+    from xmodal.runs import _write_failed
+
+    try:
+        np.save(path, arr, allow_pickle=False)
+    except OSError as exc:
+        err = _write_failed(exc, path)
+        if err is None:
+            raise
+        raise err from None
 
 
 def import_owns(name: str) -> bool:
@@ -414,7 +425,16 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
     out = Path(out)
     tmp = _prepare_out(out)
     try:
-        summary = _write_splits(tmp, rows, by_split, tf, files, expert_files, max_frames)
+        try:
+            summary = _write_splits(tmp, rows, by_split, tf, files, expert_files, max_frames)
+        except OSError as exc:  # name the file under --out, not the private temporary folder
+            if exc.errno != errno.ENOSPC:
+                raise
+            where = exc.filename if exc.filename is not None else str(exc)
+            if str(tmp) in str(where):
+                text = str(where)[str(where).index(str(tmp)):].replace(str(tmp), str(out), 1)
+                raise OSError(errno.ENOSPC, f"no space left on device while writing {text}") from None
+            raise OSError(errno.ENOSPC, f"no space left on device while writing into {out}") from None
         _publish(tmp, out)
     finally:
         if tmp.exists():
