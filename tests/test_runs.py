@@ -224,3 +224,25 @@ def test_load_checkpoint_reads_plain_payloads(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         load_checkpoint(tmp_path / "missing.pt")
     json.dumps(ck["summary"])
+
+
+def test_a_file_that_is_no_pickle_is_not_called_dangerous(tmp_path):
+    """Random bytes or a ``.npy`` renamed to ``model.pt`` are "not a torch file"; only a zip
+    archive or a real pickle gets the could-run-code refusal (the old message said so for any
+    file torch's weights-only reader rejected)."""
+    import os
+    import pickle
+
+    import numpy as np
+
+    from xmodal.runs import load_checkpoint
+
+    np.save(tmp_path / "a.npy", np.ones(3))
+    (tmp_path / "a.npy").rename(tmp_path / "npy.pt")
+    (tmp_path / "bytes.pt").write_bytes(os.urandom(64))
+    (tmp_path / "pickle.pt").write_bytes(pickle.dumps("a plain string"))
+    for name in ("npy.pt", "bytes.pt"):
+        with pytest.raises(ValueError, match=r"not a readable checkpoint \(not a torch file\)"):
+            load_checkpoint(tmp_path / name)
+    with pytest.raises(ValueError, match=r"pickle.pt: (refused|not an xmodal)"):
+        load_checkpoint(tmp_path / "pickle.pt")

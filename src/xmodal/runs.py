@@ -86,6 +86,8 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
             what = found.group(1) or found.group(2)
             raise RunDirError(f"{p}: refused to load: it contains a Python object ({what}) that could run "
                               f"code when unpickled; xmodal only reads weights-only checkpoints") from None
+        if "Weights only load failed" in msg and not _looks_pickled(p):
+            raise RunDirError(f"{p}: not a readable checkpoint (not a torch file)") from None
         if "Weights only load failed" in msg:  # a pickle instruction the weights-only reader refuses
             raise RunDirError(f"{p}: refused to load: it is a pickle that a weights-only read refuses "
                               f"because loading it could run code; xmodal only reads weights-only "
@@ -98,6 +100,15 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     if not isinstance(obj, dict) or "model" not in obj:
         raise RunDirError(f"{p}: not an xmodal checkpoint (no 'model' entry)")
     return obj
+
+
+def _looks_pickled(p: Path) -> bool:
+    """A torch zip archive or a raw pickle (protocol 2+ opcode ``PROTO``): only then can a
+    weights-only refusal mean "this could run code"; random bytes or a ``.npy`` are simply
+    not torch files."""
+    with open(p, "rb") as f:
+        head = f.read(2)
+    return zipfile.is_zipfile(p) or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
 
 
 def _check_zip_entries(p: Path) -> None:
