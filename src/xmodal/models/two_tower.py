@@ -125,11 +125,7 @@ class TwoTower(nn.Module):
             if isinstance(features, dict) or isinstance(mask, dict):
                 raise TypeError("features: this model has one video expert; pass an array, not a dict")
             x, m = self._prepare_one(features, mask, tower, "features", "mask", False)
-            if m is not None:
-                empty = torch.nonzero(~m.any(1)).flatten()
-                if len(empty):
-                    raise ValueError(f"mask: {len(empty)} video(s) have no real frame (rows "
-                                     f"{empty[:5].tolist()}); every video needs at least one")
+            _refuse_empty_rows(m, "mask", "video(s) have no real frame", "every video")
             return x, m
         if not isinstance(features, dict) or set(features) != set(tower.names):
             got = sorted(features) if isinstance(features, dict) else type(features).__name__
@@ -177,11 +173,7 @@ class TwoTower(nn.Module):
     def _prepare_text(self, features: Any, mask: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Validated text input on the model's device: ``(tensor [N, Dt] or [N, L, Dt], mask or None)``."""
         x, m = self._prepare_one(features, mask, self.text_tower, "features", "text_mask", False)
-        if m is not None:
-            empty = torch.nonzero(~m.any(1)).flatten()
-            if len(empty):
-                raise ValueError(f"text_mask: {len(empty)} text(s) have no real token (rows "
-                                 f"{empty[:5].tolist()}); every text needs at least one")
+        _refuse_empty_rows(m, "text_mask", "text(s) have no real token", "every text")
         return x, m
 
     def encode_video(self, features: Any, mask: Any = None, *, batch_size: int = 8192,
@@ -386,3 +378,12 @@ def parameter_count(model: nn.Module) -> int:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {short_repr(model)}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _refuse_empty_rows(mask: torch.Tensor | None, name: str, what: str, who: str) -> None:
+    """``ValueError`` naming ``name`` when a row of a ``[N, L]`` mask has no True entry."""
+    if mask is None:
+        return
+    empty = torch.nonzero(~mask.any(1)).flatten()
+    if len(empty):
+        raise ValueError(f"{name}: {len(empty)} {what} (rows {empty[:5].tolist()}); {who} needs at least one")
