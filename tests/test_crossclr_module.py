@@ -142,3 +142,29 @@ def test_batch_of_one_and_numpy_inputs():
                        ids=[0, 1, 2, 2, 3, 4])
     b = crossclr_loss(v, t, vi, ti, ids=torch.tensor([0, 1, 2, 2, 3, 4]), **KW)
     assert a.item() == pytest.approx(b.item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("on", ["none", "im", "pw", "np"])
+def test_queue_acts_only_through_intra_negatives_weights_and_pruning(on):
+    """Alg. 1's queue enters the loss only as intra-modal negatives (IM), through the
+    connectivity that weights (PW) and prunes (NP) the samples: with all three off (Table 2's
+    first row) a queue of 5,000-style earlier batches leaves the loss unchanged; with any one on,
+    it changes it. This is why the Table 2 re-runs with the queue differ only in the IM/PW/NP rows."""
+    off = dict(temperature=0.1, intra_weight=0.0, prune_threshold=None, weight_scale=None)
+    kw = dict(off, **{"none": {}, "im": {"intra_weight": 0.8}, "pw": {"weight_scale": 0.05},
+                      "np": {"prune_threshold": 0.97, "intra_weight": 0.8}}[on])
+    queued, alone = CrossCLR(**kw, queue_size=18), CrossCLR(**kw, queue_size=0)
+    for s in range(3):
+        v, t, vi, ti = _batch(s)
+        a = queued(v, t, video_input=vi, text_input=ti, ids=torch.arange(6) + 6 * s)
+        b = alone(v, t, video_input=vi, text_input=ti, ids=torch.arange(6) + 6 * s)
+    if on == "none":
+        assert a.item() == pytest.approx(b.item(), abs=1e-12)
+    else:
+        assert abs(a.item() - b.item()) > 1e-6
+    if on == "np":  # pruning on top of IM: the queue's effect differs from IM alone
+        im = CrossCLR(**dict(off, intra_weight=0.8), queue_size=18)
+        for s in range(3):
+            v, t, vi, ti = _batch(s)
+            c = im(v, t, video_input=vi, text_input=ti, ids=torch.arange(6) + 6 * s)
+        assert abs(a.item() - c.item()) > 1e-6
