@@ -54,6 +54,16 @@ def timed(fn, repeat: int, dev=None):
     return best, out
 
 
+def timed_interleaved(fns, repeat: int, dev=None) -> list[float]:
+    """Best-of-``repeat`` times of several functions, measured in alternation (round r times each
+    once), so that a load change on a shared machine hits all of them alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], timed(fn, 1, dev)[0])
+    return best
+
+
 def unit(n, d, seed, dev):
     g = torch.Generator(device=dev).manual_seed(seed)
     return F.normalize(torch.randn(n, d, generator=g, device=dev), dim=1)
@@ -235,6 +245,7 @@ def bench_losses(b: int, d: int, repeat: int, dev: torch.device, tol: float = 1e
         fn(v, t).backward()
         return v.grad
 
+    step(lambda v, t: clip_loss(v, t, 0.05))  # warm-up (allocator, kernels)
     t_clip, _ = timed(lambda: step(lambda v, t: clip_loss(v, t, 0.05)), repeat, dev)
     print(f"(losses) B {b}, D {d}, {dev.type}, forward + backward, float32, best of {repeat}: "
           f"inline CLIP loss {1000 * t_clip:.2f} ms", flush=True)
@@ -249,8 +260,8 @@ def bench_losses(b: int, d: int, repeat: int, dev: torch.device, tol: float = 1e
                                  f"{dv:.1e}, gradient {dg:.1e}, tolerance {tol:g})")
         extra = {"video_input": vin, "text_input": tin} if name == "crossclr" else {}
         ref = REFERENCES[name]
-        t_ref, _ = timed(lambda: step(lambda v, t: ref(v, t, vin, tin)), repeat, dev)
-        t_ours, _ = timed(lambda: step(lambda v, t: loss(v, t, **extra)), repeat, dev)
+        t_ref, t_ours = timed_interleaved([lambda: step(lambda v, t: ref(v, t, vin, tin)),
+                                           lambda: step(lambda v, t: loss(v, t, **extra))], repeat, dev)
         print(f"  {name:10s} {1000 * t_ours:9.2f} {1000 * t_ref:9.2f} {t_ours / t_ref:7.2f}x {t_ours / t_clip:8.2f}x"
               f"   {dv:.1e}, {dg:.1e}", flush=True)
         if name == "ncl":  # training mode (as built) also enqueues 2 x B rows into its 16,384-row queues
