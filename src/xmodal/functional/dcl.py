@@ -12,7 +12,8 @@ from xmodal.functional._common import (Temperature, check_ids, col, directional,
 
 
 def debiased_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: float | torch.Tensor,
-                   idx: torch.Tensor, negatives: torch.Tensor, tau_plus: float) -> torch.Tensor:
+                   idx: torch.Tensor, negatives: torch.Tensor, tau_plus: float, *,
+                   sim: torch.Tensor | None = None) -> torch.Tensor:
     """Per-query debiased loss ``-log e^{s+} / (e^{s+} + N g)`` (eqs. 6-7), log domain.
 
     Everything is shifted by the row maximum ``M`` (detached; it cancels exactly) so
@@ -20,10 +21,11 @@ def debiased_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: float | to
 
     Shape:
         queries ``[R, D]``, gallery ``[B, D]``, tau ``[R]``, idx ``[R]``, negatives bool
-        ``[R, B]``; returns ``[R]``.
+        ``[R, B]``; returns ``[R]``. ``sim``: ``queries @ gallery.T`` when the caller already
+        has it (the full batch: one matmul for both directions).
     """
     with full_precision(queries.device):
-        logits = similarity(queries, gallery) / col(tau)
+        logits = (similarity(queries, gallery) if sim is None else sim) / col(tau)
         pos = logits.gather(1, idx[:, None]).squeeze(1)
         shift = logits.detach().max(dim=1).values
         pos_e = torch.exp(pos - shift)
@@ -77,6 +79,11 @@ def debiased_contrastive(video: torch.Tensor, text: torch.Tensor, *,
     if not bool(negatives.any(dim=1).all()):
         raise ValueError("video/text: DebiasedContrastive needs at least one negative per "
                          "anchor (B >= 2 and not all ids equal)")
-    l_v2t = debiased_terms(v[idx], t, take(tau_v2t, idx), idx, negatives, tau_plus)
-    l_t2v = debiased_terms(t[idx], v, take(tau_t2v, idx), idx, negatives, tau_plus)
+    if rows is None:  # the whole batch: one similarity matrix, read both ways
+        sim = similarity(v, t)
+        l_v2t = debiased_terms(v, t, tau_v2t, idx, negatives, tau_plus, sim=sim)
+        l_t2v = debiased_terms(t, v, tau_t2v, idx, negatives, tau_plus, sim=sim.T.contiguous())
+    else:
+        l_v2t = debiased_terms(v[idx], t, take(tau_v2t, idx), idx, negatives, tau_plus)
+        l_t2v = debiased_terms(t[idx], v, take(tau_t2v, idx), idx, negatives, tau_plus)
     return (l_t2v.mean() + l_v2t.mean()) / 2

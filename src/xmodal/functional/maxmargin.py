@@ -12,7 +12,7 @@ from xmodal.functional._common import (Temperature, check_ids, col, full_precisi
 
 def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | torch.Tensor,
                 idx: torch.Tensor, negatives: torch.Tensor, hardest: bool,
-                negative_reduction: str = "mean") -> torch.Tensor:
+                negative_reduction: str = "mean", *, sim: torch.Tensor | None = None) -> torch.Tensor:
     """Per-query hinge ``max(0, s_ij - s_ii + m_i)`` over the negatives ``j``.
 
     Args:
@@ -20,16 +20,19 @@ def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | to
             column of each query; negatives: bool ``[R, B]``.
         hardest: max over the negatives (VSE++) instead of their mean.
         negative_reduction: ``"mean"`` or ``"sum"`` over each query's negatives.
+        sim: ``queries @ gallery.T`` when the caller already has it (the full batch: one
+            matmul serves both directions, the other reads its transpose).
 
     Shape:
         returns ``[R]``; a query without negatives gives 0.
     """
     with full_precision(queries.device):
-        sim = similarity(queries, gallery)
+        if sim is None:
+            sim = similarity(queries, gallery)
         pos = sim.gather(1, idx[:, None])
         hinge = (sim - pos + col(margin)).clamp_min(0.0)
         # hinge >= 0, so filling non-negatives with 0 leaves the max/sum over negatives exact
-        hinge = hinge.masked_fill(~negatives, 0.0)
+        hinge = hinge.masked_fill_(~negatives, 0.0)  # in place: clamp_min keeps only its input
         if hardest:
             return hinge.max(dim=1).values
         if negative_reduction == "sum":
@@ -83,6 +86,11 @@ def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature =
     if ids is not None:
         ids = check_ids(ids, n).to(v.device)
         negatives = negatives & ~same_id_mask(ids[idx], ids)
-    l_v2t = hinge_terms(v[idx], t, take(m, idx), idx, negatives, hardest, negative_reduction)
-    l_t2v = hinge_terms(t[idx], v, take(m, idx), idx, negatives, hardest, negative_reduction)
+    if rows is None:  # the whole batch: one similarity matrix, read both ways
+        sim = similarity(v, t)
+        l_v2t = hinge_terms(v, t, m, idx, negatives, hardest, negative_reduction, sim=sim)
+        l_t2v = hinge_terms(t, v, m, idx, negatives, hardest, negative_reduction, sim=sim.T.contiguous())
+    else:
+        l_v2t = hinge_terms(v[idx], t, take(m, idx), idx, negatives, hardest, negative_reduction)
+        l_t2v = hinge_terms(t[idx], v, take(m, idx), idx, negatives, hardest, negative_reduction)
     return (l_t2v.mean() + l_v2t.mean()) / 2

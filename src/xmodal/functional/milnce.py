@@ -11,10 +11,13 @@ from xmodal.functional._common import (Temperature, check_ids, col, directional,
 
 
 def mil_terms(queries: torch.Tensor, gallery: torch.Tensor, tau: float | torch.Tensor,
-              positives: torch.Tensor) -> torch.Tensor:
-    """``-log sum_{p in P_i} exp(s_ip/tau_i) / sum_k exp(s_ik/tau_i)`` per query. Shape: ``[R]``."""
+              positives: torch.Tensor, *, sim: torch.Tensor | None = None) -> torch.Tensor:
+    """``-log sum_{p in P_i} exp(s_ip/tau_i) / sum_k exp(s_ik/tau_i)`` per query. Shape: ``[R]``.
+
+    ``sim``: ``queries @ gallery.T`` when the caller already has it (full batch, both directions).
+    """
     with full_precision(queries.device):
-        logits = similarity(queries, gallery) / col(tau)
+        logits = (similarity(queries, gallery) if sim is None else sim) / col(tau)
         num = torch.logsumexp(logits.masked_fill(~positives, float("-inf")), dim=1)
         return torch.logsumexp(logits, dim=1) - num
 
@@ -97,6 +100,11 @@ def mil_nce(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperature
     else:
         ids = check_ids(ids, n).to(v.device)
         positives = same_id_mask(ids[idx], ids)
-    l_v2t = mil_terms(v[idx], t, take(tau_v2t, idx), positives)
-    l_t2v = mil_terms(t[idx], v, take(tau_t2v, idx), positives)
+    if rows is None:  # the whole batch: one similarity matrix, read both ways
+        sim = similarity(v, t)
+        l_v2t = mil_terms(v, t, tau_v2t, positives, sim=sim)
+        l_t2v = mil_terms(t, v, tau_t2v, positives, sim=sim.T.contiguous())
+    else:
+        l_v2t = mil_terms(v[idx], t, take(tau_v2t, idx), positives)
+        l_t2v = mil_terms(t[idx], v, take(tau_t2v, idx), positives)
     return (l_t2v.mean() + l_v2t.mean()) / 2
