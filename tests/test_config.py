@@ -101,6 +101,19 @@ def test_missing_config_file_and_bad_yaml(tmp_path):
         load_config(None, ["no_equals_sign"])
 
 
+def test_empty_folder_and_non_utf8_configs_are_refused_naming_the_file(tmp_path):
+    """Never the defaults in disguise (an empty file) nor a UnicodeDecodeError; only comments: the defaults."""
+    (tmp_path / "empty.yaml").write_text(" \n")
+    (tmp_path / "latin1.yaml").write_bytes("loss: {name: caf\u00e9}\n".encode("latin-1"))
+    (tmp_path / "folder.yaml").mkdir()
+    for name, needle in (("empty.yaml", "is empty"), ("latin1.yaml", "is not UTF-8 text"),
+                         ("folder.yaml", "is a directory")):
+        with pytest.raises(ValueError, match=f"^config: .*{name} {needle}"):
+            load_config(tmp_path / name)
+    (tmp_path / "comments.yaml").write_text("# the defaults\n")
+    assert load_config(tmp_path / "comments.yaml") == load_config(None)
+
+
 def test_config_is_frozen():
     cfg = Config()
     with pytest.raises(Exception):

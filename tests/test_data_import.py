@@ -96,6 +96,20 @@ def test_import_errors(tmp_path, capsys):
                      text_features=tmp_path / "feats" / "clip000.npy")
 
 
+def test_pairs_errors_carry_the_full_path(tmp_path):
+    """'pairs: pairs.csv line 3' named the file without its folder; a non-UTF-8 .jsonl was a bare
+    UnicodeDecodeError; a folder was 'not found'."""
+    (tmp_path / "p.csv").write_text("video,caption\nv1,a dog\n../v2,a cat\n")
+    (tmp_path / "p.jsonl").write_bytes('{"video": "caf\u00e9", "caption": "x"}\n'.encode("latin-1"))
+    (tmp_path / "p.txt").write_text("video,caption\n")
+    (tmp_path / "d.csv").mkdir()
+    for name, needle in (("p.csv", "line 3: video id '../v2'"), ("p.jsonl", "is not a UTF-8 text file"),
+                         ("p.txt", ""), ("d.csv", "is a directory")):
+        with pytest.raises(ValueError, match="^pairs: ") as info:
+            read_pairs(tmp_path / name)
+        assert str(tmp_path / name) in str(info.value) and needle in str(info.value), info.value
+
+
 def test_check_lists_every_problem_and_exits_1(tmp_path, capsys):
     _example(tmp_path)
     out = tmp_path / "d"

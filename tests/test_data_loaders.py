@@ -131,6 +131,25 @@ def test_missing_directory_and_bad_split(tmp_path):
         load_paired_split(tmp_path, "")
 
 
+@pytest.mark.parametrize("name", ["dev_video_mask.npy", "dev_relevancy.npy", "dev_image_labels.npy",
+                                  "dev_captions.tsv", "dev_image_features.npy", "dev_video_features.audio.npy",
+                                  "dev_video_mask.audio.npy"])
+def test_a_folder_under_a_layout_name_is_a_problem_not_an_absent_file(tmp_path, name):
+    """An optional file that is a folder was skipped as absent (a mask never applied) or, for a
+    names file, ended in a traceback; a required one was 'file not found'."""
+    _write(tmp_path)
+    (tmp_path / name).unlink(missing_ok=True)
+    (tmp_path / name).mkdir()
+    with pytest.raises(ValueError, match=f"{tmp_path / name}: is a directory, not a file") as info:
+        load_paired_split(tmp_path, "dev")
+    assert "file not found" not in str(info.value)
+
+
+def test_read_captions_of_a_folder(tmp_path):
+    with pytest.raises(ValueError, match="is a directory, not a text file"):
+        read_captions(tmp_path)
+
+
 def test_read_captions_txt(tmp_path):
     p = tmp_path / "c.txt"
     p.write_text("first caption\nsecond\ttab caption\n")

@@ -121,3 +121,30 @@ def test_efficientnet_reproduces_dev_image_features(tmp_path):
     _, rel = _report("efficientnet-lite0 vs dev_image_features", got, ref)
     assert rel < 1e-2
     np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).mean())
+
+
+def test_cli_encode_errors_name_the_flag(tmp_path, dummy_encoder, capsys):
+    """Each refusal names the flag whose file is wrong (it used to be 'captions: empty', 'paths: empty',
+    a bare UnicodeDecodeError, or an OSError from writing into a folder given as --out)."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9.jpg\n".encode("latin-1"))
+    (tmp_path / "caps.txt").write_text("banana\n")
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.jpg").write_bytes(b"")
+    (tmp_path / "outdir").mkdir()
+    out, imgs = str(tmp_path / "f.npy"), str(tmp_path / "imgs")
+    cases = [
+        (["text", "--captions", str(tmp_path / "empty.txt"), "--out", out], "--captions: "),
+        (["text", "--captions", str(tmp_path / "imgs"), "--out", out], "--captions: "),
+        (["text", "--captions", str(tmp_path / "caps.txt"), "--out", str(tmp_path / "outdir")], "--out: "),
+        (["images", "--dir", imgs, "--list", str(tmp_path / "empty.txt"), "--out", out], "--list: "),
+        (["images", "--dir", imgs, "--list", str(tmp_path / "latin1.txt"), "--out", out], "--list: "),
+        (["images", "--dir", imgs, "--list", imgs, "--out", out], "--list: "),
+        (["images", "--dir", str(tmp_path / "caps.txt"), "--out", out], "--dir: "),
+        (["images", "--dir", str(tmp_path / "outdir"), "--out", out], "--dir: "),
+    ]
+    for argv, flag in cases:
+        assert main(["encode", *argv, "--model", "test-dummy", "--quiet"]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"xmodal encode: error: {flag}"), (argv, err)
+    assert not (tmp_path / "f.npy").exists() and list((tmp_path / "outdir").iterdir()) == []

@@ -25,6 +25,8 @@ def files(tmp_path):
     (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY garbage")
     paths["bad"] = str(tmp_path / "bad.npy")
     paths["dir"] = tmp_path
+    np.save(tmp_path / "strings.npy", np.full((4, 3), "x"))
+    paths["strings"] = str(tmp_path / "strings.npy")
     return paths, q, g, t2v
 
 
@@ -74,6 +76,9 @@ def test_table_output(files, capsys):
 @pytest.mark.parametrize("argv_tail, needle", [
     (["--queries", "{missing}", "--gallery", "{g}", "--positives", "{p}"], "no such file"),
     (["--queries", "{bad}", "--gallery", "{g}", "--positives", "{p}"], "not a readable .npy"),
+    (["--queries", "{strings}", "--gallery", "{g}", "--positives", "{p}"], "--queries: {strings} holds <U1 values"),
+    (["--queries", "{q}", "--gallery", "{g}", "--positives", "{strings}"], "--positives: {strings} holds <U1"),
+    (["--queries", "{dir}", "--gallery", "{g}", "--positives", "{p}"], "--queries: {dir} is a directory"),
     (["--sim", "{sim}"], "exactly one of"),
     (["--sim", "{sim}", "--queries", "{q}"], "exactly one input"),
     ([], "exactly one input"),
@@ -87,7 +92,7 @@ def test_errors_are_one_line(files, capsys, argv_tail, needle):
     fmt = {**paths, "missing": str(paths["dir"] / "missing.npy")}
     assert main(["eval"] + [a.format(**fmt) for a in argv_tail]) == 2
     err = capsys.readouterr().err.strip()
-    assert needle in err and len(err.splitlines()) == 1
+    assert needle.format(**fmt) in err and len(err.splitlines()) == 1
 
 
 def test_help(capsys):

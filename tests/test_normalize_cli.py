@@ -137,3 +137,17 @@ def test_save_bias_and_iters_errors(files, tmp_path, capsys):
     assert code == 2 and err.startswith("xmodal normalize: error: --iters") and "10000" in err
     code, _, err = _run(capsys, ["--method", "sinkhorn", *base, "--threads", "0"])
     assert code == 2 and "--threads" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("method", ["dn", "sinkhorn"])
+@pytest.mark.parametrize("positives", [np.zeros((5, 3, 2, 7), np.float32), np.arange(7), np.full(60, 99)])
+def test_save_bias_is_written_only_after_every_input_passed(files, tmp_path, capsys, method, positives):
+    """Bad --positives (a wrong shape, a wrong length, ids out of range) used to be found after the bias
+    file was written; now the file is written last, and the error names --positives."""
+    paths = files[0]
+    np.save(tmp_path / "bad_p.npy", positives)
+    code, _, err = _run(capsys, ["--method", method, "--queries", paths["queries"], "--gallery", paths["gallery"],
+                                 "--positives", str(tmp_path / "bad_p.npy"), "--bank", paths["bank"], "--l2",
+                                 "--save-bias", str(tmp_path / "b.npy")])
+    assert code == 2 and err.startswith("xmodal normalize: error: --positives") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "b.npy").exists()

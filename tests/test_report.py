@@ -125,6 +125,22 @@ def test_report_cli_errors(tmp_path, capsys):
     assert "neither a run directory" in capsys.readouterr().err
 
 
+def test_report_data_is_refused_where_no_data_folder_is_read(run_dir, tmp_path, capsys):
+    """--data on a synthetic run (or a run without config.yaml) was silently ignored."""
+    import shutil
+
+    data = tmp_path / "data"
+    data.mkdir()
+    no_config = tmp_path / "run"
+    shutil.copytree(run_dir, no_config)
+    (no_config / "config.yaml").unlink()
+    for run, needle in ((run_dir, "synthetic"), (no_config, "no config.yaml")):
+        assert main(["report", str(run), "--data", str(data), "--out", str(tmp_path / "r.html")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("xmodal report: error: --data: ") and needle in err and "\n" not in err, err
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_curves_show_used_temperature_selection_terms_and_gap(tmp_path):
     from PIL import Image
 

@@ -365,6 +365,47 @@ def test_cli_errors_are_one_line(index_dir, gallery, tmp_path, capsys):
         busy.close()
 
 
+def test_cli_inputs_are_checked_before_the_port_is_bound(index_dir, gallery, tmp_path, capsys, monkeypatch):
+    """A bad --images (or a names.txt that is a folder) is refused before the socket is bound: the
+    port was taken (and the encoder loading began) before --images was looked at."""
+    import xmodal.serve
+
+    def no_bind(*args, **kwargs):
+        raise AssertionError("bound the port before checking the inputs")
+
+    monkeypatch.setattr(xmodal.serve, "bind_socket", no_bind)
+    (tmp_path / "file.png").write_bytes(b"")
+    broken = tmp_path / "idx"
+    shutil.copytree(index_dir, broken)
+    (broken / "names.txt").unlink()
+    (broken / "names.txt").mkdir()
+    for argv, needle in ((["--index", str(index_dir), "--images", str(tmp_path / "none")], "--images: "),
+                         (["--index", str(index_dir), "--images", str(tmp_path / "file.png")], "--images: "),
+                         (["--index", str(broken)], f"--index: {broken / 'names.txt'} is not a file")):
+        assert main(["serve", *argv, "--port", "0"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"xmodal serve: error: {needle}") and len(err.splitlines()) == 1, err
+
+
+def test_query_out_is_checked_first_and_written_whole(index_dir, split, tmp_path, capsys):
+    """--out naming a folder was an OSError after the search (exit 1); now refused first, naming --out."""
+    np.save(tmp_path / "t.npy", split.text[:3])
+    (tmp_path / "o.npy").mkdir()
+    (tmp_path / "p.scores.npy").mkdir()
+    for out in ("o.npy", "o", "p.npy"):
+        assert main(["query", "--index", str(index_dir), "--text-features", str(tmp_path / "t.npy"),
+                     "--out", str(tmp_path / out), "--k", "2"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("xmodal query: error: --out: ") and len(err.splitlines()) == 1, err
+    assert main(["query", "--index", str(index_dir), "--text-features", str(tmp_path / "t.npy"),
+                 "--out", str(tmp_path / "r"), "--k", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    np.testing.assert_array_equal(np.load(tmp_path / "r.npy"), res["indices"])
+    np.testing.assert_allclose(np.load(tmp_path / "r.scores.npy"), res["scores"], rtol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.npy", "p.scores.npy", "r.npy", "r.scores.npy",
+                                                          "t.npy"]
+
+
 # ----------------------------------------------------------------------------- a real browser
 @pytest.mark.skipif(not (HAVE_PLAYWRIGHT and os.access(CHROMIUM, os.X_OK)),
                     reason=f"no browser: needs playwright (pip install 'xmodal[serve-test]') and Debian's "

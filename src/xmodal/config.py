@@ -595,13 +595,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     """
     d: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"config: {path} not found")
-        try:
-            d = _yaml_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+        d = _read_config(Path(path))
         if not isinstance(d, dict):
             raise ValueError(f"config: {path} must hold a mapping of sections at the top level, "
                              f"got a {type(d).__name__}")
@@ -609,6 +603,26 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     overridden = {tuple(keys) for keys, _ in parse_overrides(overrides)}
     base = Path(path).resolve().parent if path is not None else None
     return from_dict(_resolve_paths(apply_overrides(d, overrides), base, overridden))
+
+
+def _read_config(p: Path) -> Any:
+    """The YAML of a config file; an empty file, a folder or non-UTF-8 bytes is one line naming it
+    (an empty file is never the defaults in disguise: give no CONFIG for those)."""
+    if p.is_dir():
+        raise ValueError(f"config: {p} is a directory, not a YAML file")
+    if not p.is_file():
+        raise FileNotFoundError(f"config: {p} not found")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config: {p} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    if not text.strip():
+        raise ValueError(f"config: {p} is empty (give no CONFIG for the defaults)")
+    try:
+        d = _yaml_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config: {p} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    return {} if d is None else d  # only comments: the defaults, as written
 
 
 def config_text(cfg: Config) -> str:

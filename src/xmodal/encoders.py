@@ -120,7 +120,11 @@ def list_images(directory: str | os.PathLike, listing: str | os.PathLike | None 
         listing = Path(listing)
         if not listing.is_file():
             raise ValueError(f"{listing}: file not found")
-        names = [line.strip() for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+        try:
+            text = listing.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{listing}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
+        names = [line.strip() for line in text.splitlines() if line.strip()]
         return [directory / n for n in names]
     return sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
 

@@ -464,7 +464,12 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
                              f"(restore the config the run was trained with)")
         # --data: the data folder moved since training
         cfg = load_config(run / "config.yaml", [f"data.root={data.resolve()}"] if data is not None else ())
+        if data is not None and cfg.data.name == "synthetic":  # never a folder silently left unread
+            raise ValueError(f"--data: {run} was trained on synthetic data (data.name: synthetic), which "
+                             f"reads no data folder; drop --data {data}")
         splits = load_splits(cfg)
+    elif data is not None:
+        raise ValueError(f"--data: {run} has no config.yaml saying which splits to read from {data}")
     sizes = {k: chance_levels(v.text_to_video, v.num_videos) for k, v in (splits or {}).items()}
     body += ["<h2>Results per test-time normaliser</h2>",
              '<p class="muted">Recall in %, ranks 1-based. Yellow row: the normaliser selected on val; '

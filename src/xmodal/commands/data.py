@@ -82,7 +82,8 @@ def _configured(path: str | None) -> tuple[str, ...] | None:
     try:
         cfg = load_config(path)
     except (ValueError, TypeError, OSError) as exc:
-        raise ValueError(f"--config: {exc}") from None
+        msg = str(exc)
+        raise ValueError(f"--config: {msg[len('config: '):] if msg.startswith('config: ') else msg}") from None
     d = cfg.data
     return tuple(s for s in (d.train_split, d.val_split, d.test_split) if s)
 

@@ -85,12 +85,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--tokens/--mask-out: only for 'xmodal encode text'")
     if getattr(args, "mask_out", None) and not args.tokens:
         raise ValueError("--mask-out: only with --tokens")
+    _check_out(args.out, "--out")
+    if getattr(args, "mask_out", None):
+        _check_out(args.mask_out, "--mask-out")
     mask = None
     try:
         if args.kind == "text":
             if not args.captions:
                 raise ValueError("--captions: required for 'xmodal encode text'")
-            captions = read_captions(args.captions)
+            try:
+                captions = read_captions(args.captions)
+            except ValueError as exc:
+                raise ValueError(f"--captions: {exc}") from None
+            if not captions:
+                raise ValueError(f"--captions: {args.captions} holds no captions")
             if getattr(args, "tokens", False):
                 feats, mask = encoders.encode_text_tokens(
                     captions, model=args.model or "minilm",
@@ -102,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
-            paths = encoders.list_images(args.dir, args.list)
+            paths = _image_paths(args.dir, args.list)
             feats = encoders.encode_images(paths, model=args.model or "efficientnet-lite0",
                                            batch_size=32 if args.batch_size is None else args.batch_size,
                                            progress=progress)
@@ -127,6 +135,35 @@ def run(args: argparse.Namespace) -> int:
     extra = f"; token mask {mask_out}" if mask is not None else ""
     print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def _check_out(path: str, flag: str) -> None:
+    """A file to write: never a folder or a link (refused before anything is encoded)."""
+    p = Path(path)
+    if p.is_symlink():
+        raise ValueError(f"{flag}: {path} is a symbolic link; refused")
+    if p.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; give the .npy file to write")
+
+
+def _image_paths(directory: str, listing: str | None) -> list[Path]:
+    """:func:`xmodal.encoders.list_images` with errors naming ``--dir`` / ``--list``."""
+    from xmodal import encoders
+
+    if not Path(directory).is_dir():
+        raise ValueError(f"--dir: {directory} is not a directory" if Path(directory).exists()
+                         else f"--dir: {directory} not found")
+    if listing is not None and not Path(listing).is_file():
+        raise ValueError(f"--list: {listing} is a directory, not a text file" if Path(listing).is_dir()
+                         else f"--list: {listing} not found")
+    try:
+        paths = encoders.list_images(directory, listing)
+    except ValueError as exc:  # the folder and the file were checked: the list's content
+        raise ValueError(f"--list: {exc}") from None
+    if not paths:
+        raise ValueError(f"--list: {listing} names no image" if listing is not None
+                         else f"--dir: {directory} holds no image file")
+    return paths
 
 
 def token_mask_path(out: Path) -> Path:

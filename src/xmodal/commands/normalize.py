@@ -216,27 +216,27 @@ def run(args: argparse.Namespace) -> int:
     positives = _load(args.positives, "positives")
     bank = _embeddings(args.bank, "bank", args.l2) if args.bank else None
     marginal = _load(args.gallery_marginal, "gallery-marginal") if args.gallery_marginal else None
+    flags = {"iters": "--iters", "k": "--k", "beta": "--beta", "lam": "--lam", "temperature": "--temperature",
+             "num_samples": "--num-samples", "gallery_marginal": "--gallery-marginal", "positives": "--positives",
+             "queries": "--queries", "gallery": "--gallery", "bank": "--bank"}
     try:
         norm = build_and_fit(args.method, queries, gallery, bank, oracle=args.oracle,
                              temperature=args.temperature, iters=args.iters, k=args.k, beta=args.beta,
                              lam=args.lam, num_samples=args.num_samples, seed=args.seed,
                              gallery_marginal=marginal)
+        checked = {"--queries": queries, "--gallery": gallery, **({"--bank": bank} if bank is not None else {})}
+        warning = check_scale(args.method, checked, force=args.force)
+        if warning:
+            print(f"xmodal normalize: warning: {warning}", file=sys.stderr)
+        result = evaluate(norm, queries, gallery, positives, ks=ks, temperature=args.temperature,
+                          progress=progress_enabled(args))
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
-        flags = {"iters": "--iters", "k": "--k", "beta": "--beta", "lam": "--lam",
-                 "temperature": "--temperature", "num_samples": "--num-samples",
-                 "gallery_marginal": "--gallery-marginal"}
         if sep and name in flags:
             raise type(exc)(f"{flags[name]}:{rest}") from None
         raise
-    checked = {"--queries": queries, "--gallery": gallery, **({"--bank": bank} if bank is not None else {})}
-    warning = check_scale(args.method, checked, force=args.force)
-    if warning:
-        print(f"xmodal normalize: warning: {warning}", file=sys.stderr)
-    if args.save_bias:
+    if args.save_bias:  # last: every input has been read and used, none can refuse after the file is written
         save_bias(norm, args.method, args.save_bias)
-    result = evaluate(norm, queries, gallery, positives, ks=ks, temperature=args.temperature,
-                      progress=progress_enabled(args))
     result.update(method=args.method, normalizer=repr(norm),
                   uses_test_queries=bool(norm.uses_test_queries), temperature=args.temperature)
     if args.method == "sinkhorn":

@@ -70,6 +70,8 @@ class SearchIndex:
         self.shift = shift.astype(np.float32)
         names = self.path / "names.txt"
         self.names = None
+        if names.exists() and not names.is_file():
+            raise ValueError(f"--index: {names} is not a file")
         if names.is_file():
             try:
                 self.names = names.read_text(encoding="utf-8").splitlines()
@@ -112,6 +114,17 @@ class SearchIndex:
         return self.index.search(emb - self.shift[None, :], k)
 
 
+def _outputs(out: str) -> tuple[Path, Path]:
+    """The files ``--out`` names (indices, then scores), refused before any work if one is a folder or a link."""
+    path = Path(out if out.endswith(".npy") else out + ".npy")  # np.save's naming, kept
+    paths = (path, Path(str(Path(out).with_suffix("")) + ".scores.npy"))
+    for p in paths:
+        if p.is_dir() or p.is_symlink():
+            raise ValueError(f"--out: {p} is a {'directory' if p.is_dir() else 'symbolic link'}; "
+                             f"give the .npy file to write")
+    return paths
+
+
 def run(args: argparse.Namespace) -> int:
     from xmodal.cli import progress_enabled
     from xmodal.commands.eval import load_npy
@@ -122,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--k: must be >= 1, got {args.k}")
     if getattr(args, "text_mask", None) and args.text_features is None:
         raise ValueError("--text-mask: only with --text-features")
+    outputs = _outputs(args.out) if args.out else None
     idx = SearchIndex(args.index)
     if args.captions is not None:
         try:
@@ -148,9 +162,12 @@ def run(args: argparse.Namespace) -> int:
         elif msg.startswith("text_mask:"):
             msg = ("--captions: " if args.captions else "--text-mask: ") + msg[len("text_mask:"):].strip()
         raise type(exc)(msg) from None
-    if args.out:
-        np.save(args.out, indices)
-        np.save(str(Path(args.out).with_suffix("")) + ".scores.npy", scores)
+    if outputs is not None:
+        from xmodal.commands.index import _save_npy
+        from xmodal.runs import atomic_write
+
+        for path, array in zip(outputs, (indices, scores)):
+            atomic_write(path, lambda tmp, array=array: _save_npy(tmp, array))
     if args.json:
         print(json.dumps({"normalizer": idx.meta.get("normalizer"), "k": args.k,
                           "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))

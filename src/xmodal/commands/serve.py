@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 NAME = "serve"
 HELP = "a local search page and JSON API for an index written by 'xmodal index'"
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.k <= MAX_K:
         raise ValueError(f"--k: must be in [1, {MAX_K}], got {args.k}")
     index = SearchIndex(args.index)
+    if args.images is not None and not Path(args.images).is_dir():  # every input checked before the port is bound
+        raise ValueError(f"--images: {args.images} is not a directory")
     sock = bind_socket(args.host, args.port)  # a busy port fails before the encoder loads
     try:
         app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k)

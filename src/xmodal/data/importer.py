@@ -86,6 +86,8 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     [{'video': 'v1', 'caption': 'a dog runs'}]
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"pairs: {path} is a directory, not a .csv or .jsonl file")
     if not path.is_file():
         raise ValueError(f"pairs: {path} not found")
     suffix = path.suffix.lower()
@@ -96,7 +98,11 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
             raise ValueError(f"pairs: {path} is not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     elif suffix in (".jsonl", ".ndjson"):
         raw = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"pairs: {path} is not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
+        for i, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
                     obj = json.loads(line)
@@ -106,7 +112,7 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
                     raise ValueError(f"pairs: {path} line {i} is not a JSON object")
                 raw.append(obj)
     else:
-        raise ValueError(f"pairs: expected a .csv or .jsonl file, got {path.name}")
+        raise ValueError(f"pairs: expected a .csv or .jsonl file, got {path}")
     if not raw:
         raise ValueError(f"pairs: {path} has no rows")
     keys = set(raw[0])
@@ -126,7 +132,7 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
         if video in (None, "") or caption is None or not str(caption).strip():
             bad.append(line)
             continue
-        row = {"video": check_video_id(str(video).strip(), f"pairs: {path.name} line {line}"),
+        row = {"video": check_video_id(str(video).strip(), f"pairs: {path} line {line}"),
                "caption": " ".join(str(caption).split())}  # no tabs/newlines in the TSV
         if r.get("split") and str(r["split"]).strip():
             row["split"] = str(r["split"]).strip()

@@ -31,6 +31,8 @@ def read_captions(path: str | os.PathLike) -> list[str]:
     """Caption strings of a ``.tsv`` (header line, caption text in the last column)
     or a ``.txt`` (one caption per line)."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a text file")
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
     try:
@@ -71,7 +73,12 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
         raise ValueError(f"split: expected a non-empty string, got {short_repr(split)}")
     if not root.is_dir():
         raise ValueError(f"{root}: data directory not found")
-    problems = [f"{root / m}: file not found" for m in layout.missing_files(root, split)]
+    # a folder (or anything but a file) under a layout name: never skipped as if absent
+    odd = [p for p in sorted(root.iterdir()) if (layout.parse(p.name) or ("",))[0] == split and not p.is_file()]
+    problems = [f"{p}: is a directory, not a file" if p.is_dir() else f"{p}: not a regular file" for p in odd]
+    taken = {p.name for p in odd}
+    problems += [f"{root / layout.describe(split, role)}: file not found" for role in layout.REQUIRED
+                 if layout.find(root, split, role) is None and taken.isdisjoint(layout.names(split, role))]
     out: dict[str, Any] = {"experts": {}, "expert_masks": {}}
     labels: dict[str, str] = {}
 
