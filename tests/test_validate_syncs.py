@@ -31,6 +31,17 @@ def test_forward_syncs_once(loss, seed, bool_calls):
     assert bool_calls["n"] == 1
 
 
+def test_crossclr_forward_syncs(bool_calls):
+    """CrossCLR (no queue, no appendix C.1 positives): the embeddings' finiteness check, and each
+    input feature matrix checked by the module and again by the functional form (2 x 2). The
+    C.1 positives mask is not built, so no ``extra.any()`` sync (it was 2 more)."""
+    from xmodal.losses import CrossCLR
+    g = torch.Generator().manual_seed(0)
+    v, t = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+    CrossCLR()(v, t, video_input=torch.rand(8, 5, generator=g), text_input=torch.rand(8, 3, generator=g))
+    assert bool_calls["n"] == 5
+
+
 @pytest.mark.parametrize("bad", ["video", "text"])
 def test_nan_still_named(bad):
     v, t = torch.randn(4, 3), torch.randn(4, 3)

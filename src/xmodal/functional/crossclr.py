@@ -165,9 +165,11 @@ def _direction(za, zb, queue, tau, lam, mode, infl, infl_q, blocked, blocked_q, 
     modality's influential set ``infl`` (``[B]``) / ``infl_q`` (queue ``[M]``)."""
     eye = torch.eye(za.shape[0], dtype=torch.bool, device=za.device)
     cross = (za @ zb.T) / tau[:, None]
-    not_neg = eye | blocked | infl[None, :] | extra
+    not_neg = eye | blocked | infl[None, :]
     num = cross.diagonal()
-    if bool(extra.any()):
+    if extra is not None:  # appendix C.1 positives (None when num_positives = 0: no host sync)
+        not_neg = not_neg | extra
+    if extra is not None and bool(extra.any()):
         num = torch.logsumexp(torch.cat([num[:, None], (cross + log_beta).masked_fill(
             ~extra, float("-inf"))], 1), 1)
     parts = [cross.diagonal()[:, None], cross.masked_fill(not_neg, float("-inf"))]
@@ -288,7 +290,7 @@ def crossclr_loss(video: torch.Tensor, text: torch.Tensor, video_input: torch.Te
                 if ids is not None and queue_ids is not None:
                     blocked_q[a] = same_id_mask(ids, check_ids(queue_ids, q.shape[0], "queue_ids"))
     with full_precision(dev):
-        extra = [eye.new_zeros(n, n)] * 2
+        extra = [None, None]
         if num_positives > 0:
             off = ~(blocked | eye)
             for a in range(2):  # P_y = topK(I_x): candidates from the anchor's own modality
