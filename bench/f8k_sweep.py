@@ -6,6 +6,7 @@ Each variant is a config plus dotted overrides; every run writes its own directo
 Usage:
     python bench/f8k_sweep.py --variants bench/f8k_variants.yaml --out runs/sweep --jobs 4 \
         [--only NAME,NAME] [--seeds 0,1,2] [--normalizers none,sinkhorn,ncl] [--set data.root=PATH ...]
+    python bench/f8k_sweep.py ... --table-only     # the same tables from the runs already under --out
 
 With several seeds, cells are mean +- std (population std over the seeds) and a second table
 gives t2v R@1 under each normaliser named in ``--normalizers`` (when the run evaluated it).
@@ -83,7 +84,7 @@ def row(name: str, out: Path, seconds: float, rc: int) -> str:
     best = m["val"][sel]
     rsum = sum(best[d][f"R@{k}"] for d in ("t2v", "v2t") for k in (1, 5, 10))
     return (f"| {name} | {none['t2v']['R@1']:.2f} | {best['t2v']['R@1']:.2f} ({sel}) | {none['v2t']['R@1']:.2f} | "
-            f"{rsum:.1f} | {m['best_epoch']}/{m['epochs_run']} | {seconds:.0f} |")
+            f"{rsum:.1f} | {m['best_epoch']}/{m['epochs_run']} | {'-' if seconds is None else f'{seconds:.0f}'} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], help="override added to every run")
     p.add_argument("--seeds", default="", help="comma-separated train.seed values (each variant x seed)")
     p.add_argument("--normalizers", default="none,dn,sinkhorn,qbnorm", help="columns of the seed table")
+    p.add_argument("--table-only", action="store_true",
+                   help="train nothing: tabulate the runs already under --out (wall s shown as '-')")
     args = p.parse_args(argv)
     variants = yaml.safe_load(Path(args.variants).read_text())
     if args.only:
@@ -108,8 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     if seeds:
         variants = {f"{k}_s{s}": {**v, "overrides": [*v.get("overrides", []), f"train.seed={s}"]}
                     for k, v in variants.items() for s in seeds}
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda kv: run_one(kv[0], kv[1], out, args.set, args.threads), variants.items()))
+    if args.table_only:
+        results = [(name, None, 0) for name in variants]
+    else:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda kv: run_one(kv[0], kv[1], out, args.set, args.threads),
+                                    variants.items()))
     lines = ["| variant | dev t2i R@1 none | dev t2i R@1 selected | dev i2t R@1 none | dev rsum (selected) | "
              "best/run epochs | wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [row(name, out, sec, rc) for name, sec, rc in results]
@@ -117,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if seeds:
         table += "\n\n" + seed_table(names, seeds, out, args.normalizers.split(","))
     print(table)
-    (out / "table.md").write_text(table + "\n")
+    if not args.table_only:
+        (out / "table.md").write_text(table + "\n")
     return 0
 
 
