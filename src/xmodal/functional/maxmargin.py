@@ -12,7 +12,7 @@ from xmodal.functional._common import (Temperature, check_ids, col, full_precisi
 
 def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | torch.Tensor,
                 idx: torch.Tensor, negatives: torch.Tensor, hardest: bool,
-                negative_reduction: str = "mean", *, sim: torch.Tensor | None = None) -> torch.Tensor:
+                negative_reduction: str = "mean") -> torch.Tensor:
     """Per-query hinge ``max(0, s_ij - s_ii + m_i)`` over the negatives ``j``.
 
     Args:
@@ -20,15 +20,12 @@ def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | to
             column of each query; negatives: bool ``[R, B]``.
         hardest: max over the negatives (VSE++) instead of their mean.
         negative_reduction: ``"mean"`` or ``"sum"`` over each query's negatives.
-        sim: ``queries @ gallery.T`` when the caller already has it (the full batch: one
-            matmul serves both directions, the other reads its transpose).
 
     Shape:
         returns ``[R]``; a query without negatives gives 0.
     """
     with full_precision(queries.device):
-        if sim is None:
-            sim = similarity(queries, gallery)
+        sim = similarity(queries, gallery)
         pos = sim.gather(1, idx[:, None])
         hinge = (sim - pos + col(margin)).clamp_min(0.0)
         # hinge >= 0, so filling non-negatives with 0 leaves the max/sum over negatives exact
@@ -38,6 +35,22 @@ def hinge_terms(queries: torch.Tensor, gallery: torch.Tensor, margin: float | to
         if negative_reduction == "sum":
             return hinge.sum(dim=1)
         return hinge.sum(dim=1) / negatives.sum(dim=1).clamp_min(1).to(hinge.dtype)
+
+
+def _hinge_both(sim: torch.Tensor, margin: float | torch.Tensor, negatives: torch.Tensor,
+                hardest: bool, negative_reduction: str, dim: int) -> torch.Tensor:
+    """:func:`hinge_terms` of the whole batch read off one ``[B, B]`` similarity: ``dim=1``
+    reduces each row (video anchors, v2t), ``dim=0`` each column (text anchors, t2v) without a
+    transposed copy. ``negatives`` is symmetric here (no ``rows``). Shape: returns ``[B]``."""
+    shape = (-1, 1) if dim == 1 else (1, -1)
+    pos = sim.diagonal().reshape(shape)
+    m = margin if isinstance(margin, float) else margin.reshape(shape)
+    hinge = (sim - pos + m).clamp_min(0.0).masked_fill_(~negatives, 0.0)
+    if hardest:
+        return hinge.max(dim=dim).values
+    if negative_reduction == "sum":
+        return hinge.sum(dim=dim)
+    return hinge.sum(dim=dim) / negatives.sum(dim=dim).clamp_min(1).to(hinge.dtype)
 
 
 def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature = 0.2,
@@ -86,10 +99,11 @@ def max_margin(video: torch.Tensor, text: torch.Tensor, *, margin: Temperature =
     if ids is not None:
         ids = check_ids(ids, n).to(v.device)
         negatives = negatives & ~same_id_mask(ids[idx], ids)
-    if rows is None:  # the whole batch: one similarity matrix, read both ways
-        sim = similarity(v, t)
-        l_v2t = hinge_terms(v, t, m, idx, negatives, hardest, negative_reduction, sim=sim)
-        l_t2v = hinge_terms(t, v, m, idx, negatives, hardest, negative_reduction, sim=sim.T.contiguous())
+    if rows is None:  # the whole batch: one similarity matrix, rows for v2t, columns for t2v
+        with full_precision(v.device):
+            sim = similarity(v, t)
+            l_v2t, l_t2v = (_hinge_both(sim, m, negatives, hardest, negative_reduction, dim)
+                            for dim in (1, 0))
     else:
         l_v2t = hinge_terms(v[idx], t, take(m, idx), idx, negatives, hardest, negative_reduction)
         l_t2v = hinge_terms(t[idx], v, take(m, idx), idx, negatives, hardest, negative_reduction)
