@@ -119,6 +119,7 @@ RESUME_CASES = {
                                       "class_temperature": True, "classes": "kmeans", "k": 5}),
     "ncl-queue": dict(loss={"name": "ncl", "temperature": 0.1, "kwargs": {"queue_size": 64}},
                       test_time={"normalizers": ["none", "ncl"]}),
+    "ema-weights": dict(model={"kind": "mlp", "dim": 16, "width": 32, "dropout": 0.2}, optim={"ema": 0.9}),
 }
 
 

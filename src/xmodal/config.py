@@ -131,6 +131,8 @@ class OptimConfig:
     plateau_factor: float = key(0.1, "plateau: LR factor per reduction ('reduced by a factor of 10', sec. 4.3)")
     plateau_patience: int = key(6, "plateau: epochs without improvement before a reduction")
     plateau_cooldown: int = key(4, "plateau: epochs to wait after a reduction")
+    ema: float = key(0.0, "exponential moving average of the weights, decay per step (e.g. 0.99); validation, "
+                          "the best epoch and model.pt then use the averaged weights; 0 disables")
 
 
 @dataclass(frozen=True)
@@ -442,6 +444,8 @@ def validate(cfg: Config) -> None:
     if not 0 <= o.min_lr_ratio <= 1:
         raise ValueError(f"optim.min_lr_ratio: must lie in [0, 1], got {o.min_lr_ratio}")
     _one_of(o.scheduler, "optim.scheduler", ("cosine", "plateau"))
+    if not (isinstance(o.ema, (int, float)) and 0 <= o.ema < 1):
+        raise ValueError(f"optim.ema: must lie in [0, 1) (0 disables the weight average), got {o.ema!r}")
     if not 0 < o.plateau_factor < 1:
         raise ValueError(f"optim.plateau_factor: must lie in (0, 1), got {o.plateau_factor}")
     for name in ("plateau_patience", "plateau_cooldown"):

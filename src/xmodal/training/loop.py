@@ -61,7 +61,7 @@ from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_tem
 from xmodal.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries
 from xmodal.training.parts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
                                generator_states, init_distributed_from_env, load_module_state, loss_extras,
-                               make_optimizer, make_plateau, resolve_device, set_generator_states)
+                               make_ema, make_optimizer, make_plateau, resolve_device, set_generator_states)
 
 # --------------------------------------------------------------------------- data
 
@@ -236,7 +236,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
             lock.release()
 
 
-def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer, plateau=None) -> dict:
+def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer, plateau=None, ema=None) -> dict:
     ckpt = load_checkpoint(ckpt_path, map_location=device)
     if ckpt.get("config") != to_dict(cfg):
         raise ValueError(f"out: {ckpt_path.parent} holds a run with a different config; use another --out "
@@ -247,6 +247,8 @@ def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer, pla
         optimizer.load_state_dict(ckpt["optimizer"])
         if plateau is not None:
             plateau.load_state_dict(ckpt["plateau"])
+        if ema is not None:
+            ema.load_state_dict(ckpt["ema"])
         _set_rng_state(ckpt["rng"], device)
         set_generator_states(loss_fn, ckpt.get("generators", {}))
         return ckpt["state"]
@@ -288,6 +290,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     optimizer = make_optimizer(cfg, params)
     plateau = make_plateau(cfg, optimizer)
+    ema = make_ema(cfg, model)  # optim.ema: the weights validated and kept are the moving average
 
     world = dist.world_size()
     if tc.batch_size % world:
@@ -323,7 +326,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     ckpt_path = out / "checkpoint.pt"
     resumed = resume and ckpt_path.is_file()
     if resumed:
-        state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau)
+        state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema)
     logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
                   enabled=is_main, echo=verbose)
     data_files = [] if in_memory else provenance.data_files(cfg)
@@ -375,6 +378,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
             optimizer.step()
+            if ema is not None:
+                ema.update_parameters(model)
             state["step"] += 1
             losses.append(value)
             for k, x in (getattr(loss_fn, "last_terms", None) or {}).items():
@@ -386,19 +391,20 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         train_loss = float(dist.all_reduce_mean(torch.tensor(float(np.mean(losses))))) if losses else float("nan")
         state["train_time"] += time.perf_counter() - t0
 
-        val_text, val_video = embed_split(model, val_split, tc.eval_batch_size)
+        kept = model if ema is None else ema.module  # the weights validated and snapshotted
+        val_text, val_video = embed_split(kept, val_split, tc.eval_batch_size)
         if not bool(torch.isfinite(val_text).all() & torch.isfinite(val_video).all()):
             raise DivergedError(f"training diverged in epoch {epoch + 1}: the weights became NaN/inf; "
                                 f"lower optim.lr or check the features")
         val = retrieval_metrics(val_text @ val_video.T, None, val_split.text_to_video, val_relevancy)
-        val.update(group_metrics(model, val_split, tc.eval_batch_size))  # p2v / v2p where val has groups
+        val.update(group_metrics(kept, val_split, tc.eval_batch_size))  # p2v / v2p where val has groups
         current = score(val, tc.metric)
         if plateau is not None and state["step"] >= warmup_steps:
             plateau.step(current)
         improved = current > state["best_score"]
         if improved:
             state.update(best_score=current, best_epoch=epoch, bad_epochs=0,
-                         best_model={k: v.detach().clone().cpu() for k, v in model.state_dict().items()},
+                         best_model={k: v.detach().clone().cpu() for k, v in kept.state_dict().items()},
                          best_loss={k: v.detach().clone().cpu() for k, v in loss_fn.state_dict().items()})
         else:
             state["bad_epochs"] += 1
@@ -418,6 +424,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             atomic_save({"config": to_dict(cfg), "model": model_payload(model), "loss": loss_fn.state_dict(),
                          "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
                          **({"plateau": plateau.state_dict()} if plateau is not None else {}),
+                         **({"ema": ema.state_dict()} if ema is not None else {}),
                          "generators": generator_states(loss_fn), "state": state},
                         ckpt_path)
         logs.epoch(state["history"], improved=improved)  # log.jsonl (+ csv, tensorboard), the epoch line

@@ -63,6 +63,20 @@ def make_optimizer(cfg: Config, params: list[nn.Parameter]) -> torch.optim.Optim
     return cls(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
 
 
+def make_ema(cfg: Config, model: nn.Module):
+    """An exponential moving average of ``model``'s weights for ``optim.ema > 0``, else None.
+
+    ``torch.optim.swa_utils.AveragedModel`` with the EMA update ``w_avg <- d w_avg + (1 - d) w``
+    once per optimisation step (buffers, e.g. the standardisation statistics, are averaged too; they
+    are constant after the fit). The first update copies the weights. Validation, the best-epoch
+    snapshot and ``model.pt`` read the averaged copy; its state is checkpointed for exact resume.
+    """
+    if not cfg.optim.ema:
+        return None
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(float(cfg.optim.ema)), use_buffers=True)
+
+
 def make_plateau(cfg: Config, optimizer: torch.optim.Optimizer):
     """``ReduceLROnPlateau`` on the validation score (mode max) for ``optim.scheduler: plateau``
     (CrossCLR sec. 4.3: "reduced by a factor of 10 when validation performance saturates";
