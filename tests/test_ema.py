@@ -61,3 +61,32 @@ def test_ema_outside_0_1_is_refused_before_training(bad):
     d["optim"]["ema"] = bad
     with pytest.raises((ValueError, TypeError), match="optim.ema"):
         from_dict(d)
+
+
+def test_keep_last_saves_the_final_epoch_not_the_best(tmp_path):
+    """``train.keep: last``: model.pt holds the last epoch's weights (the checkpoint's). The same
+    config under the default ``best`` keeps an earlier epoch (val peaks at epoch 5 of 6), so the
+    test tells the two apart."""
+    sections = dict(train={"epochs": 6, "patience": 0}, optim={"lr": 0.1})
+    best = train(tiny_config(**sections), tmp_path / "best", verbose=False)
+    assert best["best_epoch"] < best["epochs_run"] == 6
+    sections["train"]["keep"] = "last"
+    summary = train(tiny_config(**sections), tmp_path / "last", verbose=False)
+    assert summary["best_epoch"] == summary["epochs_run"] == 6
+    last = torch.load(tmp_path / "last" / "checkpoint.pt", weights_only=True)["model"]["state_dict"]
+    saved = _model_weights(tmp_path / "last" / "model.pt")
+    assert saved.keys() == last.keys()
+    for k in saved:
+        assert torch.equal(saved[k], last[k]), k
+    kept_best = _model_weights(tmp_path / "best" / "model.pt")
+    assert not all(torch.equal(kept_best[k], saved[k]) for k in saved)
+
+
+def test_keep_last_with_patience_is_refused():
+    d = to_dict(tiny_config())
+    d["train"].update(keep="last", patience=3)
+    with pytest.raises(ValueError, match="train.keep"):
+        from_dict(d)
+    d["train"].update(keep="newest", patience=0)
+    with pytest.raises(ValueError, match="train.keep"):
+        from_dict(d)

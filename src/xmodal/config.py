@@ -222,6 +222,8 @@ class TrainConfig:
                               "map (mAP T->V, EPIC-100 MIR; needs relevancy) | p2v_rsum (R@1,5,10 of p2v + v2p; "
                               "a val split with groups)")
     patience: int = key(5, "epochs without improvement before stopping; 0 = never")
+    keep: str = key("best", "weights kept in model.pt: best (the epoch with the best val metric) | last (the final "
+                            "epoch: a fixed schedule, e.g. a refit on all training data; needs patience 0)")
     device: str = key("auto", "auto | cpu | cuda")
     amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU")
     progress: bool = key(True, "progress bars on a terminal (never in a log file)")
@@ -503,6 +505,9 @@ def validate(cfg: Config) -> None:
     _one_of(tr.device, "train.device", ("auto", "cpu", "cuda"))
     if tr.patience < 0:
         raise ValueError(f"train.patience: must be >= 0, got {tr.patience}")
+    _one_of(tr.keep, "train.keep", ("best", "last"))
+    if tr.keep == "last" and tr.patience:
+        raise ValueError(f"train.keep: 'last' trains the whole schedule; set train.patience: 0 (got {tr.patience})")
     for target in tr.log_to:
         _one_of(target, "train.log_to", LOG_TARGETS)
 

@@ -401,7 +401,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         current = score(val, tc.metric)
         if plateau is not None and state["step"] >= warmup_steps:
             plateau.step(current)
-        improved = current > state["best_score"]
+        improved = current > state["best_score"] or tc.keep == "last"  # keep last: every epoch replaces
         if improved:
             state.update(best_score=current, best_epoch=epoch, bad_epochs=0,
                          best_model={k: v.detach().clone().cpu() for k, v in kept.state_dict().items()},
