@@ -5,6 +5,13 @@
 Reads each run's ``metrics.json`` (``test`` = the held-back split, ``val`` = the carved one that
 picked the epoch and the normaliser) and prints one markdown table: per seed, then mean and
 sample standard deviation, for plain cosine and for the normaliser selected on val.
+
+    python bench/heldout_table.py --refit qbnorm runs/f8k_refit_s0 runs/f8k_refit_s1 runs/f8k_refit_s2
+
+``--refit NORMALISER``: runs trained on the whole train split for a fixed number of epochs (the
+held-out runs' selected epoch) with ``train.keep: last``, whose ``val`` split is dev. Nothing in
+them is selected on dev: the weights are the last epoch's (checked in the run's config) and the
+normaliser is the one given (the held-out runs' choice), read beside plain cosine.
 """
 
 from __future__ import annotations
@@ -26,10 +33,44 @@ def row(run: Path) -> dict:
             "test_plain": m["test"]["none"]["t2v"]["R@1"], "test_sel": m["test"][sel]["t2v"]["R@1"]}
 
 
+def refit_row(run: Path, normalizer: str) -> dict:
+    import yaml
+
+    m = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+    cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    if cfg["train"].get("keep") != "last":
+        raise SystemExit(f"{run}: train.keep is not 'last': its weights were selected on dev, not a refit")
+    if normalizer not in m["val"]:
+        raise SystemExit(f"{run}: no {normalizer!r} in metrics.json (normalisers: {', '.join(m['val'])})")
+    return {"run": run.name, "epochs": m["epochs_run"], "ema": cfg["optim"].get("ema", 0.0),
+            "plain": m["val"]["none"]["t2v"]["R@1"], "norm": m["val"][normalizer]["t2v"]["R@1"]}
+
+
+def refit_table(runs: list[Path], normalizer: str) -> str:
+    rows = [refit_row(r, normalizer) for r in runs]
+    lines = [f"| run | epochs (last kept) | optim.ema | **dev t2i R@1 plain** | **dev t2i R@1 {normalizer}** |",
+             "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['epochs']} | {r['ema']:g} | {r['plain']:.2f} | {r['norm']:.2f} |")
+    if len(rows) > 1:
+        def ms(k: str) -> str:
+            v = np.array([r[k] for r in rows])
+            return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
+        lines.append(f"| mean ± std ({len(rows)} seeds) | | | **{ms('plain')}** | **{ms('norm')}** |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path)
-    rows = [row(r) for r in p.parse_args(argv).runs]
+    p.add_argument("--refit", metavar="NORMALISER", default=None,
+                   help="the runs are refits (train.keep: last, val = dev): read dev plain and with NORMALISER")
+    args = p.parse_args(argv)
+    if args.refit:
+        text = refit_table(args.runs, args.refit)
+        print(text)
+        return text
+    rows = [row(r) for r in args.runs]
     lines = ["| run | best epoch / run | selected on val | val t2i R@1 plain | val t2i R@1 selected "
              "| **dev t2i R@1 plain** | **dev t2i R@1 selected** |", "|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
