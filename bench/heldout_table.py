@@ -33,6 +33,12 @@ def row(run: Path) -> dict:
             "test_plain": m["test"]["none"]["t2v"]["R@1"], "test_sel": m["test"][sel]["t2v"]["R@1"]}
 
 
+def mean_std(rows: list[dict], key: str) -> str:
+    """``mean ± sample std`` of ``key`` over the rows (two decimals)."""
+    v = np.array([r[key] for r in rows])
+    return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
+
+
 def refit_row(run: Path, normalizer: str) -> dict:
     import yaml
 
@@ -53,10 +59,8 @@ def refit_table(runs: list[Path], normalizer: str) -> str:
     for r in rows:
         lines.append(f"| {r['run']} | {r['epochs']} | {r['ema']:g} | {r['plain']:.2f} | {r['norm']:.2f} |")
     if len(rows) > 1:
-        def ms(k: str) -> str:
-            v = np.array([r[k] for r in rows])
-            return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
-        lines.append(f"| mean ± std ({len(rows)} seeds) | | | **{ms('plain')}** | **{ms('norm')}** |")
+        lines.append(f"| mean ± std ({len(rows)} seeds) | | | **{mean_std(rows, 'plain')}** "
+                     f"| **{mean_std(rows, 'norm')}** |")
     return "\n".join(lines)
 
 
@@ -77,11 +81,8 @@ def main(argv: list[str] | None = None) -> str:
         lines.append(f"| {r['run']} | {r['best_epoch']} / {r['epochs_run']} | {r['selected']} | {r['val_plain']:.2f} "
                      f"| {r['val_sel']:.2f} | {r['test_plain']:.2f} | {r['test_sel']:.2f} |")
     if len(rows) > 1:
-        def ms(k: str) -> str:
-            v = np.array([r[k] for r in rows])
-            return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
-        lines.append(f"| mean ± std ({len(rows)} seeds) | | | {ms('val_plain')} | {ms('val_sel')} "
-                     f"| **{ms('test_plain')}** | **{ms('test_sel')}** |")
+        ms = [mean_std(rows, k) for k in ("val_plain", "val_sel", "test_plain", "test_sel")]
+        lines.append(f"| mean ± std ({len(rows)} seeds) | | | {ms[0]} | {ms[1]} | **{ms[2]}** | **{ms[3]}** |")
     text = "\n".join(lines)
     print(text)
     return text
