@@ -107,7 +107,7 @@ def config(root: Path, loss: str, hierarchy: bool, seed: int, epochs: int):
 
 def mean_pooled_p2v(model, split: PairedSplit) -> dict:
     """p2v / v2p with album (paragraph) embeddings = mean of the normalised local embeddings."""
-    from xmodal.evaluate import mean_pooled_groups
+    from xmodal.retrieval.evaluate import mean_pooled_groups
 
     paragraph, video = mean_pooled_groups(model, split)
     out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]))
@@ -116,7 +116,7 @@ def mean_pooled_p2v(model, split: PairedSplit) -> dict:
 
 def run_seed(args, seed: int) -> dict:
     from xmodal.models import load_model
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     root = Path(args.out) / "data" / f"seed{seed}"
     write_albums(Path(args.data), root, seed)
@@ -133,7 +133,7 @@ def run_seed(args, seed: int) -> dict:
                 rows[(loss, "hierarchical")] = metrics
                 rows[(loss, "hierarchical, local mean-pooled")] = {**metrics,
                                                                    **mean_pooled_p2v(load_model(run), test)}
-            else:  # metrics.json's p2v of a flat run is already the mean-pooled one (xmodal.evaluate)
+            else:  # metrics.json's p2v of a flat run is already the mean-pooled one (xmodal.retrieval.evaluate)
                 rows[(loss, "flat, mean-pooled")] = metrics
             print(f"seed {seed} {loss} {'hier' if hierarchy else 'flat'}: p2v R@1 {metrics['p2v']['R@1']:.2f} "
                   f"(best epoch {summary['best_epoch']})", flush=True)

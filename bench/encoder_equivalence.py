@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from xmodal.data import load_paired_split
-from xmodal.encoders import encode_images, encode_text, list_images
+from xmodal.features.encoders import encode_images, encode_text, list_images
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: EPIC-KITCHENS-100 CSVs not found at {root}")
         return 0
     from xmodal.data import epic_relevancy
-    from xmodal.encoders import encode_text
+    from xmodal.features.encoders import encode_text
     from xmodal.metrics import mir
 
     t0 = time.perf_counter()

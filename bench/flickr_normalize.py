@@ -104,7 +104,7 @@ def train(data, *, dim: int, epochs: int, patience: int, seed: int, lr: float, b
 
 
 def evaluate_direction(queries, gallery, positives, train_bank, temperature, ks=(1, 5, 10), iters=4):
-    from xmodal.testtime import fit_normalizer
+    from xmodal.retrieval.testtime import fit_normalizer
     from xmodal.metrics import normalization_error, retrieval
 
     q, g, bank = queries.numpy(), gallery.numpy(), train_bank.numpy()

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xmodal.cli import markdown_table
+from xmodal.metrics.formatting import markdown_table
 
 
 def parse_runs(specs: list[str]) -> dict[str, list[Path]]:

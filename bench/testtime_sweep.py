@@ -16,8 +16,8 @@ import torch
 
 import xmodal
 from xmodal.data import load_paired_split
-from xmodal.evaluate import evaluate_normalizers
-from xmodal.testtime import fit_test_time
+from xmodal.retrieval.evaluate import evaluate_normalizers
+from xmodal.retrieval.testtime import fit_test_time
 
 
 def main(argv=None) -> int:

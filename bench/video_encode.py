@@ -55,8 +55,8 @@ def bare_loop(paths, sample: int, batch: int) -> int:
     import torch
     from PIL import Image
 
-    from xmodal.encoders import _efficientnet_lite0_model, preprocess_image
-    from xmodal.video import uniform_indices
+    from xmodal.features.encoders import _efficientnet_lite0_model, preprocess_image
+    from xmodal.features.video import uniform_indices
 
     net = _efficientnet_lite0_model()
     buf, outs, n = [], [], 0
@@ -86,7 +86,7 @@ def cli_run(src: Path, out: Path, sample: int, batch: int) -> None:
 
 
 def peak_traced(paths, sample: int, batch: int) -> float:
-    from xmodal.encoders import iter_encode_videos
+    from xmodal.features.encoders import iter_encode_videos
 
     tracemalloc.start()
     for _ in iter_encode_videos(paths, frames=sample, batch_size=batch):
@@ -107,7 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from xmodal.encoders import _efficientnet_lite0_model
+    from xmodal.features.encoders import _efficientnet_lite0_model
 
     torch.set_num_threads(args.threads)
     _efficientnet_lite0_model()
@@ -135,7 +135,7 @@ def main() -> None:
         print(f"encode videos: {n_frames / cli:.1f} frames/s ({cli:.2f} s)")
         print(f"bare loop:     {n_frames / bare:.1f} frames/s ({bare:.2f} s)")
         print(f"ratio (encode videos time / bare loop time): {cli / bare:.2f}")
-        from xmodal.video import decode_frames
+        from xmodal.features.video import decode_frames
 
         t0 = time.perf_counter()
         decoded = sum(len(decode_frames(p)) for p in paths)

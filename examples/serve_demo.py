@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 from PIL import Image, ImageDraw
 
-from xmodal import encoders
+from xmodal.features import encoders
 from xmodal.cli import main
 
 COLOURS = {"red": (214, 40, 40), "green": (46, 160, 67), "blue": (40, 90, 214), "yellow": (240, 200, 30),

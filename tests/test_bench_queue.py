@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.benchgrid import Cell, run_cell
+from xmodal.reporting.benchgrid import Cell, run_cell
 from xmodal.cli import main
 
 TINY = {"num_train": 100, "num_val": 50, "num_test": 50, "num_concepts": 8}
@@ -32,12 +32,12 @@ def test_small_queue_is_the_newest_rows_of_a_large_one(tmp_path, seed):
 
 
 def test_queue_sweep_cli_table_matches_manual_evaluation(tmp_path, capsys, monkeypatch):
-    import xmodal.benchgrid as bg
+    import xmodal.reporting.benchgrid as bg
     from xmodal.config import load_config
     from xmodal.metrics import retrieval
     from xmodal.models import load_model
     from xmodal.normalize import SinkhornBias
-    from xmodal.train import load_splits
+    from xmodal.training.loop import load_splits
 
     monkeypatch.setitem(bg.DATASETS["synthetic"]["data"], "synthetic", TINY)
     rc = main(["bench", "--datasets", "synthetic", "--ncl-queue-sizes", "256,32", "--seeds", "0,1",

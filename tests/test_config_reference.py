@@ -13,7 +13,7 @@ import yaml
 
 from xmodal.cli import main
 from xmodal.config import _SECTION_TYPES, Config, load_config, to_dict
-from xmodal.configdoc import missing_help, to_markdown, to_yaml
+from xmodal.config.doc import missing_help, to_markdown, to_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_config_key_has_help_text():
     missing = missing_help()
     assert not missing, (
-        "config keys without help text: " + ", ".join(missing) + ". Declare them in src/xmodal/config.py as "
+        "config keys without help text: " + ", ".join(missing) + ". Declare them in src/xmodal/config/__init__.py as "
         "`name: type = key(default, \"what it does\")` (field(metadata={'help': ...})), then regenerate the "
         "reference: xmodal config --markdown > docs/config.md")
 

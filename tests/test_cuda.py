@@ -105,7 +105,7 @@ def test_sinkhorn_and_qbnorm_match_cpu():
 
 def test_training_on_cuda_with_amp(tmp_path):
     from xmodal.config import load_config
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     over = ["train.epochs=2", "train.device=cuda", "train.amp=true", "train.progress=false",
             "data.synthetic={num_train: 400, num_val: 100, num_test: 100}", "test_time.bank_size=200"]

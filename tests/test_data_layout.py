@@ -151,7 +151,7 @@ def _cfg(root, **model):
 @pytest.mark.parametrize("kind, experts, fusion", [("meanp", False, "gated"), ("transformer", True, "gated"),
                                                    ("meanp", True, "concat")])
 def test_trains_on_the_layout_and_padding_never_matters(tmp_path, kind, experts, fusion, one_thread):
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     data = tmp_path / "data"
     data.mkdir()

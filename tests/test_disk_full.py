@@ -179,7 +179,7 @@ def _no_hidden_leftovers(folder: Path) -> None:
 @pytest.fixture
 def dummy_encoders():
     """A text and an image encoder registered for the test: the write path, not the model, is under test."""
-    from xmodal import encoders
+    from xmodal.features import encoders
 
     def text(inputs, *, batch_size, progress):
         return np.tile(np.arange(len(inputs), dtype=np.float32)[:, None], (1, 256))

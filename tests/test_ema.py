@@ -10,7 +10,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from test_train import tiny_config
 from xmodal.config import from_dict, to_dict
-from xmodal.train import train
+from xmodal.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

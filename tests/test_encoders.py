@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xmodal import encoders
+from xmodal.features import encoders
 from xmodal.cli import main
 
 FLICKR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "flickr8k"

@@ -174,7 +174,7 @@ def world(tmp_path_factory):
     """Good inputs for every command (a tiny trained run, its index, a data folder, ...)."""
     import torch
 
-    from xmodal import encoders
+    from xmodal.features import encoders
     from xmodal.config import load_config
     from xmodal.training.loop import train
 

@@ -15,7 +15,7 @@ from test_hierarchy import hier_split
 from xmodal.cli import main
 from xmodal.config import from_dict, load_config
 from xmodal.models import load_model
-from xmodal.train import train
+from xmodal.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("faiss")
 
-from xmodal.index import BiasedIndex, fold_bias, import_faiss  # noqa: E402
+from xmodal.retrieval.index import BiasedIndex, fold_bias, import_faiss  # noqa: E402
 from xmodal.normalize import DistributionNormalization, SinkhornBias  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import torch
 
 from xmodal.models import TwoTower, build_model, load_model, model_payload
 from xmodal.runs import atomic_save
-from xmodal.testtime import TestTime, fit_test_time
+from xmodal.retrieval.testtime import TestTime, fit_test_time
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -299,7 +299,7 @@ def test_faiss_file_declaring_more_than_it_holds_is_refused(tmp_path):
     faiss = pytest.importorskip("faiss", reason="needs the [faiss] extra")
     import struct
 
-    from xmodal.index import BiasedIndex
+    from xmodal.retrieval.index import BiasedIndex
 
     ix = faiss.IndexFlatIP(4)
     ix.add(np.ones((3, 4), np.float32))

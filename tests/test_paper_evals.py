@@ -11,7 +11,7 @@ import pytest
 import xmodal.data as xd
 from xmodal.config import from_dict
 from xmodal.models import load_model
-from xmodal.train import train
+from xmodal.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")

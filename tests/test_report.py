@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from xmodal.cli import main
-from xmodal.plots import plot_curves, selection_key
+from xmodal.reporting.plots import plot_curves, selection_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_run_report_is_self_contained_with_all_sections(run_dir, tmp_path):
 
 
 def test_bench_report_marks_best_cells(tmp_path):
-    from xmodal.benchgrid import METRIC_KEYS, write_tables
+    from xmodal.reporting.benchgrid import METRIC_KEYS, write_tables
 
     rng = np.random.default_rng(0)
     rows = []
@@ -183,7 +183,7 @@ def test_curves_read_the_keys_the_trainer_writes(run_dir, tmp_path):
     """The gap panel and the per-term losses come from the trainer's own log keys."""
     from PIL import Image
 
-    from xmodal.plots import read_log
+    from xmodal.reporting.plots import read_log
 
     log = read_log(run_dir)
     assert all("modality_gap" in r for r in log)  # loss_terms only for losses with last_terms (Cali-NCE)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from xmodal.cli import main
-from xmodal.report import chance_levels, find_item
+from xmodal.features.media import find_media as find_item
+from xmodal.reporting.report import chance_levels
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_AV = importlib.util.find_spec("av") is not None
@@ -67,7 +68,7 @@ def _write_gradient_clip(path, n=9):
 def test_video_thumbnail_is_the_middle_frame(tmp_path):
     from PIL import Image
 
-    from xmodal.report import _thumb
+    from xmodal.reporting.report import _thumb
 
     _write_gradient_clip(tmp_path / "v.mp4")
     uri = _thumb(find_item(tmp_path, "v"))

@@ -18,7 +18,7 @@ import xmodal
 from xmodal.cli import main
 from xmodal.config import from_dict, load_config
 from xmodal.runs import RunDirError, RunLock, load_checkpoint
-from xmodal.train import train
+from xmodal.training.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from xmodal.sampling import epoch_batches
+from xmodal.training.sampling import epoch_batches
 
 
 def _naive_check(batches, t2v, k):
@@ -62,7 +62,7 @@ def test_config_k_captions_checks_batch_size():
 @pytest.mark.usefixtures("one_thread")
 def test_milnce_trains_with_k_captions_and_logs_gap(tmp_path):
     from xmodal.config import from_dict
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     cfg = from_dict({
         "data": {"name": "synthetic", "synthetic": {"num_train": 120, "num_val": 60, "num_test": 60,

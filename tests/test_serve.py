@@ -34,12 +34,13 @@ Image = pytest.importorskip("PIL.Image", reason="Pillow not installed (pip insta
 from starlette.testclient import TestClient  # noqa: E402
 
 import xmodal  # noqa: E402
-from xmodal import encoders  # noqa: E402
+from xmodal.features import encoders  # noqa: E402
 from xmodal.cli import main  # noqa: E402
-from xmodal.commands.index import build  # noqa: E402
+from xmodal.retrieval.search import write_index as build  # noqa: E402
 from xmodal.data.synthetic import synthetic  # noqa: E402
 from xmodal.normalize import SinkhornBias  # noqa: E402
 from xmodal.serve import bind_socket, create_app, make_server  # noqa: E402
+from xmodal.features.video import VIDEO_EXTENSIONS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,7 +57,7 @@ SPECIAL = {  # item -> name, and whether it must get a thumbnail
     3: ("link_out.png", False),           # symlink to a file outside --images
     4: (None, False),                     # absolute path to the outside file (filled in below)
     5: ("sub/inner.png", True),
-    6: ("clip.mp4", None),                # a video: only with xmodal.video
+    6: ("clip.mp4", None),                # a video: only with xmodal.features.video
     7: ("link_in.png", True),             # symlink to a file inside --images
     8: ("missing.png", False),
 }
@@ -246,7 +247,7 @@ def test_video_thumbnail_from_middle_frame_when_xmodal_video_exists(index_dir, g
         calls.append(Path(path).name)
         return np.full((30, 40, 3), (10, 200, 30), np.uint8)
 
-    monkeypatch.setitem(sys.modules, "xmodal.video", types.SimpleNamespace(middle_frame=middle_frame))
+    monkeypatch.setitem(sys.modules, "xmodal.features.video", types.SimpleNamespace(middle_frame=middle_frame, VIDEO_EXTENSIONS=VIDEO_EXTENSIONS))
     client = TestClient(create_app(index_dir, images=gallery[0]))
     res = client.get("/thumb/6")
     assert res.status_code == 200 and calls == ["clip.mp4"]
@@ -256,7 +257,7 @@ def test_video_thumbnail_from_middle_frame_when_xmodal_video_exists(index_dir, g
     def broken(path):
         raise RuntimeError("cannot decode")
 
-    monkeypatch.setitem(sys.modules, "xmodal.video", types.SimpleNamespace(middle_frame=broken))
+    monkeypatch.setitem(sys.modules, "xmodal.features.video", types.SimpleNamespace(middle_frame=broken, VIDEO_EXTENSIONS=VIDEO_EXTENSIONS))
     assert TestClient(create_app(index_dir, images=gallery[0])).get("/thumb/6").status_code == 404
 
 
@@ -444,8 +445,34 @@ def test_docstring_examples_run():
 
     import xmodal.serve.app
     import xmodal.serve.net
-    import xmodal.serve.thumbs
+    import xmodal.features.media
 
-    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.serve.thumbs):
+    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.features.media):
         res = doctest.testmod(mod)
         assert res.attempted > 0 and res.failed == 0, mod.__name__
+
+
+def test_index_built_with_data_shows_thumbnails_by_stem(run_dir, split, tmp_path, capsys):
+    """A layout names videos by file stem (S_videos.txt); the page finds ``DIR/STEM.<ext>`` exactly as the
+    report does (one resolver, xmodal.features.media.find_media)."""
+    import dataclasses
+
+    names = [f"clip_{i:03d}" for i in range(len(split.video))]
+    dataclasses.replace(split, video_names=names).save(tmp_path / "data", "test")
+    images = tmp_path / "media"
+    images.mkdir()
+    for i, name in enumerate(names[:5]):
+        Image.new("RGB", (40, 30), color(i)).save(images / f"{name}.png")
+    out = tmp_path / "idx"
+    assert main(["index", "--run", str(run_dir), "--data", str(tmp_path / "data"), "--split", "test",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    client = TestClient(create_app(out, images=images))
+    for item in range(5):
+        res = client.get(f"/thumb/{item}")
+        assert res.status_code == 200, item
+        pixels = np.asarray(Image.open(io.BytesIO(res.content)).convert("RGB"), np.float64)
+        np.testing.assert_allclose(pixels.reshape(-1, 3).mean(0), color(item), atol=6)
+    assert client.get("/thumb/5").status_code == 404  # no file for this stem
+    html = client.get("/", params={"q": "caption 0", "k": len(split.video)}).text
+    assert thumbnail_items(html) == set(range(5))

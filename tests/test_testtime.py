@@ -14,8 +14,8 @@ import xmodal
 from xmodal.config import from_dict
 from xmodal.data import synthetic
 from xmodal.metrics import retrieval
-from xmodal.testtime import TestTime, fit_normalizer, fit_test_time, select, uses_test_queries
-from xmodal.train import train
+from xmodal.retrieval.testtime import TestTime, fit_normalizer, fit_test_time, select, uses_test_queries
+from xmodal.training.loop import train
 
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}
 pytestmark = pytest.mark.usefixtures("one_thread")

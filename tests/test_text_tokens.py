@@ -237,9 +237,9 @@ def test_train_on_token_files_then_eval_run_agrees(tmp_path, hierarchy):
 def _index_and_query(tmp_path, data, split):
     """``xmodal index`` + ``xmodal query --text-features --text-mask`` return the videos that the
     index returns for each text embedded alone, without padding (reference)."""
-    from xmodal import encoders
+    from xmodal.features import encoders
     from xmodal.cli import main
-    from xmodal.commands.query import SearchIndex
+    from xmodal.retrieval.search import SearchIndex
 
     if importlib.util.find_spec("faiss") is None:
         pytest.skip("faiss not installed")

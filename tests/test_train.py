@@ -15,7 +15,7 @@ import torch
 
 from conftest import mark_done, spawn_gloo
 from xmodal.config import from_dict
-from xmodal.train import cosine_lr, epoch_batches, shuffle_pairs, train
+from xmodal.training.loop import cosine_lr, epoch_batches, shuffle_pairs, train
 
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}
 
@@ -161,7 +161,7 @@ def test_checkpoint_reloads_in_fresh_process_and_reproduces_logged_metrics(tmp_p
     script = f"""
 import json, xmodal
 from xmodal.data import synthetic
-from xmodal.train import evaluate
+from xmodal.training.loop import evaluate
 model = xmodal.load_model({str(tmp_path)!r})
 val = synthetic(**{TINY!r}, seed=3)["val"]
 out = {{n: evaluate(model, val, normalizer=n) for n in ["none", model.test_time["normalizer"]]}}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from xmodal.benchgrid import Cell, cell_config, run_grid
+from xmodal.reporting.benchgrid import Cell, cell_config, run_grid
 from xmodal.cli import main
 
 TINY = {"num_train": 100, "num_val": 50, "num_test": 50, "num_concepts": 8}
@@ -67,7 +67,7 @@ def test_cell_config_flickr8k(monkeypatch):
 
 
 def test_bench_cli_noise_grid(tmp_path, capsys, monkeypatch):
-    import xmodal.benchgrid as bg
+    import xmodal.reporting.benchgrid as bg
 
     monkeypatch.setitem(bg.DATASETS["synthetic"]["data"], "synthetic", TINY)
     rc = main(["bench", "--datasets", "synthetic", "--noise", "0.5", "--seeds", "0", "--epochs", "1",

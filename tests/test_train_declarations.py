@@ -49,7 +49,7 @@ def test_declaration_is_true(name):
 
 
 def test_bench_grid_follows_the_declaration():
-    from xmodal.benchgrid import Cell, cell_config
+    from xmodal.reporting.benchgrid import Cell, cell_config
 
     assert cell_config(Cell("synthetic", "ncl", True, 0)).schedule.class_temperature is False
     assert cell_config(Cell("synthetic", "infonce", True, 0)).schedule.class_temperature is True
@@ -60,7 +60,7 @@ def test_bench_grid_follows_the_declaration():
 
 def test_margin_on_a_temperature_loss_and_learnable_without_support_fail(tmp_path):
     from xmodal.config import from_dict
-    from xmodal.train import build_loss_from_config
+    from xmodal.training.loop import build_loss_from_config
 
     with pytest.raises(ValueError, match="loss.margin"):
         build_loss_from_config(from_dict({"loss": {"name": "infonce", "margin": 0.2}}))
@@ -74,7 +74,7 @@ def test_margin_on_a_temperature_loss_and_learnable_without_support_fail(tmp_pat
 @pytest.mark.usefixtures("one_thread")
 def test_loss_terms_are_logged_when_exposed(tmp_path):
     from xmodal.config import from_dict
-    from xmodal.train import train
+    from xmodal.training.loop import train
 
     cfg = from_dict({
         "data": {"name": "synthetic", "synthetic": {"num_train": 120, "num_val": 60, "num_test": 60,

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from xmodal.normalize import DualSoftmax
-from xmodal.train import normalized_similarities
+from xmodal.training.loop import normalized_similarities
 
 
 def test_dsl_uses_the_test_queries_not_the_train_bank():

@@ -15,11 +15,11 @@ import xmodal
 import xmodal.data as xdata
 from xmodal.config import from_dict, load_config
 from xmodal.data import PairedSplit
-from xmodal.evaluate import embed_split, retrieval_metrics, score
+from xmodal.retrieval.evaluate import embed_split, retrieval_metrics, score
 from xmodal.losses import build_loss
-from xmodal.sampling import epoch_batches
-from xmodal.schedule_plan import TemperaturePlan, cosine_period
-from xmodal.train import train
+from xmodal.training.sampling import epoch_batches
+from xmodal.training.schedule_plan import TemperaturePlan, cosine_period
+from xmodal.training.loop import train
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ts"
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}
@@ -180,7 +180,7 @@ def _tiny(**sections):
 
 
 def test_metric_map_without_relevancy_raises(tmp_path):
-    from xmodal import train as train_mod
+    from xmodal.training import loop as train_mod
 
     cfg = _tiny(train={"metric": "map"})
     real = train_mod.load_splits

@@ -74,7 +74,7 @@ def cosine_rows(a, b):
 
 @pytest.mark.parametrize("codec,ext", [("libx264", "mp4"), ("libvpx-vp9", "webm"), ("mpeg4", "avi")])
 def test_decode_frames_uniform_and_fps(tmp_path, codec, ext):
-    from xmodal import video
+    from xmodal.features import video
 
     path = tmp_path / f"g.{ext}"
     write_video(path, gradient_frames(23), codec, rate=10)
@@ -94,7 +94,7 @@ def test_decode_frames_uniform_and_fps(tmp_path, codec, ext):
 
 
 def test_decode_frames_bad_inputs(tmp_path):
-    from xmodal import video
+    from xmodal.features import video
 
     good = tmp_path / "g.webm"
     write_video(good, gradient_frames(5), "libvpx-vp9")
@@ -178,7 +178,7 @@ def clips(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ref_feats(clips):
-    from xmodal import encoders
+    from xmodal.features import encoders
 
     files = [clips["refs"] / f"{k}.png" for k in range(3)] + [clips["refs"] / f"pan{i}.png" for i in range(6)]
     out = encoders.encode_images(files, progress=False)
@@ -247,7 +247,7 @@ def test_bad_files_reported_rest_written_rerun_skips(clips, capsys):
 @needs_encoder
 @needs_images
 def test_python_api_matches_cli_and_batching(clips):
-    from xmodal import encoders
+    from xmodal.features import encoders
 
     vids = clips["vids"]
     paths = [vids / "c_still.webm", vids / "g_pan.mp4", vids / "a_still.mp4"]
@@ -280,7 +280,7 @@ def test_cli_errors(tmp_path, capsys):
 
 
 def test_list_file_relative_paths(tmp_path):
-    from xmodal import encoders
+    from xmodal.features import encoders
 
     (tmp_path / "sub").mkdir()
     lst = tmp_path / "sub" / "videos.txt"

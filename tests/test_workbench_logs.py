@@ -205,7 +205,7 @@ def test_provenance_records_command_versions_and_data_hashes(tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", p["started"]) and p["started"] <= p["finished"]
     assert not list((tmp_path / "run").glob("*.tmp*"))  # written through a temporary name
 
-    from xmodal.report import build_report
+    from xmodal.reporting.report import build_report
 
     page = build_report(tmp_path / "run").read_text()
     assert "Provenance" in page and "&lt;b&gt;c.yaml&lt;/b&gt;" in page and "<b>c.yaml</b>" not in page

@@ -48,7 +48,7 @@ def _as_if_selected(run_dir, tmp_path, name: str, boost: str):
 
 def test_index_selected_falls_back_to_best_foldable_and_says_so(run_dir, tmp_path, capsys):
     pytest.importorskip("faiss")
-    from xmodal.evaluate import score
+    from xmodal.retrieval.evaluate import score
 
     run, payload = _as_if_selected(run_dir, tmp_path, "qbnorm", boost="dn")
     val = payload["model"]["test_time"]["val"]
@@ -95,7 +95,7 @@ def _assert_legends_clear(fig):
 
 @pytest.mark.parametrize("n_epochs", [3, 7, 40])
 def test_curves_legends_clear_and_integer_epoch_ticks(n_epochs):
-    from xmodal.plots import _plt, curves_figure
+    from xmodal.reporting.plots import _plt, curves_figure
 
     fig = curves_figure(_log(n_epochs))
     _assert_legends_clear(fig)
@@ -108,7 +108,7 @@ def test_curves_legends_clear_and_integer_epoch_ticks(n_epochs):
 
 
 def test_mass_and_fn_fp_legends_clear_and_wording():
-    from xmodal.plots import _plt, fn_fp_figure, retrieval_mass_figure
+    from xmodal.reporting.plots import _plt, fn_fp_figure, retrieval_mass_figure
 
     rng = np.random.default_rng(0)
     masses = {n: rng.lognormal(0, s, 200) for n, s in (("none", 1.0), ("dn", 0.8), ("sinkhorn", 0.2))}
@@ -124,7 +124,7 @@ def test_mass_and_fn_fp_legends_clear_and_wording():
 
 
 def test_gallery_item_follows_the_data_names(tmp_path):
-    from xmodal.plots import gallery_item
+    from xmodal.reporting.plots import gallery_item
 
     rng = np.random.default_rng(0)
     for split in ("train", "val"):

@@ -1,7 +1,15 @@
 """xmodal: cross-modal contrastive learning and retrieval between video/image and text.
 
-Submodules are imported lazily (``xmodal.metrics``, ``xmodal.losses``,
-``xmodal.normalize``, ``xmodal.data``, ``xmodal.schedules`` ...), so that
+The parts, from the bottom of the import graph up (a package imports only those above it):
+
+- ``functional`` (pure loss maths), ``losses``, ``metrics``, ``normalize``, ``schedules``, ``dist``:
+  the papers' objectives, metrics and test-time normalisers;
+- ``data`` (layouts, loaders, synthetic data), ``features`` (raw media to features), ``config``;
+- ``models`` (two-tower heads, checkpoints), ``retrieval`` (applying a trained run: evaluation,
+  test-time state, FAISS indexes), ``training`` (the trainer);
+- ``reporting`` (HTML report, plots, bench grid), ``serve`` (search page), ``commands`` + ``cli``.
+
+Submodules are imported lazily (``xmodal.metrics``, ``xmodal.losses`` ...), so that
 ``import xmodal`` stays cheap.
 """
 
@@ -12,9 +20,8 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = {
-    "metrics", "losses", "functional", "normalize", "data", "schedules", "dist",
-    "models", "train", "index", "config", "encoders", "cli", "plots", "evaluate",
-    "testtime", "runs", "sampling", "report",
+    "metrics", "losses", "functional", "normalize", "data", "schedules", "dist", "models",
+    "training", "retrieval", "features", "reporting", "serve", "config", "commands", "cli", "runs",
 }
 
 

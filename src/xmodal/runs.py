@@ -222,6 +222,18 @@ def atomic_write(path: str | os.PathLike, write: Any) -> None:
         raise err from None
 
 
+def atomic_save_npy(path: str | os.PathLike, array: Any) -> None:
+    """``np.save`` of ``array`` (no pickle) through :func:`atomic_write`; the name is kept as given
+    (a file object is written, so numpy appends no second ``.npy`` to the temporary name)."""
+    import numpy as np
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, np.asarray(array), allow_pickle=False)
+
+    atomic_write(path, write)
+
+
 def remove_stale_temporaries(out: str | os.PathLike) -> list[Path]:
     """Delete ``.checkpoint.pt.tmp*`` (and log/model/metrics) temporaries of killed saves.
 

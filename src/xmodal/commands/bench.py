@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from xmodal.cli import add_common_args, progress_enabled
+from xmodal.commands import add_common_args, progress_enabled
 
 NAME = "bench"
 HELP = "grid of objectives x TS++ x test-time normalisers x seeds -> Markdown/CSV tables"
@@ -59,7 +59,7 @@ def _list(s: str, name: str, cast=str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.benchgrid import DATASETS, OBJECTIVES, run_grid
+    from xmodal.reporting.benchgrid import DATASETS, OBJECTIVES, run_grid
     from xmodal.losses import LOSSES
 
     if args.epochs is not None and args.epochs < 1:
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         ts = (False,)
     progress = progress_enabled(args)
     if args.ncl_queue_sizes:
-        from xmodal.benchgrid import queue_markdown, run_queue_sweep
+        from xmodal.reporting.benchgrid import queue_markdown, run_queue_sweep
 
         if args.noise:
             raise ValueError("--ncl-queue-sizes: cannot be combined with --noise")
@@ -102,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--objectives: unknown objective(s) {', '.join(unknown)}")
         rows = run_grid(datasets=datasets, objectives=objectives, seeds=seeds, ts_variants=ts, noise=noise,
                         out=args.out, epochs=epochs, synthetic=synthetic, progress=progress)
-        from xmodal.benchgrid import markdown
+        from xmodal.reporting.benchgrid import markdown
 
         text = markdown(rows)
-    from xmodal.report import build_report
+    from xmodal.reporting.report import build_report
 
     page = build_report(args.out)
     print(text)

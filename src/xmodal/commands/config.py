@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal.config import load_config
-    from xmodal.configdoc import to_markdown, to_yaml
+    from xmodal.config.doc import to_markdown, to_yaml
 
     items = list(args.items)
     path = items.pop(0) if items and "=" not in items[0] else None

@@ -40,7 +40,7 @@ def _positive(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     imp = sub.add_parser("import", help="pairs table + per-video feature files -> data layout")
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--split", default="train", help="split of rows without a split column (default: train)")
     imp.add_argument("--text-features", default=None,
                      help=".npy [rows, Dt] aligned with the table (default: encode captions with MiniLM)")
-    imp.add_argument("--text-model", default="minilm", help="registered text encoder (xmodal.encoders)")
+    imp.add_argument("--text-model", default="minilm", help="registered text encoder (xmodal.features.encoders)")
     imp.add_argument("--expert", action="append", default=[], metavar="NAME=DIR_OR_GLOB",
                      help="a further expert's per-video files (repeatable) -> {split}_video_features.NAME.npy; "
                           "videos without a file are masked in {split}_video_mask.NAME.npy")
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
         encode = None
         if args.text_features is None:
-            from xmodal.encoders import encode_text
+            from xmodal.features.encoders import encode_text
 
             def encode(captions):
                 try:

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-train", type=int, default=2000, help="training videos of the synthetic set")
     parser.add_argument("--num-eval", type=int, default=500, help="val and test videos of the synthetic set")
     parser.add_argument("--out", default=None, help="keep the run directories here (default: a temp dir)")
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     add_common_args(parser, threads=1, progress=True)
 
@@ -57,7 +57,7 @@ def demo_config(loss: str, *, seed: int, epochs: int, num_train: int, num_eval: 
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.cli import progress_enabled
+    from xmodal.commands import progress_enabled
     from xmodal.training.loop import train
 
     progress = progress_enabled(args)  # --threads is applied by xmodal.cli.main
@@ -94,17 +94,15 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(results: dict[str, dict]) -> str:
     """Markdown table of test metrics: one row per (objective, normaliser)."""
+    from xmodal.metrics import format_metric
+
     head = ("| objective | normaliser | t2v R@1 | R@5 | R@10 | MdR | MnR | v2t R@1 | R@5 | R@10 | MdR | MnR |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = [head]
     for loss, summary in results.items():
         split = summary.get("test", summary["val"])
         for norm, m in split.items():
-            cells = []
-            for d in ("t2v", "v2t"):
-                r = m[d]
-                cells += [f"{r['R@1']:.1f}", f"{r['R@5']:.1f}", f"{r['R@10']:.1f}", f"{r['MdR']:.0f}",
-                          f"{r['MnR']:.1f}"]
+            cells = [format_metric(k, m[d][k]) for d in ("t2v", "v2t") for k in ("R@1", "R@5", "R@10", "MdR", "MnR")]
             mark = " *" if norm == summary["normalizer"] else ""
             rows.append(f"| {loss} | {norm}{mark} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

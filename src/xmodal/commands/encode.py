@@ -31,12 +31,7 @@ FEATS/<file stem>.npy float32 [F, D] per video: --frames N samples min(N, frames
 uniformly over the whole video, --fps R one frame every 1/R s (default: every frame); each RGB
 frame goes through the image encoder exactly as an image file would. Unreadable files are named
 on stderr and skipped (exit status 1); finished videos are skipped on a re-run.
-Other encoders registered with xmodal.encoders.register_encoder are selected with --model."""
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as fh:  # np.save on a path would append ".npy" to the temporary name
-        np.save(fh, array, allow_pickle=False)
+Other encoders registered with xmodal.features.encoders.register_encoder are selected with --model."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,23 +55,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text: token features [T, L, 384] + a token mask instead of sentence features")
     parser.add_argument("--mask-out", default=None, metavar="NPY",
                         help="text --tokens: the mask file (default: S_text_mask.npy beside --out)")
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     add_common_args(parser, threads=None, progress=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal import encoders
-    from xmodal.cli import progress_enabled
+    from xmodal.features import encoders
+    from xmodal.commands import progress_enabled
     from xmodal.data.loaders import read_captions
-    from xmodal.runs import atomic_write
+    from xmodal.runs import atomic_save_npy
 
     progress = progress_enabled(args)
     start = time.perf_counter()
     if args.kind == "videos":
-        from xmodal.commands._encode_videos import run_videos
-
-        return run_videos(args, progress)
+        return _run_videos(args, progress)
     if args.source is not None:
         raise ValueError(f"{args.source}: unexpected argument (DIR_OR_LIST is for 'xmodal encode videos')")
     if args.frames is not None or args.fps is not None:
@@ -130,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             if stale.is_file() and not stale.is_symlink():
                 stale.unlink(missing_ok=True)
         # atomic: never a half-written feature file; a full disk is one line naming the file
-        atomic_write(path, lambda tmp, array=array: _save_npy(tmp, array))
+        atomic_save_npy(path, array)
     shape = " x ".join(map(str, feats.shape))
     extra = f"; token mask {mask_out}" if mask is not None else ""
     print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")
@@ -147,8 +140,8 @@ def _check_out(path: str, flag: str) -> None:
 
 
 def _image_paths(directory: str, listing: str | None) -> list[Path]:
-    """:func:`xmodal.encoders.list_images` with errors naming ``--dir`` / ``--list``."""
-    from xmodal import encoders
+    """:func:`xmodal.features.encoders.list_images` with errors naming ``--dir`` / ``--list``."""
+    from xmodal.features import encoders
 
     if not Path(directory).is_dir():
         raise ValueError(f"--dir: {directory} is not a directory" if Path(directory).exists()
@@ -179,3 +172,34 @@ def token_mask_path(out: Path) -> Path:
     if parsed is not None and parsed[1] == "text" and parsed[2] is None:
         return out.with_name(layout.names(parsed[0], "text_mask")[0])
     return out.with_name(out.stem + "_mask.npy")
+
+
+def _check_video_flags(args: argparse.Namespace) -> None:
+    if not args.source:
+        raise ValueError("DIR_OR_LIST: required for 'xmodal encode videos' (a folder of videos or a list file)")
+    for flag in ("captions", "dir", "list"):
+        if getattr(args, flag):
+            raise ValueError(f"--{flag}: not used by 'xmodal encode videos' (give DIR_OR_LIST)")
+    if args.float16:
+        raise ValueError("--float16: 'xmodal encode videos' writes float32")
+    if args.frames is not None and args.frames < 1:
+        raise ValueError(f"--frames: expected a positive integer, got {args.frames}")
+    if args.fps is not None and not (args.fps > 0 and np.isfinite(args.fps)):
+        raise ValueError(f"--fps: expected a positive number, got {args.fps}")
+
+
+def _run_videos(args: argparse.Namespace, progress: bool) -> int:
+    from xmodal.features.folder import encode_video_folder
+
+    _check_video_flags(args)
+    start = time.perf_counter()
+    try:
+        s = encode_video_folder(args.source, args.out, frames=args.frames, fps=args.fps,
+                                model=args.model or "efficientnet-lite0",
+                                batch_size=32 if args.batch_size is None else args.batch_size, progress=progress)
+    except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
+        raise ValueError(str(exc)) from None
+    size = f", {s['dim']}-d" if s["dim"] else ""
+    print(f"encoded {s['written']} video(s) ({s['frames']} frames{size}) into {s['out']}; {s['skipped']} already "
+          f"there; {s['failed']} failed ({time.perf_counter() - start:.1f} s)")
+    return 1 if s["failed"] else 0

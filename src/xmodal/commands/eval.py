@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -40,7 +39,7 @@ are percentages, ranks are 1-based. --json prints machine-readable results."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     r = parser.add_argument_group("trained run")
     r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train'")
@@ -135,7 +134,7 @@ def _mode(args: argparse.Namespace) -> str:
 def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
     """Run the evaluation the flags describe; returns (results, kind, info)."""
     from xmodal import metrics
-    from xmodal.cli import parse_ks, progress_enabled
+    from xmodal.commands import parse_ks, progress_enabled
 
     ks = parse_ks(args.ks)
     progress = progress_enabled(args)
@@ -199,13 +198,13 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
 
 
 def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> tuple[dict, str, dict]:
-    """A run on raw features, by the trainer's protocol (:func:`xmodal.evaluate.retrieval_metrics`):
+    """A run on raw features, by the trainer's protocol (:func:`xmodal.retrieval.evaluate.retrieval_metrics`):
     each direction scored by the normaliser fitted for it, mAP / nDCG where the split has a relevancy."""
     from xmodal.commands import _video_inputs
-    from xmodal.commands._runs import load_run
+    from xmodal.commands import load_run
     from xmodal.data.types import token_mask
-    from xmodal.evaluate import retrieval_metrics
-    from xmodal.index import selected_normalizer
+    from xmodal.retrieval.evaluate import retrieval_metrics
+    from xmodal.retrieval.index import selected_normalizer
 
     model = load_run(args.run)
     name = selected_normalizer(model, args.normalizer)
@@ -238,7 +237,7 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
     res = retrieval_metrics(sim_t2v, sim_v2t, t2v, relevancy, ks=ks, ties=args.ties, v2t=args.v2t,
                             block_size=args.block_size)
     if mode == "run-data":  # a split with groups: p2v / v2p too (the trainer's group_metrics)
-        from xmodal.evaluate import group_metrics
+        from xmodal.retrieval.evaluate import group_metrics
 
         res.update(group_metrics(model, split, ks=ks, ties=args.ties))
     v2t_how = ("v2t ranks the t2v scores transposed (--v2t-scores transpose)" if sim_v2t is None and
@@ -254,7 +253,7 @@ def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dic
     if args.sim is not None:
         sim, scores = load_npy(args.sim, "--sim"), "precomputed (--sim)"
     elif args.run is not None:
-        from xmodal.commands._runs import load_run
+        from xmodal.commands import load_run
 
         model = load_run(args.run)
         if args.normalizer not in ("selected", "none"):
@@ -276,16 +275,18 @@ def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dic
 
 
 def format_table(results: dict, kind: str) -> str:
-    from xmodal.cli import markdown_table
+    from xmodal.commands import markdown_table
+    from xmodal.metrics import format_metric
 
     if kind == "mir":
         rows = [("rows as queries", results["mAP_rows"], results["nDCG_rows"]),
                 ("columns as queries", results["mAP_cols"], results["nDCG_cols"]),
                 ("mean (EPIC-100)", results["mAP"], results["nDCG"])]
-        return markdown_table(["direction", "mAP", "nDCG"], [(n, f"{m:.2f}", f"{d:.2f}") for n, m, d in rows])
+        return markdown_table(["direction", "mAP", "nDCG"],
+                              [(n, format_metric("mAP", m), format_metric("nDCG", d)) for n, m, d in rows])
     names = list(next(iter(results.values())))
     return markdown_table(["direction", *names],
-                          [(d, *(f"{vals[n]:.2f}" for n in names)) for d, vals in results.items()])
+                          [(d, *(format_metric(n, vals[n]) for n in names)) for d, vals in results.items()])
 
 
 _FLAGS = {"sim": "--sim", "sim_tv": "--sim", "positives": "--positives", "queries": "--queries",

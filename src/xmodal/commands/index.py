@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 
 NAME = "index"
 HELP = "export a FAISS index of videos encoded by a run, with its DN / NCL normaliser folded in"
@@ -34,14 +29,10 @@ sinkhorn or ncl for such runs; with --normalizer selected on such a run the
 best foldable one on val is used, and a note says so. DIR holds index.faiss, query_shift.npy, meta.json
 and a copy of the run's checkpoint (for the text head)."""
 
-FORMAT = "xmodal-index"
-VERSION = 1
-#: The files of an index folder (what ``build`` writes; nothing else is ever written there).
-INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     parser.add_argument("--run", required=True, metavar="RUN",
                         help="run directory or checkpoint written by 'xmodal train'")
@@ -64,95 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=None, progress=False)
 
 
-def build(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
-          kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
-          overwrite: bool = False, video_mask: Any = None) -> dict:
-    """Write the index directory; returns its ``meta.json`` content.
-
-    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts)."""
-    from xmodal.commands._runs import checkpoint_file, load_run
-    from xmodal.index import BiasedIndex, fold_run_normalizer
-    from xmodal.runs import atomic_write
-
-    out = Path(out)
-    check_out(out, run, overwrite=overwrite)
-    model = load_run(run)
-    video = model.encode_video(video_features, video_mask)
-    folded = fold_run_normalizer(model, video, normalizer, metric=_run_metric(run))
-    if names is not None and len(names) != video.shape[0]:
-        raise ValueError(f"--names: {len(names)} names but --video-features has {video.shape[0]} rows")
-    index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind)
-    shift = folded["query_shift"]
-    shift = np.zeros(video.shape[1], np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    # meta.json goes first and comes back last: a half-rewritten folder is never a valid index
-    (out / "meta.json").unlink(missing_ok=True)
-    source = checkpoint_file(run)
-    atomic_write(out / "index.faiss", index.save)
-    atomic_write(out / "query_shift.npy", lambda tmp: _save_npy(tmp, shift))
-    atomic_write(out / "model.pt", lambda tmp: shutil.copyfile(source, tmp))
-    if names is not None:
-        atomic_write(out / "names.txt", lambda tmp: tmp.write_text("".join(n + "\n" for n in names),
-                                                                  encoding="utf-8"))
-    else:  # the previous gallery's names never label this one
-        (out / "names.txt").unlink(missing_ok=True)
-    meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
-            "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
-            "dim": int(video.shape[1]), "text_dim": _text_dim(model),
-            "text_encoder": text_encoder, "names": names is not None}
-    if "fallback_from" in folded:
-        meta["fallback_from"] = folded["fallback_from"]
-    atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
-                                                                encoding="utf-8"))
-    return meta
-
-
-def _run_metric(run: str) -> str:
-    """The run's selection metric (``train.metric`` of its saved config; ``rsum`` if unknown)."""
-    import torch
-
-    from xmodal.commands._runs import checkpoint_file
-
-    try:
-        payload = torch.load(checkpoint_file(run), map_location="cpu", weights_only=True)
-        return str(payload["config"]["train"]["metric"])
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError):
-        return "rsum"
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:  # a file object: np.save appends no second .npy
-        np.save(f, array)
-
-
-def check_out(out: Path, run: str, *, overwrite: bool) -> None:
-    """Refuse, before anything is written: an --out that is a file, the run directory
-    itself, a folder holding files that are not an index's, or an index without --overwrite."""
-    run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out: {out} exists and is not a directory")
-    if out.resolve() == run_dir.resolve():
-        raise ValueError(f"--out: {out} is the run directory of --run; write the index into another folder")
-    if not out.is_dir():
-        return
-    entries = list(out.iterdir())
-    foreign = sorted(e.name for e in entries
-                     if e.is_symlink() or not (e.name in INDEX_FILES or e.name.startswith(".")
-                                               and ".tmp" in e.name and e.name[1:].split(".tmp")[0] in INDEX_FILES))
-    if foreign:
-        raise ValueError(f"--out: {out} holds files that are not an xmodal index's ({', '.join(foreign[:3])}); "
-                         f"write the index into a new or empty folder")
-    if any(e.name in INDEX_FILES for e in entries) and not overwrite:
-        raise ValueError(f"--out: {out} already holds an index (pass --overwrite to replace it)")
-
-
-def _text_dim(model) -> int | None:
-    spec = getattr(getattr(model, "text_tower", None), "spec", None)
-    return int(spec.in_dim) if spec is not None else None
-
-
 def run(args: argparse.Namespace) -> int:
-    from xmodal.commands.eval import load_npy
+    from xmodal.commands import load_npy
 
     start = time.perf_counter()
     names = None
@@ -160,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
         from xmodal.data.loaders import read_captions
 
         names = read_captions(args.names)
-    from xmodal.commands import _video_inputs
-    from xmodal.commands._runs import load_run
+    from xmodal.commands import _video_inputs, load_run
 
     model = load_run(args.run)
     if args.data is not None:
@@ -176,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--video-features: required (or --data DIR --split S)")
     else:
         feats, mask = _video_inputs.from_flags(args, model, load_npy)
+    from xmodal.retrieval.search import write_index
+
     try:
-        meta = build(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
+        meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
                      text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")

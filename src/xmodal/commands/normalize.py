@@ -67,14 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the fitted per-gallery bias [N] (dn, sinkhorn) for "
                              "'xmodal eval --bias'")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     add_common_args(parser, threads=None, progress=True, ks="1,5,10", l2=True)
 
 
 def _load(path: str, name: str) -> np.ndarray:
     """One ``.npy`` array (a missing file, a folder, an ``.npz`` or a broken file: one line naming ``--name``)."""
-    from xmodal.commands.eval import load_npy
+    from xmodal.commands import load_npy
 
     return load_npy(path, f"--{name}")
 
@@ -136,14 +136,15 @@ def evaluate(norm, queries, gallery, positives, *, ks, temperature: float, progr
 
 
 def _table(result: dict, method: str, ks: tuple[int, ...]) -> str:
-    from xmodal.cli import markdown_table
+    from xmodal.commands import markdown_table
+    from xmodal.metrics import format_metric
 
     cols = [f"R@{k}" for k in ks] + ["MdR", "MnR"]
     rows = []
     for row, label in (("before", "none"), ("after", method)):
         err = result["normalization_error"]
         err_s = "n/a" if err is None else f"{err[row]:.4f}"
-        vals = [f"{result[row][c]:.2f}" if c.startswith("R@") else f"{result[row][c]:.1f}" for c in cols]
+        vals = [format_metric(c, result[row][c]) for c in cols]
         rows.append([label, *vals, err_s])
     return markdown_table(["normaliser", *cols, "norm. error"], rows)
 
@@ -176,18 +177,13 @@ def save_bias(norm, method: str, path: str) -> np.ndarray:
     if method not in BIAS_METHODS:
         raise ValueError(f"--save-bias: {method} is not a per-gallery bias (its change to the scores "
                          f"depends on each query); available for {', '.join(BIAS_METHODS)}")
-    from xmodal.runs import atomic_write
+    from xmodal.runs import atomic_save_npy
 
     _check_bias_path(path)
     bias = np.asarray(norm.bias.detach().cpu().numpy(), dtype=np.float32)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            np.save(f, bias)
-
-    atomic_write(out, write)
+    atomic_save_npy(out, bias)
     return bias
 
 
@@ -204,7 +200,7 @@ def _check_bias_path(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from xmodal.cli import parse_ks, progress_enabled
+    from xmodal.commands import parse_ks, progress_enabled
 
     ks = parse_ks(args.ks)
     if args.save_bias and args.method not in BIAS_METHODS:

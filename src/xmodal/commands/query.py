@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 from pathlib import Path
 
-import numpy as np
 
 NAME = "query"
 HELP = "search an 'xmodal index' with caption features or raw captions; prints the top-k videos"
@@ -23,7 +21,7 @@ folded into the index), so the top-k equals brute force over all videos."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     parser.add_argument("--index", required=True, metavar="DIR", help="directory written by 'xmodal index'")
     parser.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt] or tokens [T, L, Dt]")
@@ -39,81 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=None, progress=True)
 
 
-class SearchIndex:
-    """An ``xmodal index`` directory opened for search."""
-
-    def __init__(self, path: str | Path) -> None:
-        from xmodal.commands._runs import load_run
-        from xmodal.commands.index import FORMAT
-        from xmodal.index import BiasedIndex
-
-        self.path = Path(path)
-        meta_path = self.path / "meta.json"
-        if not meta_path.is_file():
-            raise ValueError(f"--index: {path} has no meta.json (write one with 'xmodal index')")
-        try:
-            self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"--index: {meta_path} is not valid JSON ({exc})") from None
-        if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
-            raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
-        self.index = BiasedIndex.load(self.path / "index.faiss")
-        self.model = load_run(str(self.path / "model.pt"), "--index")
-        shift_path = self.path / "query_shift.npy"
-        try:
-            shift = np.load(shift_path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise ValueError(f"--index: {shift_path} is not a readable .npy array ({exc})") from None
-        if not isinstance(shift, np.ndarray) or shift.shape != (self.index.dim,):
-            raise ValueError(f"--index: {shift_path} must hold one vector of {self.index.dim} values "
-                             f"(the index's dimension)")
-        self.shift = shift.astype(np.float32)
-        names = self.path / "names.txt"
-        self.names = None
-        if names.exists() and not names.is_file():
-            raise ValueError(f"--index: {names} is not a file")
-        if names.is_file():
-            try:
-                self.names = names.read_text(encoding="utf-8").splitlines()
-            except UnicodeDecodeError:
-                raise ValueError(f"--index: {names} is not UTF-8 text") from None
-            if len(self.names) != self.index.num_items:
-                raise ValueError(f"--index: {names} has {len(self.names)} names but the index holds "
-                                 f"{self.index.num_items} videos (rewrite it with 'xmodal index --names')")
-
-    def encode_captions(self, captions: list[str], *, text_encoder: str | None = None,
-                        progress: bool = False) -> Any:
-        """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; MiniLM by default);
-        for a run whose text tower was trained on token features, ``(tokens [T, L, Dt], mask [T, L])``
-        (:func:`xmodal.encoders.encode_text_tokens`), which :meth:`search` takes as they are.
-
-        The one place that turns raw text into what :meth:`search` takes ('xmodal query
-        --captions' and 'xmodal serve' both come here). A missing encoder package is a
-        ValueError naming the encoder.
-        """
-        from xmodal import encoders
-
-        name = text_encoder or self.meta.get("text_encoder", "minilm")
-        tokens = bool(getattr(getattr(self.model.text_tower, "spec", None), "tokens", False))
-        try:
-            if tokens:
-                if name not in encoders.TOKEN_ENCODERS:
-                    raise ValueError(f"text encoder {name!r} gives no token features, which this run's text "
-                                     f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
-                return encoders.encode_text_tokens(list(captions), model=name, progress=progress)
-            return encoders.encode_text(list(captions), model=name, progress=progress)
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"text encoder {name!r} is not installed ({exc})") from None
-
-    def search(self, text_features, k: int, text_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``,
-        or token features ``[T, L, Dt]`` with ``text_mask`` (or a ``(tokens, mask)`` pair)."""
-        if isinstance(text_features, tuple):
-            text_features, text_mask = text_features
-        emb = self.model.encode_text(text_features, text_mask).cpu().numpy().astype(np.float32)
-        return self.index.search(emb - self.shift[None, :], k)
-
-
 def _outputs(out: str) -> tuple[Path, Path]:
     """The files ``--out`` names (indices, then scores), refused before any work if one is a folder or a link."""
     path = Path(out if out.endswith(".npy") else out + ".npy")  # np.save's naming, kept
@@ -126,8 +49,8 @@ def _outputs(out: str) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.cli import progress_enabled
-    from xmodal.commands.eval import load_npy
+    from xmodal.commands import progress_enabled
+    from xmodal.commands import load_npy
 
     if (args.text_features is None) == (args.captions is None):
         raise ValueError("--text-features: give exactly one of --text-features or --captions")
@@ -136,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "text_mask", None) and args.text_features is None:
         raise ValueError("--text-mask: only with --text-features")
     outputs = _outputs(args.out) if args.out else None
+    from xmodal.retrieval.search import SearchIndex
+
     idx = SearchIndex(args.index)
     if args.captions is not None:
         try:
@@ -163,16 +88,15 @@ def run(args: argparse.Namespace) -> int:
             msg = ("--captions: " if args.captions else "--text-mask: ") + msg[len("text_mask:"):].strip()
         raise type(exc)(msg) from None
     if outputs is not None:
-        from xmodal.commands.index import _save_npy
-        from xmodal.runs import atomic_write
+        from xmodal.runs import atomic_save_npy
 
         for path, array in zip(outputs, (indices, scores)):
-            atomic_write(path, lambda tmp, array=array: _save_npy(tmp, array))
+            atomic_save_npy(path, array)
     if args.json:
         print(json.dumps({"normalizer": idx.meta.get("normalizer"), "k": args.k,
                           "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))
         return 0
-    from xmodal.cli import markdown_table
+    from xmodal.commands import markdown_table
 
     rows = []
     for label, row_s, row_i in zip(labels, scores, indices):

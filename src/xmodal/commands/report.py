@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from xmodal.report import build_report
+    from xmodal.reporting.report import build_report
 
     if args.examples < 0:
         raise ValueError(f"--examples: must be >= 0, got {args.examples}")

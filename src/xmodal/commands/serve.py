@@ -22,7 +22,7 @@ Binds 127.0.0.1 (this machine only) unless --host says otherwise."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from xmodal.cli import add_common_args
+    from xmodal.commands import add_common_args
 
     parser.add_argument("--index", required=True, metavar="DIR", help="directory written by 'xmodal index'")
     parser.add_argument("--images", metavar="DIR", default=None,
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"xmodal serve needs starlette and uvicorn: pip install 'xmodal[serve]' ({exc})") from None
-    from xmodal.commands.query import SearchIndex
+    from xmodal.retrieval.search import SearchIndex
     from xmodal.serve import bind_socket, create_app, is_loopback, make_server
     from xmodal.serve.app import MAX_K
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from xmodal.cli import _Parser, add_common_args, apply_threads, progress_enabled
+from xmodal.commands import Parser, add_common_args, apply_threads, progress_enabled
 
 NAME = "train"
 HELP = "train a two-tower head on pre-extracted features (YAML config + overrides)"
@@ -61,7 +61,7 @@ def _dotted_flags(tokens: list[str]) -> list[str]:
 
 
 def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
-    p = _Parser(prog="xmodal train", add_help=False)  # one-line errors
+    p = Parser(prog="xmodal train", add_help=False)  # one-line errors
     _options(p, required=False)
     p.add_argument("overrides", nargs="*")
     rest = p.parse_intermixed_args(_dotted_flags(args.rest))
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if rank != 0:
         return 0
     if args.plots:
-        from xmodal.plots import plot_run
+        from xmodal.reporting.plots import plot_run
 
         plot_run(args.out)
     print(format_summary(summary))
@@ -133,6 +133,17 @@ def _progress(args: argparse.Namespace, cfg) -> bool:
     return progress_enabled(args) and bool(cfg.train.progress)
 
 
+_WIDTHS = {"R@1": 7, "R@5": 6, "R@10": 6, "MdR": 6, "MnR": 7}
+_HEAD = "{} R@1" + "".join(f"{k:>{w + 1}}" for k, w in list(_WIDTHS.items())[1:])
+
+
+def _row(r: dict) -> str:
+    """One direction's cells, aligned under :data:`_HEAD` (:func:`xmodal.metrics.format_metric`)."""
+    from xmodal.metrics import format_metric
+
+    return " ".join(f"{format_metric(k, r[k]):>{w}}" for k, w in _WIDTHS.items())
+
+
 def format_summary(summary: dict) -> str:
     """Per-normaliser val (and test) table of one run."""
     lines = [f"best epoch {summary['best_epoch']} of {summary['epochs_run']}, train time "
@@ -141,25 +152,20 @@ def format_summary(summary: dict) -> str:
     for split in ("val", "test"):
         if split not in summary:
             continue
-        lines.append(f"{split:5s} {'normaliser':16s} | t2v R@1   R@5  R@10  MdR    MnR | v2t R@1   R@5  R@10  MdR    MnR")
+        lines.append(f"{split:5s} {'normaliser':16s} | {_HEAD.format('t2v')} | {_HEAD.format('v2t')}")
         for name, m in summary[split].items():
-            cells = []
-            for d in ("t2v", "v2t"):
-                r = m[d]
-                cells.append(f"{r['R@1']:7.2f} {r['R@5']:5.1f} {r['R@10']:5.1f} {r['MdR']:4.0f} {r['MnR']:6.1f}")
+            cells = [_row(m[d]) for d in ("t2v", "v2t")]
             mark = "*" if name == summary["normalizer"] else (
                 "+" if name in summary.get("uses_test_queries", ()) else " ")
             lines.append(f"      {name + mark:16s} | {cells[0]} | {cells[1]}")
         for name, m in summary.get("oracle", {}).get(split, {}).items():
-            cells = [f"{m[d]['R@1']:7.2f} {m[d]['R@5']:5.1f} {m[d]['R@10']:5.1f} {m[d]['MdR']:4.0f} "
-                     f"{m[d]['MnR']:6.1f}" for d in ("t2v", "v2t")]
+            cells = [_row(m[d]) for d in ("t2v", "v2t")]
             lines.append(f"      {name + '+':16s} | {cells[0]} | {cells[1]}")
     for split in ("val", "test"):  # a hierarchical run on groups: paragraph <-> video (same under every normaliser)
         m = next(iter(summary.get(split, {}).values()), {})
         if "p2v" in m:
-            cells = [f"{m[d]['R@1']:7.2f} {m[d]['R@5']:5.1f} {m[d]['R@10']:5.1f} {m[d]['MdR']:4.0f} "
-                     f"{m[d]['MnR']:6.1f}" for d in ("p2v", "v2p")]
-            lines.append(f"{split:5s} {'paragraphs':16s} | p2v R@1   R@5  R@10  MdR    MnR | v2p R@1   R@5  R@10  MdR    MnR")
+            cells = [_row(m[d]) for d in ("p2v", "v2p")]
+            lines.append(f"{split:5s} {'paragraphs':16s} | {_HEAD.format('p2v')} | {_HEAD.format('v2p')}")
             lines.append(f"      {'(cosine)':16s} | {cells[0]} | {cells[1]}")
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "

@@ -378,7 +378,7 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             replacing an earlier import's folder entirely. A folder holding other files is refused.
         split: split name of rows with no ``split`` column value.
         text_features: a ``.npy`` ``[rows, Dt]`` aligned with the table rows; else
-            ``encode(captions)`` (default: the MiniLM encoder of :mod:`xmodal.encoders`).
+            ``encode(captions)`` (default: the MiniLM encoder of :mod:`xmodal.features.encoders`).
         experts: further experts ``{name: directory or glob}`` (same file rules as
             ``features``), written as ``{split}_video_features.NAME.npy``; videos without a
             file for an expert get zeros and ``{split}_video_mask.NAME.npy`` marks them
@@ -414,7 +414,7 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
                              f"got shape {tf.shape} dtype {tf.dtype}")
     else:
         if encode is None:
-            from xmodal.encoders import encode_text
+            from xmodal.features.encoders import encode_text
 
             encode = lambda caps: encode_text(caps, progress=False)  # noqa: E731
         tf = np.asarray(encode([r["caption"] for r in rows]), dtype=np.float32)

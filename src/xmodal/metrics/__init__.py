@@ -6,6 +6,7 @@ retrieval, CLIPScore). Percentages for R@K/mAP/nDCG/accuracy, 1-based ranks (API
 
 from xmodal.metrics.caption import caption_score, kendall_tau
 from xmodal.metrics.diagnostics import hubness, k_occurrence, modality_gap, normalization_error
+from xmodal.metrics.formatting import format_metric, markdown_table, metric_digits
 from xmodal.metrics.groups import epic_tail_classes, head_tail_groups, mir_by_group, retrieval_by_group
 from xmodal.metrics.mass import fn_fp_by_mass, item_error_counts, retrieval_mass
 from xmodal.metrics.multi_instance import mir
@@ -17,4 +18,5 @@ __all__ = ["retrieval", "text_video", "mir", "normalization_error", "modality_ga
            "k_occurrence", "streaming_retrieval", "streaming_text_video",
            "retrieval_by_group", "mir_by_group", "head_tail_groups", "epic_tail_classes",
            "retrieval_mass", "item_error_counts", "fn_fp_by_mass",
-           "linear_probe", "zero_shot", "label_retrieval", "caption_score", "kendall_tau"]
+           "linear_probe", "zero_shot", "label_retrieval", "caption_score", "kendall_tau",
+           "format_metric", "metric_digits", "markdown_table"]

@@ -27,11 +27,11 @@ Layout of this package:
 """
 
 from xmodal.models.fusion import FUSIONS, ExpertFusion
-from xmodal.models.io import CHECKPOINT_NAMES, load_model, model_from_payload, model_payload
+from xmodal.models.io import CHECKPOINT_NAMES, checkpoint_file, load_model, model_from_payload, model_payload
 from xmodal.models.towers import TOWER_KINDS, Standardize, Tower, TowerSpec, masked_mean
 from xmodal.models.two_tower import MAIN_EXPERT, TwoTower, build_model, parameter_count
 from xmodal.runs import atomic_save, load_checkpoint  # noqa: F401  (former home)
 
-__all__ = ["CHECKPOINT_NAMES", "FUSIONS", "MAIN_EXPERT", "TOWER_KINDS", "ExpertFusion", "Standardize", "Tower",
+__all__ = ["CHECKPOINT_NAMES", "checkpoint_file", "FUSIONS", "MAIN_EXPERT", "TOWER_KINDS", "ExpertFusion", "Standardize", "Tower",
            "TowerSpec", "TwoTower", "build_model", "load_model", "masked_mean", "model_from_payload",
            "model_payload", "parameter_count"]

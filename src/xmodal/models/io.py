@@ -10,9 +10,27 @@ import torch
 from xmodal._validate import short_repr
 from xmodal.models.two_tower import TwoTower
 from xmodal.runs import load_checkpoint
-from xmodal.testtime import TestTime
+from xmodal.retrieval.testtime import TestTime
 
 CHECKPOINT_NAMES = ("model.pt", "checkpoint.pt")
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """The checkpoint behind ``path``: the file itself, or a run directory's ``model.pt`` (else its
+    ``checkpoint.pt``).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``, or a directory without either file.
+    """
+    p = Path(path)
+    if p.is_dir():
+        for name in CHECKPOINT_NAMES:
+            if (p / name).is_file():
+                return p / name
+        raise FileNotFoundError(f"path: no {' or '.join(CHECKPOINT_NAMES)} in {path}")
+    if not p.is_file():
+        raise FileNotFoundError(f"path: {path} does not exist")
+    return p
 
 
 def model_payload(model: TwoTower) -> dict:
@@ -95,16 +113,7 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         ValueError: the file is corrupt, truncated, not an xmodal checkpoint, or holds
             Python objects that could run code (refused: loading is weights-only).
     """
-    p = Path(path)
-    if p.is_dir():
-        for name in CHECKPOINT_NAMES:
-            if (p / name).is_file():
-                p = p / name
-                break
-        else:
-            raise FileNotFoundError(f"path: no {' or '.join(CHECKPOINT_NAMES)} in {path}")
-    elif not p.is_file():
-        raise FileNotFoundError(f"path: {path} does not exist")
+    p = checkpoint_file(path)
     payload = load_checkpoint(p, map_location=map_location)
     try:
         return model_from_payload(payload["model"])

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from xmodal._validate import as_tensor, check_finite, choice, integer, number, positive_number, short_repr
 from xmodal.models.fusion import FUSIONS, ExpertFusion, check_experts
 from xmodal.models.towers import TOWER_KINDS, Tower, TowerSpec, check_spec, spec_from_dict
-from xmodal.testtime import TestTime
+from xmodal.retrieval.testtime import TestTime
 
 MAIN_EXPERT = "video"  # the key of the main video features among several experts
 
@@ -28,7 +28,7 @@ class TwoTower(nn.Module):
             test-time biases); the trainer sets it from the loss after training.
 
     Attributes:
-        test_time: the :class:`~xmodal.testtime.TestTime` of a trained run: the
+        test_time: the :class:`~xmodal.retrieval.testtime.TestTime` of a trained run: the
             normalisers fitted at the end of training and the one selected on
             validation (assigning a dict converts it).
     """
@@ -250,7 +250,7 @@ class TwoTower(nn.Module):
 
         Raw features -> the run's heads -> cosine scores -> the stored normaliser of
         :attr:`test_time` (fitted once at the end of training, never refitted; bank-based
-        gallery biases are computed against this gallery, see :mod:`xmodal.testtime`).
+        gallery biases are computed against this gallery, see :mod:`xmodal.retrieval.testtime`).
 
         Args:
             text_features: ``[T, Dt]`` or token features ``[T, L, Dt]`` (with ``text_mask``).

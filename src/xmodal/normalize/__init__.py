@@ -14,7 +14,7 @@ key            class                          statistics used
 
 Row-independent normalisers stream through
 ``xmodal.metrics.streaming_retrieval(..., **normalizer.streaming_kwargs())``;
-DN and Sinkhorn are per-gallery biases, which :class:`xmodal.index.BiasedIndex`
+DN and Sinkhorn are per-gallery biases, which :class:`xmodal.retrieval.index.BiasedIndex`
 also folds into a FAISS index.
 """
 

@@ -50,7 +50,7 @@ class DistributionNormalization(Normalizer):
     ``x.y - lam x.mu_y - lam mu_x.y + lam^2 mu_x.mu_y``: for ranking the gallery
     for a fixed query only the per-gallery bias ``-lam mu_x . y_j`` matters
     (:meth:`gallery_bias`), which also lets DN be folded into the streaming
-    evaluator (``bias=``) or a FAISS index (:class:`xmodal.index.BiasedIndex`).
+    evaluator (``bias=``) or a FAISS index (:class:`xmodal.retrieval.index.BiasedIndex`).
     :meth:`fit` caches that bias for the gallery it was given, so ``__call__(sim)``
     with ``sim`` ``[Q, N]`` over the same gallery returns ``sim + bias`` (rank-
     equivalent to DN) or, with ``queries=``, the exact DN scores. Use

@@ -61,7 +61,7 @@ class InvertedSoftmax(Normalizer):
       ``bias_j = -logsumexp_b(beta * s_bj) / beta``, in similarity units, so
       temperatures and :func:`xmodal.metrics.normalization_error` keep their
       meaning. IS is thus a per-gallery bias (:attr:`bias`), which streams and
-      folds into :class:`xmodal.index.BiasedIndex`.
+      folds into :class:`xmodal.retrieval.index.BiasedIndex`.
     - ``"log"``: ``log(score) = beta * s_qj - logsumexp_b(beta * s_bj)``.
     - ``"ratio"``: the paper's score itself (``exp`` of the log; finite whenever it is).
 

@@ -3,7 +3,7 @@
 ``create_app(index)`` needs no socket (Starlette's ``TestClient`` drives it); the
 command binds it to ``127.0.0.1`` by default through :mod:`xmodal.serve.net`. A query
 is encoded exactly as ``xmodal query --captions`` encodes it
-(:meth:`xmodal.commands.query.SearchIndex.encode_captions`) and searched in the same
+(:meth:`xmodal.retrieval.search.SearchIndex.encode_captions`) and searched in the same
 index, so the scores are the run's normalised text -> video scores.
 """
 
@@ -82,7 +82,7 @@ class Searcher:
     """An opened index plus its text encoder: ``search(q, k)`` -> the API's dict (thread-safe)."""
 
     def __init__(self, index: Any, *, text_encoder: str | None = None) -> None:
-        from xmodal.commands.query import SearchIndex
+        from xmodal.retrieval.search import SearchIndex
 
         self.index = index if isinstance(index, SearchIndex) else SearchIndex(index)
         self.text_encoder = text_encoder or self.index.meta.get("text_encoder", "minilm")

@@ -9,8 +9,7 @@
 - :mod:`~xmodal.training.schedule_plan`: temperature / margin schedules per step (TS++).
 - :mod:`~xmodal.training.sampling`: epoch batches (class-balanced and multi-caption sampling).
 
-The former modules ``xmodal.train``, ``xmodal.trainparts``, ``xmodal.schedule_plan`` and
-``xmodal.sampling`` remain importable and are these very modules.
+May import: config, data, losses, models, retrieval, runs, dist (never commands or reporting).
 """
 
 

@@ -3,7 +3,7 @@
     data (:mod:`xmodal.training.sampling`) -> model -> loss (+ TS++ values, :mod:`xmodal.training.schedule_plan`)
     -> optimiser (cosine LR, warm-up, clipping) -> per-epoch validation, early stopping,
     atomic checkpoint (:mod:`xmodal.runs`) -> test-time normalisers fitted once and one
-    selected on validation (:mod:`xmodal.testtime`) -> ``model.pt``
+    selected on validation (:mod:`xmodal.retrieval.testtime`) -> ``model.pt``
 
 Run directory (``out``): ``config.yaml`` (resolved config), ``log.jsonl`` (one JSON
 object per epoch; ``log.csv`` and ``tensorboard/`` with ``train.log_to``, see
@@ -45,7 +45,7 @@ from xmodal import dist
 from xmodal.config import Config, save_config, to_dict
 from xmodal.data import inputs as video_inputs
 from xmodal.data.check import check_same_sizes
-from xmodal.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noqa: F401  (former home)
+from xmodal.retrieval.evaluate import (embed_split, evaluate, evaluate_normalizers,  # noqa: F401  (former home)
                              group_metrics, retrieval_metrics, score)
 from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
@@ -58,7 +58,7 @@ from xmodal.training.runlog import RunLog
 from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
 from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
                                   text_classes)
-from xmodal.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries
+from xmodal.retrieval.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries
 from xmodal.training.parts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
                                generator_states, init_distributed_from_env, load_module_state, loss_extras,
                                make_ema, make_optimizer, make_plateau, resolve_device, set_generator_states)
@@ -144,7 +144,7 @@ def _given_splits(splits: Any, need_val: bool = True) -> dict:
 def normalized_similarities(name: str, test_time: TestTime | dict, text: torch.Tensor, video: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """Former API: ``(t2v [M, N], v2t [N, M] or None = the transpose, {})`` under the
-    normaliser ``name`` of ``test_time`` (see :meth:`xmodal.testtime.TestTime.similarities`)."""
+    normaliser ``name`` of ``test_time`` (see :meth:`xmodal.retrieval.testtime.TestTime.similarities`)."""
     tt = test_time if isinstance(test_time, TestTime) else TestTime.from_state_dict(
         {"normalizer": name, **test_time, "val": {name: None}})
     return (*tt.similarities(text, video, name), {})

@@ -82,14 +82,16 @@ def epoch_line(record: dict, *, epochs: int, metric: str, improved: bool, histor
     ETA: the mean time of the epochs so far times the epochs left (an upper bound when
     early stopping ends the run sooner).
     """
+    from xmodal.metrics import format_metric as fm
+
     val = record["val"]
-    mir = f"  t2v mAP {val['t2v']['mAP']:.2f}" if "mAP" in val["t2v"] else ""
+    mir = f"  t2v mAP {fm('mAP', val['t2v']['mAP'])}" if "mAP" in val["t2v"] else ""
     times = [r["epoch_time"] for r in history if "epoch_time" in r] or [record["epoch_time"]]
     per = sum(times) / len(times)
     left = max(0, epochs - record["epoch"])
     return (f"epoch {record['epoch']:3d}/{epochs}  loss {record['train_loss']:.4f}  "
-            f"val t2v R@1 {val['t2v']['R@1']:.2f}  v2t R@1 {val['v2t']['R@1']:.2f}{mir}  "
-            f"{metric} {record[f'val_{metric}']:.2f}{' *' if improved else '  '}  "
+            f"val t2v R@1 {fm('R@1', val['t2v']['R@1'])}  v2t R@1 {fm('R@1', val['v2t']['R@1'])}{mir}  "
+            f"{metric} {fm(metric, record[f'val_{metric}'])}{' *' if improved else '  '}  "
             f"{record['epoch_time']:.1f} s/epoch  ETA {_clock(per * left)}")
 
 

@@ -1,7 +1,7 @@
 """Video file decoding (optional extra ``[video]``: PyAV, which bundles its own FFmpeg libraries).
 
 Frames come out as RGB ``uint8`` arrays, the same pixels an image file of that frame would give, so
-:func:`xmodal.encoders.encode_videos` can send them through the image encoder's preprocessing.
+:func:`xmodal.features.encoders.encode_videos` can send them through the image encoder's preprocessing.
 
 Sampling (``decode_frames``):
 

@@ -8,6 +8,10 @@ and round-trips through :func:`load_config`.
 Overrides are ``section.key=value`` strings; ``value`` is parsed as YAML
 (``loss.name=ncl``, ``optim.lr=3e-4``, ``test_time.normalizers=[none,dn]``,
 ``loss.kwargs.queue_size=4096``).
+
+This package's ``__init__`` is the schema; :mod:`xmodal.config.doc` renders it as the commented YAML of
+``xmodal config`` and ``docs/config.md``. May import: losses, normalize and ``xmodal.data.layout`` (their
+declarations only); never training, retrieval, reporting or the CLI.
 """
 
 from __future__ import annotations
@@ -181,7 +185,7 @@ class ScheduleConfig:
 @dataclass(frozen=True)
 class TestTimeConfig:
     """Test-time normalisers fitted once at the end of training and tried on the
-    validation split; the best (by ``train.metric``) is selected (``xmodal.testtime``).
+    validation split; the best (by ``train.metric``) is selected (``xmodal.retrieval.testtime``).
     ``sinkhorn`` uses a bank of ``bank_size`` training queries, ``ncl`` the NCL loss's own
     query queues (dropped for losses without one). ``oracle``: also report Sinkhorn
     biases fitted on the evaluated queries themselves (``sinkhorn_oracle``; never selected).

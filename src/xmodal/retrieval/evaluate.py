@@ -115,12 +115,12 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
                          ) -> dict[str, dict]:
     """Metrics of ``split`` under each normaliser: ``{name: {"t2v": ..., "v2t": ...}}``.
 
-    ``test_time``: a :class:`~xmodal.testtime.TestTime` (or the dict form of older runs).
+    ``test_time``: a :class:`~xmodal.retrieval.testtime.TestTime` (or the dict form of older runs).
     With a relevancy (``split.mir_relevancy()``: a relevancy file or video labels) each
     direction also holds ``mAP`` and ``nDCG``.
     """
     from xmodal._validate import short_repr
-    from xmodal.testtime import TestTime
+    from xmodal.retrieval.testtime import TestTime
 
     if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise TypeError(f"names: expected a list of normaliser names, got {short_repr(names)}")

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmodal.metrics.mass import retrieval_mass  # noqa: F401  (formerly defined here)
 
 
 def _plt():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import csv
 import html
-import io
 import json
 import os
 import tempfile
@@ -27,6 +26,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from xmodal._validate import duck, positive_int, short_repr, whole_number
+from xmodal.features.media import find_media
+from xmodal.metrics.formatting import format_metric
 
 LOWER_IS_BETTER = ("MdR", "MnR", "train s")
 CSS = """
@@ -63,69 +64,23 @@ def _png(path_or_bytes: Any, alt: str) -> str:
             f'src="data:image/png;base64,{base64.b64encode(data).decode()}">')
 
 
-def find_item(root: Path, name: str) -> Path | None:
-    """The gallery file of ``name`` inside the images folder ``root``: ``root/name`` itself, else
-    ``root/name.<ext>`` for an image or video extension; None when missing or outside ``root``
-    (absolute names, ``..`` parts and symlinks that lead out of ``root`` are never followed).
-
-    >>> find_item(Path("/").resolve(), "../etc/passwd") is None
-    True
-    """
-    from pathlib import PurePosixPath
-
-    from xmodal.encoders import IMAGE_EXTENSIONS
-    from xmodal.video import VIDEO_EXTENSIONS
-
-    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
-        return None
-    rel = PurePosixPath(name)
-    if rel.is_absolute() or ".." in rel.parts:
-        return None
-    root = root.resolve()
-    for candidate in [name] + [name + ext for ext in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS]:
-        try:
-            resolved = (root / candidate).resolve(strict=True)
-        except (OSError, RuntimeError):  # missing, symlink loop
-            continue
-        if resolved.is_relative_to(root) and resolved.is_file():
-            return resolved
-    return None
-
-
 def _thumb(path: Path | None, size: int = 160) -> str | None:
-    """A base64 JPEG thumbnail of an image file, or of a video file's middle frame (extra ``video``);
-    ``None`` if the file is missing or unreadable."""
-    if path is None or not path.is_file():
-        return None
-    from xmodal.video import VIDEO_EXTENSIONS
+    """A ``data:`` URI of :func:`xmodal.features.media.thumbnail` (an image, or a video's middle frame)."""
+    from xmodal.features.media import thumbnail
 
-    try:
-        from PIL import Image
-
-        if path.suffix.lower() in VIDEO_EXTENSIONS:
-            from xmodal.video import middle_frame
-
-            im = Image.fromarray(middle_frame(path))
-        else:
-            with Image.open(path) as f:
-                im = f.convert("RGB")
-        im = im.convert("RGB")
-        im.thumbnail((size, size))
-        buf = io.BytesIO()
-        im.save(buf, format="JPEG", quality=80)
-        data = buf.getvalue()
-    except ImportError:
-        return None
-    except (OSError, ValueError):
-        return None
-    return f"data:image/jpeg;base64,{base64.b64encode(data).decode()}"
+    data = thumbnail(path, size, quality=80)
+    return None if data is None else f"data:image/jpeg;base64,{base64.b64encode(data).decode()}"
 
 
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
+def _fmt(v: Any, column: str, digits: int | None = None, std: Any = None) -> str:
+    """A cell of column ``column``: :func:`xmodal.metrics.format_metric` (or ``digits`` decimals when given)."""
+    if isinstance(v, float) or v is None:
+        if digits is None:
+            return _e(format_metric(column, v, std))
+        if v is None:
+            return "–"
+        std_ok = std is not None and std == std
+        return f"{v:.{digits}f}" + (f" ± {std:.{digits}f}" if std_ok else "")
     return _e(v)
 
 
@@ -142,9 +97,11 @@ def _indices(v: Any, name: str) -> list[int]:
 
 def table(header: list[str], rows: list[list[Any]], *, best_cols: Iterable[int] = (),
           lower: Callable[[str], bool] = lambda h: h.split()[-1] in LOWER_IS_BETTER,
-          left_cols: int = 1, selected: Iterable[int] = (), digits: int = 1) -> str:
+          left_cols: int = 1, selected: Iterable[int] = (), digits: int | None = None) -> str:
     """An HTML table; in ``best_cols`` the best value (max, or min where ``lower(header)``)
-    is bold/green. Cells may be floats, strings or ``(mean, std)`` pairs."""
+    is bold/green. Cells may be floats, strings or ``(mean, std)`` pairs, printed as every xmodal
+    table prints the column's metric (:func:`xmodal.metrics.format_metric`), or with ``digits``
+    decimals when given."""
     if not _seq(header) or not all(isinstance(h, str) for h in header):
         raise TypeError(f"header: expected a list of column names, got {short_repr(header)}")
     if not _seq(rows) or not all(_seq(r) for r in rows):
@@ -155,7 +112,8 @@ def table(header: list[str], rows: list[list[Any]], *, best_cols: Iterable[int] 
     width = min((len(r) for r in rows), default=0)
     if any(j >= min(width, len(header)) for j in best_cols) and rows:
         raise ValueError(f"best_cols: column index out of range for {len(header)} column(s)")
-    left_cols, digits = whole_number(left_cols, "left_cols"), whole_number(digits, "digits")
+    left_cols = whole_number(left_cols, "left_cols")
+    digits = None if digits is None else whole_number(digits, "digits")
 
     def val(c):
         return c[0] if isinstance(c, tuple) else c
@@ -176,11 +134,8 @@ def table(header: list[str], rows: list[list[Any]], *, best_cols: Iterable[int] 
             cls = ["l"] if j < left_cols else []
             if i in best.get(j, ()):
                 cls.append("best")
-            if isinstance(c, tuple):
-                m, s = c
-                txt = _fmt(m, digits) if s is None or s != s else f"{_fmt(m, digits)} ± {_fmt(s, digits)}"
-            else:
-                txt = _fmt(c, digits)
+            column = header[j] if j < len(header) else ""
+            txt = _fmt(c[0], column, digits, c[1]) if isinstance(c, tuple) else _fmt(c, column, digits)
             cells.append(f'<td class="{" ".join(cls)}">{txt}</td>')
         out.append(f'<tr class="{"sel" if i in sel else ""}">' + "".join(cells) + "</tr>")
     return "\n".join(out) + "</table>"
@@ -279,7 +234,7 @@ def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any, item: str 
     """t2v R@K per head/tail group of the val texts (classes: labels, else k-means)."""
     from xmodal.data import kmeans_classes
     from xmodal.metrics import head_tail_groups, retrieval_by_group
-    from xmodal.plots import t2v_similarity
+    from xmodal.reporting.plots import t2v_similarity
 
     train, val = splits["train"], splits["val"]
     if train.text_labels is not None and val.text_labels is not None:
@@ -342,7 +297,7 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
     """For a seeded sample of text queries: the top results, the correct one marked, its rank."""
     import torch
 
-    from xmodal.plots import t2v_similarity
+    from xmodal.reporting.plots import t2v_similarity
 
     duck(model, "model", "a loaded model (similarity)", ("similarity",))
     duck(split, "split", "a PairedSplit", ("video_input",), ("text", "text_to_video", "num_texts", "captions"))
@@ -381,7 +336,7 @@ def examples_section(model: Any, split: Any, name: str, *, num: int = 8, seed: i
             r = pos + 1 if j in order else rank
             img = ""
             if images is not None and video_names:
-                uri = _thumb(find_item(images, video_names[j]))
+                uri = _thumb(find_media(images, video_names[j]))
                 img = f'<img alt="{_e(label)}" src="{uri}">' if uri else '<div class="muted">(no image)</div>'
             gap = ' style="margin-left:18px"' if j not in order else ""
             items.append(f'<div class="item{" hit" if j == correct else ""}"{gap}>{img}'
@@ -445,7 +400,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     from xmodal.config import load_config
     from xmodal.metrics import normalization_error
     from xmodal.models import load_model
-    from xmodal.plots import (gallery_item, mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass,
+    from xmodal.reporting.plots import (gallery_item, mass_analysis, plot_curves, plot_fn_fp, plot_retrieval_mass,
                               t2v_similarity)
     from xmodal.training.loop import load_splits
 

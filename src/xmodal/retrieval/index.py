@@ -16,7 +16,6 @@ the whole gallery and cannot be folded into an inner product.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def import_faiss():
     try:
         import faiss  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("xmodal.index needs FAISS: pip install 'xmodal[faiss]' "
+        raise ImportError("xmodal.retrieval.index needs FAISS: pip install 'xmodal[faiss]' "
                           "(or faiss-cpu / faiss-gpu)") from exc
     return faiss
 
@@ -170,8 +169,8 @@ def _check_declared_size(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- trained runs
 def _test_time(model: Any):
-    """The run's :class:`xmodal.testtime.TestTime` (``model.test_time``)."""
-    from xmodal.testtime import TestTime
+    """The run's :class:`xmodal.retrieval.testtime.TestTime` (``model.test_time``)."""
+    from xmodal.retrieval.testtime import TestTime
 
     tt = getattr(model, "test_time", None)
     if isinstance(tt, dict):
@@ -191,14 +190,14 @@ def selected_normalizer(model: Any, normalizer: str = "selected") -> str:
 def best_foldable(model: Any, metric: str = "rsum") -> str:
     """The run's best normaliser on val (by ``metric``, as the trainer selects) among those
     an index can hold (:data:`FOLDABLE`); ``"none"`` when no other was fitted."""
-    from xmodal.evaluate import score
+    from xmodal.retrieval.evaluate import score
 
     tt = _test_time(model)
     val = tt.val or {}
     names = [n for n in dict.fromkeys(["none", *tt.names]) if n in FOLDABLE and n in val]
     if not names:
         return "none"
-    # ties prefer none, then the earlier name, as xmodal.testtime.select does
+    # ties prefer none, then the earlier name, as xmodal.retrieval.testtime.select does
     return max(names, key=lambda n: (score(val[n], metric), n == "none", -names.index(n)))
 
 
@@ -239,7 +238,7 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
         raise ValueError(f"normalizer: {name!r} depends on each query's scores against the whole "
                          f"gallery and cannot be folded into an index; use one of "
                          f"{', '.join(FOLDABLE)} (or 'xmodal eval --run' for exact metrics)")
-    from xmodal.testtime import _METHODS, fit_normalizer
+    from xmodal.retrieval.testtime import _METHODS, fit_normalizer
 
     tt = _test_time(model)
     if name == "dn":

@@ -1,6 +1,6 @@
 """The ``xmodal bench`` grid: objectives x (TS++ on/off) x test-time normalisers x seeds.
 
-Every cell is one ``xmodal.train.train`` run in its own run directory under
+Every cell is one ``xmodal.training.loop.train`` run in its own run directory under
 ``OUT/runs/...``; a finished run (``metrics.json``) is reused, an interrupted one
 resumes from its checkpoint, so a killed grid continues where it stopped. Results
 (mean +- std over seeds) go to ``OUT/results.md`` and ``OUT/results.csv``.
@@ -203,9 +203,16 @@ def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Itera
     return rows
 
 
-def _fmt(pair: tuple[float, float], digits: int = 1) -> str:
+def _fmt(pair: tuple[float, float], metric: str) -> str:
+    """``mean ± std`` of ``metric`` (:func:`xmodal.metrics.format_metric`; one seed: no std)."""
+    from xmodal.metrics import format_metric
+
+    return format_metric(metric, *pair)
+
+
+def _seconds(pair: tuple[float, float]) -> str:
     m, s = pair
-    return f"{m:.{digits}f}" if s != s else f"{m:.{digits}f} ± {s:.{digits}f}"  # one seed: no std
+    return f"{m:.0f}" if s != s else f"{m:.0f} ± {s:.0f}"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -224,10 +231,10 @@ def markdown(rows: list[dict]) -> str:
                      "v2t R@1 | v2t R@5 | v2t R@10 | v2t MdR | v2t MnR | train s |")
         parts.append("|---|---|" + "---:|" * 11)
         for r in sub:
-            cells = [_fmt(r[f"{d} {k}"]) for d in ("t2v", "v2t") for k in METRIC_KEYS]
+            cells = [_fmt(r[f"{d} {k}"], k) for d in ("t2v", "v2t") for k in METRIC_KEYS]
             mark = " *" if r["normalizer"] in r["selected"].split(",") else ""
             parts.append(f"| {r['objective']} | {r['normalizer']}{mark} | " + " | ".join(cells)
-                         + f" | {_fmt(r['train s'], 0)} |")
+                         + f" | {_seconds(r['train s'])} |")
         parts.append("")
     parts.append("`*`: the normaliser selected on val for (some of) the seeds. `ncl`: Sinkhorn biases "
                  "from the NCL loss's own training query queue; `sinkhorn`: from a random bank of "
@@ -274,7 +281,7 @@ def queue_prefix_metrics(run_dir: str | Path, split: Any, sizes: Iterable[int]) 
     """
     import dataclasses as dc
 
-    from xmodal.evaluate import evaluate_normalizers
+    from xmodal.retrieval.evaluate import evaluate_normalizers
     from xmodal.models import load_model
 
     model = load_model(run_dir)

@@ -132,7 +132,7 @@ def list_images(directory: str | os.PathLike, listing: str | os.PathLike | None 
 def list_videos(source: str | os.PathLike) -> list[Path]:
     """Video files named by ``source``: a directory (its files with a video extension, sorted by name)
     or a text file with one video path per line (relative paths are relative to the list's folder)."""
-    from xmodal.video import VIDEO_EXTENSIONS
+    from xmodal.features.video import VIDEO_EXTENSIONS
 
     source = Path(source)
     if source.is_dir():
@@ -150,7 +150,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                        fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32):
     """Encode video files' frames, batched across videos; yield each video as soon as it is done.
 
-    Frames are decoded with :func:`xmodal.video.decode_frames` (RGB) and handed to the image encoder as
+    Frames are decoded with :func:`xmodal.features.video.decode_frames` (RGB) and handed to the image encoder as
     ``PIL.Image`` objects, the same path an image file takes (for the built-in encoder:
     :func:`preprocess_image`). Memory holds at most one batch plus one video's sampled frames.
 
@@ -160,7 +160,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     """
     from PIL import Image
 
-    from xmodal import video
+    from xmodal.features import video
 
     video._check_sampling(frames, fps)
     bs = _batch_size(batch_size)

@@ -1,0 +1,28 @@
+"""Applying a trained run: embeddings and metrics of a split (:mod:`~xmodal.retrieval.evaluate`), the
+stored test-time normalisers (:mod:`~xmodal.retrieval.testtime`) and FAISS indexes (:mod:`~xmodal.retrieval.index`).
+
+May import: metrics, normalize, models, data, ``xmodal._validate`` and ``xmodal.runs``; never training,
+reporting or the CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "embed_split": "evaluate", "retrieval_metrics": "evaluate", "evaluate": "evaluate",
+    "evaluate_normalizers": "evaluate", "group_metrics": "evaluate", "score": "evaluate",
+    "TestTime": "testtime", "fit_test_time": "testtime", "fit_normalizer": "testtime",
+    "BiasedIndex": "index", "SearchIndex": "index", "write_index": "index",
+    "fold_run_normalizer": "index", "selected_normalizer": "index",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"xmodal.retrieval.{_EXPORTS[name]}"), name)
+    if name in ("evaluate", "testtime", "index"):
+        return importlib.import_module(f"xmodal.retrieval.{name}")
+    raise AttributeError(f"module 'xmodal.retrieval' has no attribute {name!r}")
