@@ -174,6 +174,8 @@ def format_summary(summary: dict) -> str:
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")
+    for name, why in summary.get("dropped_normalizers", {}).items():
+        lines.append(f"note: test_time.normalizers lists {name}, left out: {why}")
     return "\n".join(lines)
 
 
