@@ -65,6 +65,7 @@ class Lines:
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
                  unit: str = "it", file: IO[str] | None = None, every: float | None = None,
                  enabled: bool = True) -> None:
+        _check(total, desc, unit, None, file, every)
         self.iterable = iterable
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
@@ -133,6 +134,21 @@ class Lines:
         self.close()
 
 
+def _check(total: Any, desc: Any, unit: Any, show: Any, file: Any, every: Any) -> None:
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+        raise ValueError(f"total: expected an integer >= 0 or None, got {type(total).__name__}")
+    for name, v in (("desc", desc), ("unit", unit)):
+        if not isinstance(v, str):
+            raise TypeError(f"{name}: expected a string, got {type(v).__name__}")
+    if show is not None and not isinstance(show, bool):
+        raise TypeError(f"show: expected True, False or None, got {type(show).__name__}")
+    if file is not None and not callable(getattr(file, "write", None)):
+        raise TypeError(f"file: expected a text stream, got {type(file).__name__}")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float))
+                              or not math.isfinite(every) or every < 0):
+        raise ValueError(f"every: expected a number of seconds >= 0, got {type(every).__name__}")
+
+
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
              show: bool | None = None, file: IO[str] | None = None, every: float | None = None) -> Any:
     """A progress reporter over ``iterable`` (or ``total`` steps counted with ``update``).
@@ -149,6 +165,9 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
     Returns:
         a ``tqdm`` object or a :class:`Lines`; both have ``update``, ``write``, ``close`` and iterate.
     """
+    _check(total, desc, unit, show, file, every)
+    if iterable is not None and not isinstance(iterable, Iterable):
+        raise TypeError(f"iterable: expected an iterable or None, got {type(iterable).__name__}")
     stream = file if file is not None else sys.stderr
     tty = bool(getattr(stream, "isatty", lambda: False)())
     if show is True or (show is None and tty):
@@ -161,6 +180,9 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
 def say(text: str, *, show: bool | None = None, file: IO[str] | None = None) -> None:
     """One stage line on stderr (``index: fitting the Sinkhorn bias on 5,000 queries``), unless ``show``
     is False (``--no-progress`` / ``--quiet``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a string, got {type(text).__name__}")
+    _check(None, "", "", show, file, None)
     if show is False:
         return
     try:

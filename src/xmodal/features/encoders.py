@@ -27,6 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["IMAGE_EXTENSIONS", "ENCODE_MAX_SIDE", "register_encoder", "encode_text", "encode_text_tokens",
+           "encode_images", "encode_videos", "iter_encode_videos", "list_images", "list_videos", "preprocess_image",
+           "load_image"]
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -54,11 +58,12 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
         overwrite: allow replacing an existing entry.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name: expected a non-empty string, got {name!r}")
+        raise ValueError(f"name: expected a non-empty string, got {type(name).__name__}"
+                         + (f" {name!r}" if isinstance(name, str) else ""))
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    if kind not in ("text", "image"):
-        raise ValueError(f"kind: unknown option {kind!r}; expected one of text, image")
+    if not isinstance(kind, str) or kind not in ("text", "image"):
+        raise ValueError(f"kind: unknown option {str(kind)[:40]!r}; expected one of text, image")
     if name in ENCODERS and not overwrite:
         raise ValueError(f"name: encoder {name!r} is already registered (pass overwrite=True)")
     ENCODERS[name] = Encoder(name, kind, fn)
@@ -468,6 +473,10 @@ def preprocess_image(im, size: int = 224) -> np.ndarray:
     """
     from PIL import Image
 
+    if not isinstance(im, Image.Image):
+        raise TypeError(f"im: expected a PIL image, got {type(im).__name__}")
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not 1 <= size <= 4096:
+        raise ValueError(f"size: expected an integer in [1, 4096], got {size!r}"[:120])
     im = im.convert("RGB")
     if im.size != (size, size):
         im = im.resize((size, size), Image.BILINEAR)
@@ -483,11 +492,15 @@ def load_image(path, size: int = 224) -> np.ndarray:
 
     if isinstance(path, Image.Image):
         return preprocess_image(path, size)
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected an image file or a PIL image, got {type(path).__name__}")
     try:
         with Image.open(path) as im:
             return preprocess_image(im, size)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read image ({exc})") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: image file not found") from None
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"{path}: cannot read image ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
 def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -> np.ndarray:
