@@ -25,11 +25,12 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-__all__ = ["progress", "Lines", "interval", "say"]
+__all__ = ["progress", "Lines", "interval", "say", "Stages"]
 
 #: Seconds between two progress lines without a terminal (``XMODAL_PROGRESS_SECONDS`` overrides).
 DEFAULT_SECONDS = 30.0
@@ -130,7 +131,9 @@ class Lines:
     def __enter__(self) -> "Lines":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:  # a failure: its own message is the last line, not a progress line
+            self.closed = True
         self.close()
 
 
@@ -189,3 +192,49 @@ def say(text: str, *, show: bool | None = None, file: IO[str] | None = None) -> 
         print(text, file=file if file is not None else sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+class Stages:
+    """Where a command with few long steps is (``index``, ``report``): call the object with each stage's
+    line; without a terminal the current stage is printed every ``every`` seconds while it runs (a
+    command done sooner prints nothing), with ``show=True`` (or ``every`` 0) each stage at once.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> with Stages(show=True, file=out) as stage:
+    ...     stage("index: building the flat index")
+    >>> out.getvalue()
+    'index: building the flat index\n'
+    """
+
+    def __init__(self, *, show: bool | None = None, file: IO[str] | None = None, every: float | None = None) -> None:
+        _check(None, "", "", show, file, every)
+        self.show, self.file = show, file
+        self.every = interval() if every is None else float(every)
+        self.current: str | None = None
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a string, got {type(text).__name__}")
+        self.current = text
+        if self.show is True or (self.show is None and self.every == 0):
+            say(text, file=self.file)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every):
+            if self.current is not None:
+                say(f"{self.current}; {_duration(time.monotonic() - self.start)} elapsed", file=self.file)
+
+    def __enter__(self) -> "Stages":
+        if self.show is None and self.every > 0:
+            self._thread = threading.Thread(target=self._tick, name="xmodal-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal.commands import load_npy, progress_choice
-    from xmodal.progress import say
+    from xmodal.progress import Stages
 
     start = time.perf_counter()
     names = None
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.retrieval.search import write_index
 
     try:
-        meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
-                     text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask,
-                     log=lambda line: say(line, show=progress_choice(args)))
+        with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
+            meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
+                               text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features"}

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from xmodal.commands import progress_choice
-    from xmodal.progress import say
+    from xmodal.progress import Stages
     from xmodal.reporting.report import build_report
 
     if args.examples < 0:
@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads: must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    path = build_report(args.path, out=args.out, images=args.images, data=args.data, num_examples=args.examples,
-                        seed=args.seed, log=lambda line: say(line, show=progress_choice(args)))
+    with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
+        path = build_report(args.path, out=args.out, images=args.images, data=args.data,
+                            num_examples=args.examples, seed=args.seed, log=stage)
     print(path)
     return 0

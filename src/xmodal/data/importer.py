@@ -328,7 +328,10 @@ class _RowWriter:
         try:
             fn()
         except OSError as exc:
-            self.file.close()
+            try:  # a buffered file flushes again on close: a full disk fails there too
+                self.file.close()
+            except OSError:
+                pass
             err = _write_failed(exc, self.path)
             if err is None:
                 raise
@@ -343,7 +346,7 @@ class _RowWriter:
 
     def close(self) -> None:
         if self.rows != self.shape[0]:
-            self.file.close()
+            self._do(self.file.close)
             raise ValueError(f"{self.path.name}: {self.rows} of {self.shape[0]} rows written")
         self._do(self.file.close)
 
@@ -651,8 +654,7 @@ def _encode_captions(tmp: Path, rows: list[dict], encode: Callable, progress: bo
 
     scratch = tmp / ".captions.npy"
     writer = None
-    bar = progress_bar(total=len(rows), desc="data import: encode captions", unit="caption", show=progress)
-    try:
+    with progress_bar(total=len(rows), desc="data import: encode captions", unit="caption", show=progress) as bar:
         for start in range(0, len(rows), TEXT_BLOCK):
             caps = [r["caption"] for r in rows[start:start + TEXT_BLOCK]]
             block = np.asarray(encode(caps), dtype=np.float32)
@@ -663,8 +665,6 @@ def _encode_captions(tmp: Path, rows: list[dict], encode: Callable, progress: bo
             writer.write(block)
             bar.update(len(caps))
         writer.close()
-    finally:
-        bar.close()
     return _TableText(np.load(scratch, mmap_mode="r", allow_pickle=False), np.arange(len(rows)), owned=scratch)
 
 
@@ -684,13 +684,10 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
         _dim_culprits([d for _, d in shapes], videos, [files[v] for v in videos], "--features")
         lengths = [f for f, _ in shapes]
         p = lambda role: out / layout.names(name, role)[0]  # noqa: E731
-        bar = progress_bar(total=len(videos), desc=f"data import {name}: read features", unit="video",
-                           show=progress)
-        try:
+        with progress_bar(total=len(videos), desc=f"data import {name}: read features", unit="video",
+                          show=progress) as bar:
             mask = _write_padded(p("video"), p("video_mask"), [files[v] for v in videos], lengths, shapes[0][1],
                                  dtype, max_frames, bar)
-        finally:
-            bar.close()
         text = _RowWriter(p("text"), (len(idx), texts.dim), dtype)
         order = np.asarray(idx, dtype=np.int64)
         for start in range(0, len(order), TEXT_BLOCK):

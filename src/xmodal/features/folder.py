@@ -238,7 +238,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         report(f"xmodal encode: warning: {line}")
 
     done = 0
-    try:
+    with bar:
         for i, result in encoders.iter_encode_videos([p for _, p in todo], frames=frames, fps=fps, model=model,
                                                      batch_size=batch_size, truncated=truncated,
                                                      max_pixels=max_pixels, on_note=kept, on_frames=bar.update):
@@ -257,6 +257,4 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             summary["written"] += 1
             summary["frames"] += result.shape[0]
             summary["dim"] = result.shape[1]
-    finally:
-        bar.close()
     return summary
