@@ -54,6 +54,11 @@ def test_missing_feature_files_are_found_before_any_caption_is_encoded(tmp_path)
     assert "\n" not in msg and msg.startswith("--features: no feature file for 2 video(s): v03, v07")
     assert "a video id is the feature file's name without .npy, i.e. the video's file stem" in msg
     assert not (tmp_path / "o").exists()
+    np.save(feats / "v03.npy", np.ones((2, 16), np.float32))
+    (feats / "v07.npy").write_bytes(b"not an array")  # a corrupt file: its header is read before any caption
+    with pytest.raises(ValueError, match=r"v07.npy: not a readable .npy array"):
+        import_pairs(tmp_path / "pairs.csv", features=feats, out=tmp_path / "o", encode=enc)
+    assert enc.calls == 0
 
 
 def test_ids_with_their_extension_are_told_to_drop_it(tmp_path, capsys):

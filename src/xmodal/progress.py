@@ -93,7 +93,8 @@ class Lines:
         parts = [f"{self.desc}: {done}" if self.desc else done]
         if self.n and elapsed > 0:
             rate = self.n / elapsed
-            parts.append(f"{rate:.3g} {_plural(self.unit, 2)}/s" if rate >= 1 else
+            shown = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+            parts.append(f"{shown} {_plural(self.unit, 2)}/s" if rate >= 1 else
                          f"{_duration(1 / rate)} per {self.unit or 'item'}")
         parts.append(f"{_duration(elapsed)} elapsed")
         if self.total and self.n and self.n < self.total:
@@ -119,7 +120,9 @@ class Lines:
         print(text, file=file if file is not None else self._out(), flush=True)
 
     def close(self) -> None:
-        if not self.closed and self.enabled and self.n and self.printed != (self.n, self.extra):
+        """The last line, when the work took at least one interval (a quick step prints nothing)."""
+        long = self.printed is not None or time.monotonic() - self.start >= self.every
+        if not self.closed and self.enabled and self.n and long and self.printed != (self.n, self.extra):
             self._print()
         self.closed = True
 

@@ -360,7 +360,9 @@ def _feature_shape(path: Path, max_frames: int | None) -> tuple[int, int]:
         try:
             shape, dtype = array_header(path)
         except (ValueError, OSError, EOFError) as exc:
-            raise ValueError(f"{path}: not a readable .npy array ({str(exc).splitlines()[0]})") from None
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(text if text.startswith(str(path)) else f"{path}: not a readable .npy array ({text})"
+                             ) from None
     else:
         arr = load_array(path, npz="features")
         shape, dtype = arr.shape, arr.dtype
@@ -548,6 +550,7 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
     for name, spec in (experts or {}).items():
         layout.check_expert_name(name)
         expert_files[name] = feature_files(spec, all_videos, flag=f"--expert {name}", allow_missing=True)
+    plans = _plan_splits(rows, by_split, files, expert_files, max_frames)  # every header checked, nothing read
     if texts is not None:
         texts.keep = np.flatnonzero(keep)  # the rows skip_missing left in
     elif encode is None:
@@ -560,8 +563,7 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         try:
             if texts is None:
                 texts = _encode_captions(tmp, rows, encode, progress)
-            summary = _write_splits(tmp, rows, by_split, texts, files, expert_files, max_frames, DTYPES[dtype],
-                                    progress)
+            summary = _write_splits(tmp, rows, plans, texts, files, max_frames, DTYPES[dtype], progress)
             texts.close()
         except OSError as exc:  # name the file under --out, not the private temporary folder
             if exc.errno != errno.ENOSPC:
@@ -668,25 +670,44 @@ def _encode_captions(tmp: Path, rows: list[dict], encode: Callable, progress: bo
     return _TableText(np.load(scratch, mmap_mode="r", allow_pickle=False), np.arange(len(rows)), owned=scratch)
 
 
-def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], texts: _TableText,
-                  files: dict[str, Path], expert_files: dict[str, dict[str, Path | None]],
+def _plan_splits(rows: list[dict], by_split: dict[str, list[int]], files: dict[str, Path],
+                 expert_files: dict[str, dict[str, Path | None]], max_frames: int | None) -> dict[str, dict]:
+    """Per split: its videos (in layout order), groups, and the frames / size of every feature file from
+    the headers alone, every size checked; nothing is read or written yet (so a bad file is named before
+    any caption is encoded)."""
+    plans = {}
+    for name, idx in by_split.items():
+        videos = list(dict.fromkeys(rows[i]["video"] for i in idx))
+        plan: dict[str, Any] = {"idx": idx, "groups": None}
+        if "group" in rows[idx[0]]:  # clips inside long videos (xmodal.data.groups)
+            videos, plan["video_to_group"], plan["groups"] = groups.order_clips([rows[i] for i in idx], videos)
+        shapes = [_feature_shape(files[v], max_frames) for v in videos]
+        _dim_culprits([d for _, d in shapes], videos, [files[v] for v in videos], "--features")
+        plan.update(videos=videos, lengths=[f for f, _ in shapes], dim=shapes[0][1], experts={})
+        for expert, found in expert_files.items():
+            efiles = [found[v] for v in videos]
+            eshapes = [None if f is None else _feature_shape(f, max_frames) for f in efiles]
+            if all(e is None for e in eshapes):
+                raise ValueError(f"--expert {expert}: no video of the split has a feature file")
+            _dim_culprits([None if e is None else e[1] for e in eshapes], videos, efiles, f"--expert {expert}")
+            plan["experts"][expert] = (efiles, [0 if e is None else e[0] for e in eshapes],
+                                       next(e[1] for e in eshapes if e is not None))
+        plans[name] = plan
+    return plans
+
+
+def _write_splits(out: Path, rows: list[dict], plans: dict[str, dict], texts: _TableText, files: dict[str, Path],
                   max_frames: int | None, dtype, progress: bool | None = False) -> dict[str, dict[str, Any]]:
     from xmodal.progress import progress as progress_bar
 
     summary = {}
-    for name, idx in by_split.items():
-        videos = list(dict.fromkeys(rows[i]["video"] for i in idx))
-        hier = "group" in rows[idx[0]]
-        if hier:  # clips inside long videos (xmodal.data.groups)
-            videos, video_to_group, group_names = groups.order_clips([rows[i] for i in idx], videos)
+    for name, plan in plans.items():
+        idx, videos, lengths = plan["idx"], plan["videos"], plan["lengths"]
         row_of = {v: j for j, v in enumerate(videos)}
-        shapes = [_feature_shape(files[v], max_frames) for v in videos]  # headers only: sizes before data
-        _dim_culprits([d for _, d in shapes], videos, [files[v] for v in videos], "--features")
-        lengths = [f for f, _ in shapes]
         p = lambda role: out / layout.names(name, role)[0]  # noqa: E731
         with progress_bar(total=len(videos), desc=f"data import {name}: read features", unit="video",
                           show=progress) as bar:
-            mask = _write_padded(p("video"), p("video_mask"), [files[v] for v in videos], lengths, shapes[0][1],
+            mask = _write_padded(p("video"), p("video_mask"), [files[v] for v in videos], lengths, plan["dim"],
                                  dtype, max_frames, bar)
         text = _RowWriter(p("text"), (len(idx), texts.dim), dtype)
         order = np.asarray(idx, dtype=np.int64)
@@ -695,9 +716,9 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
         text.close()
         _save(p("text_to_video"), np.array([row_of[rows[i]["video"]] for i in idx], dtype=np.int64))
         p("video_names").write_text("".join(v + "\n" for v in videos), encoding="utf-8")
-        if hier:
-            _save(p("video_to_group"), video_to_group)
-            p("group_names").write_text("".join(g + "\n" for g in group_names), encoding="utf-8")
+        if plan["groups"] is not None:
+            _save(p("video_to_group"), plan["video_to_group"])
+            p("group_names").write_text("".join(g + "\n" for g in plan["groups"]), encoding="utf-8")
         else:
             for role in ("video_to_group", "group_names"):
                 p(role).unlink(missing_ok=True)  # stale groups of an earlier import would not match
@@ -706,15 +727,9 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
         summary[name] = {"videos": len(videos), "texts": len(idx),
                          "max_frames": 1 if mask is None else int(mask.shape[1]),
                          "frames_note": frames_note(lengths, videos), "experts": {},
-                         "groups": len(group_names) if hier else None}
-        for expert, found in expert_files.items():
-            efiles = [found[v] for v in videos]
-            eshapes = [None if f is None else _feature_shape(f, max_frames) for f in efiles]
-            if all(e is None for e in eshapes):
-                raise ValueError(f"--expert {expert}: no video of the split has a feature file")
-            _dim_culprits([None if e is None else e[1] for e in eshapes], videos, efiles, f"--expert {expert}")
-            dim = next(e[1] for e in eshapes if e is not None)
+                         "groups": None if plan["groups"] is None else len(plan["groups"])}
+        for expert, (efiles, elengths, dim) in plan["experts"].items():
             _write_padded(out / f"{name}_video_features.{expert}.npy", out / f"{name}_video_mask.{expert}.npy",
-                          efiles, [0 if e is None else e[0] for e in eshapes], dim, dtype, max_frames, None)
+                          efiles, elengths, dim, dtype, max_frames, None)
             summary[name]["experts"][expert] = sum(f is not None for f in efiles)
     return summary

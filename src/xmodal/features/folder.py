@@ -225,7 +225,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                 n = None
             estimate += n or 0
             unknown += n is None
-        on_plan(f"{estimate:,} frames" + (f" (+ {unknown} video(s) that declare no length)" if unknown else ""))
+        on_plan(f"{estimate:,} frame{'' if estimate == 1 else 's'}"
+                + (f" (+ {unknown} video(s) that declare no length)" if unknown else ""))
     summary = {"looked_at": scan.looked_at, "written": 0, "skipped": len(scan.videos) - len(todo), "failed": 0,
                "truncated": 0, "refused": 0, "redone": redone, "ignored": scan.skipped, "frames": 0,
                "estimate": estimate if on_plan is not None else None, "dim": None, "out": out}

@@ -133,8 +133,11 @@ def _path(path) -> Path:
         if path.is_dir():
             raise ValueError(f"{path.name or path}: a directory, not a video file")
         if not path.is_file():
-            raise ValueError(f"{path}: video file not found" if not path.is_symlink()
-                             else f"{path.name}: broken or looping symbolic link")
+            if path.is_symlink():
+                raise ValueError(f"{path.name}: broken or looping symbolic link")
+            if path.exists():  # never opened: reading a FIFO would block
+                raise ValueError(f"{path.name}: not a regular file (FIFO, socket or device)")
+            raise ValueError(f"{path}: video file not found")
         if path.stat().st_size == 0:
             raise ValueError(f"{path.name}: empty file")
     except (OSError, TypeError) as exc:  # a symlink loop, a name too long, a NUL byte

@@ -397,7 +397,9 @@ def _read_log(path: Path) -> list[dict]:
 
 def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0,
                data: Path | None = None, log: Any = None) -> str:
-    say = log or (lambda line: None)  # xmodal report's progress lines
+    if log is not None and not callable(log):
+        raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
+    say = log if log is not None else (lambda line: None)  # xmodal report's progress lines
     from xmodal.config import load_config
     from xmodal.metrics import normalization_error
     from xmodal.models import load_model

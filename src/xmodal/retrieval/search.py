@@ -27,7 +27,9 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
 
     ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts);
     ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines)."""
-    say = log or (lambda line: None)
+    if log is not None and not callable(log):
+        raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
+    say = log if log is not None else (lambda line: None)
     from xmodal.models import checkpoint_file
     from xmodal.retrieval.index import BiasedIndex, fold_run_normalizer
     from xmodal.runs import atomic_save_npy, atomic_write
