@@ -7,7 +7,11 @@ ProRes, mpeg4, mjpeg, MPEG-2; mp4, mkv, webm, avi, mov, MPEG-TS, MPEG-PS), odd s
 link, hidden files) with ``camera_pairs.csv``. The README's "From video files" numbers come from running its
 commands on these (``--out /tmp/vcorpus``; seeded).
 
-    python bench/video_corpus.py --out /tmp/vcorpus [--flickr ../shared/data/flickr8k]
+    python bench/video_corpus.py --out /tmp/vcorpus [--flickr ../shared/data/flickr8k] [--big]
+
+``--big`` also writes the two files of issue 25's memory measurements, each alone in a folder:
+``in8k/huge_8192.mp4`` (30 flat 8192x8192 h264 frames) and ``in720/clip_720p_30s.mp4`` (900 moving
+1280x720 h264 frames, 30 s at 30 fps).
 """
 import argparse
 import csv
@@ -21,6 +25,7 @@ from PIL import Image
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--out", required=True, help="folder to create (flat/, camera/, pairs.csv, camera_pairs.csv)")
+ap.add_argument("--big", action="store_true", help="also the 8192x8192 and the 30 s 720p file (memory checks)")
 ap.add_argument("--flickr", default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "flickr8k"))
 args = ap.parse_args()
 SH = Path(args.flickr)
@@ -163,3 +168,35 @@ os.mkfifo(CAM / "pipe.mp4")
 with open(ROOT / "camera_pairs.csv", "w", newline="") as f:
     wr = csv.writer(f); wr.writerow(["video_id", "caption", "split"]); wr.writerows(rows)
 print("camera:", sum(len(fs) + len(ds) for _, ds, fs in os.walk(CAM)), "entries")
+
+
+# --- the memory cases of issue 25 item 1
+def _plain(path, w, h, n, rate, pattern):
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=rate, options={"preset": "ultrafast"})
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        for i in range(n):
+            for p in s.encode(av.VideoFrame.from_ndarray(pattern(i), format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+if args.big:
+    (ROOT / "in8k").mkdir(exist_ok=True)
+    (ROOT / "in720").mkdir(exist_ok=True)
+    flat = np.zeros((8192, 8192, 3), np.uint8)
+
+    def huge(i):
+        flat[:] = (i * 8) % 256
+        return flat
+
+    _plain(ROOT / "in8k" / "huge_8192.mp4", 8192, 8192, 30, 10, huge)
+    yy, xx = np.mgrid[0:720, 0:1280]
+
+    def moving(i):
+        return np.ascontiguousarray(np.stack([((xx + 8 * i) % 256).astype(np.uint8), ((yy + 4 * i) % 256).astype(np.uint8),
+                                              (((xx // 64 + yy // 64 + i // 30) % 2) * 200).astype(np.uint8)], -1))
+
+    _plain(ROOT / "in720" / "clip_720p_30s.mp4", 1280, 720, 900, 30, moving)
+    print("memory cases:", ROOT / "in8k", ROOT / "in720")

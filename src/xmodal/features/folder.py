@@ -205,8 +205,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
     by_id: dict[str, Path] = {}
     for vid, p in scan.videos:
         if vid in by_id:
-            raise ValueError(f"{by_id[vid].name} and {p.name}: same file stem ({vid!r}, the video id), both would write "
-                             f"{vid}.npy; rename one")
+            raise ValueError(f"{by_id[vid].name} and {p.name}: same file stem ({vid!r}, the video id), both "
+                             f"would write {vid}.npy; rename one")
         by_id[vid] = p
     out.mkdir(parents=True, exist_ok=True)
     redone = [vid for vid in by_id if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]

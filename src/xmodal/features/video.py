@@ -282,7 +282,7 @@ class _Tally:
         return None if self.info is None else truncation(self.info, self.count, self.first, self.last, self.error)
 
 
-def _times(stream, info: VideoInfo, path: Path, need: bool):
+def _times(info: VideoInfo, path: Path, need: bool):
     """``frame -> seconds`` (or None): the frame's timestamp, else its index over the declared rate."""
     rate = info.rate
 
@@ -306,7 +306,7 @@ def _frames(path: Path, max_pixels: int, tally: _Tally, need_time: bool = False)
     av = _av()
     container, stream, info = _open(path, max_pixels)
     tally.info = info
-    at = _times(stream, info, path, need_time)
+    at = _times(info, path, need_time)
     with container:
         frames = container.decode(stream)
         while True:
