@@ -79,3 +79,13 @@ def test_train_quiet_prints_only_the_summary(tmp_path, capsys):
     assert main(["train", cfg, "--out", str(tmp_path / "b"), *tiny, "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert "epoch   1/2" not in out and "selected normaliser" in out and err == ""
+
+
+@pytest.mark.parametrize("module", ["xmodal.progress", "xmodal.features.video", "xmodal.features.folder"])
+def test_doctests(module, tmp_path, monkeypatch):
+    import doctest
+    import importlib
+
+    monkeypatch.chdir(tmp_path)  # the examples name files that do not exist
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0, result

@@ -206,8 +206,8 @@ class Stages:
     >>> out = io.StringIO()
     >>> with Stages(show=True, file=out) as stage:
     ...     stage("index: building the flat index")
-    >>> out.getvalue()
-    'index: building the flat index\n'
+    >>> out.getvalue().splitlines()
+    ['index: building the flat index']
     """
 
     def __init__(self, *, show: bool | None = None, file: IO[str] | None = None, every: float | None = None) -> None:

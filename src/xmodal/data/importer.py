@@ -173,8 +173,8 @@ def feature_files(features: str | os.PathLike, videos: list[str], *, flag: str =
 def stems_hint(missing: list[str]) -> str:
     """What a user most likely got wrong when video ids find no feature file: ids are file stems.
 
-    >>> stems_hint(["clip1.mp4"])[:60]
-    "; a video id is the feature file's name without .npy, i.e. "
+    >>> stems_hint(["clip1.mp4"]).split("; ")[-1]
+    "'clip1.mp4' includes its extension: write 'clip1'"
     """
     from xmodal.features.video import VIDEO_EXTENSIONS
 
