@@ -4,10 +4,12 @@ The bare loop is the least one could write: PyAV decode of every frame, the same
 PIL resize + ImageNet normalisation, one EfficientNet-Lite0 forward pass per batch of the same size. The
 CLI run adds the per-video bookkeeping, the atomic ``.npy`` writes and the re-run check. Both are timed
 in this process, alternating, the model loaded beforehand; the ratio is what to read (the machine may
-be shared). Peak traced memory (tracemalloc: numpy and Python allocations, not torch's) of
-``iter_encode_videos`` over 4 and 16 videos shows whether memory grows with the number of videos.
+be shared). Memory is the peak resident set size (``ru_maxrss``: what a scheduler's memory limit sees,
+torch and FFmpeg included) of a fresh ``xmodal encode videos`` process over 4 and over 16 videos, and
+with ``--big`` over one 1920x1080 clip with every frame: it must not grow with the number of videos or
+with the frame size.
 
-    python bench/video_encode.py [--videos 8] [--frames 24] [--sample 16] [--batch 32] [--repeats 2]
+    python bench/video_encode.py [--videos 8] [--frames 24] [--sample 16] [--batch 32] [--repeats 2] [--big]
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-import tracemalloc
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -25,19 +27,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-def make_clips(root: Path, n: int, frames: int, size: int = 224) -> list[Path]:
-    """``n`` h264 clips: a smooth random pattern drifting across the frame."""
+def make_clips(root: Path, n: int, frames: int, size: int = 224, width: int | None = None) -> list[Path]:
+    """``n`` h264 clips (``width`` x ``size``): a smooth random pattern drifting across the frame."""
     import av
 
     rng = np.random.default_rng(0)
     paths = []
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    width = width or size
+    yy, xx = np.mgrid[0:size, 0:width].astype(np.float32) / size
     for v in range(n):
         phase = rng.uniform(0, 6.28, 3)
         path = root / f"clip{v:03d}.mp4"
         with av.open(str(path), "w") as c:
             s = c.add_stream("libx264", rate=25)
-            s.width = s.height = size
+            s.width, s.height = width, size
             s.pix_fmt = "yuv420p"
             for t in range(frames):
                 img = np.stack([127 + 120 * np.sin(6 * xx + 3 * yy * (k + 1) + phase[k] + 0.2 * t)
@@ -85,15 +88,15 @@ def cli_run(src: Path, out: Path, sample: int, batch: int) -> None:
     assert rc == 0, rc
 
 
-def peak_traced(paths, sample: int, batch: int) -> float:
-    from xmodal.features.encoders import iter_encode_videos
-
-    tracemalloc.start()
-    for _ in iter_encode_videos(paths, frames=sample, batch_size=batch):
-        pass
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak / 2**20
+def peak_rss(src: Path, out: Path, sampling: list[str], batch: int, threads: int) -> float:
+    """Peak RSS (MiB) of a fresh process running ``xmodal encode videos SRC`` (the model loaded inside)."""
+    code = ("import resource, sys; from xmodal.cli import main; rc = main(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+    shutil.rmtree(out, ignore_errors=True)
+    res = subprocess.run([sys.executable, "-c", code, "encode", "videos", str(src), "--out", str(out), *sampling,
+                          "--batch-size", str(batch), "--threads", str(threads), "--quiet"],
+                         capture_output=True, text=True, check=True)
+    return int(res.stdout.split()[-1]) / 1024
 
 
 def main() -> None:
@@ -104,6 +107,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--big", action="store_true", help="also the peak RSS of one 1920x1080 clip, every frame")
     args = ap.parse_args()
     import torch
 
@@ -141,9 +145,25 @@ def main() -> None:
         decoded = sum(len(decode_frames(p)) for p in paths)
         dt = time.perf_counter() - t0
         print(f"PyAV decode alone (every frame, RGB): {decoded / dt:.0f} frames/s")
-        all16 = paths + extra
-        m4, m16 = peak_traced(all16[:4], args.sample, args.batch), peak_traced(all16[:16], args.sample, args.batch)
-        print(f"peak traced memory: 4 videos {m4:.1f} MiB, 16 videos {m16:.1f} MiB (ratio {m16 / m4:.2f})")
+        four, sixteen = tmp / "four", tmp / "sixteen"
+        four.mkdir()
+        sixteen.mkdir()
+        for p in (paths + extra)[:16]:
+            shutil.copy(p, sixteen / p.name)
+            if len(list(four.iterdir())) < 4:
+                shutil.copy(p, four / p.name)
+        sampling = ["--frames", str(args.sample)]
+        m4 = peak_rss(four, tmp / "f4", sampling, args.batch, args.threads)
+        m16 = peak_rss(sixteen, tmp / "f16", sampling, args.batch, args.threads)
+        print(f"peak RSS of encode videos: 4 videos {m4:.0f} MiB, 16 videos {m16:.0f} MiB (ratio {m16 / m4:.2f})")
+        if args.big:
+            big = tmp / "big"
+            big.mkdir()
+            make_clips(big, 1, 30, size=1080, width=1920)
+            mb = peak_rss(big, tmp / "fb", ["--all-frames"], args.batch, args.threads)
+            frames = 30 * 1920 * 1080 * 3 / 2**20
+            print(f"peak RSS, one 1920x1080 clip, every frame (30 frames, {frames:.0f} MiB of RGB): {mb:.0f} MiB "
+                  f"(ratio to 4 small videos {mb / m4:.2f})")
 
 
 if __name__ == "__main__":

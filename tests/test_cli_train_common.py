@@ -66,4 +66,4 @@ def test_help_lists_the_common_options(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
-    assert "--threads N" in text and "--progress" in text and "--quiet" not in text
+    assert "--threads N" in text and "--progress" in text and "--quiet" in text

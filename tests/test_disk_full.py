@@ -261,7 +261,7 @@ def test_encode_videos_on_a_full_disk(small_disk, capsys, tmp_path, dummy_encode
     out.mkdir()
     for stale in (".c.npy.tmp999999", ".c.npy.999999.tmp"):  # left by a killed encode (old and new names)
         (out / stale).write_bytes(b"\0" * 100)
-    args = ["encode", "videos", str(vids), "--out", str(out), "--model", "disk-image", "--no-progress"]
+    args = ["encode", "videos", str(vids), "--out", str(out), "--model", "disk-image", "--no-progress", "--all-frames"]
     rc = main(args)
     err = _one_line_no_space(capsys, rc)
     assert ".npy" in err and str(out) in err, err

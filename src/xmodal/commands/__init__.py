@@ -52,7 +52,7 @@ def add_common_args(parser: argparse.ArgumentParser, *, threads: int | None | bo
         parser: the subcommand's parser.
         threads: default of ``--threads`` (an int, or None for torch's choice);
             False leaves the flag out.
-        progress: add ``--progress/--no-progress`` (+ hidden ``--quiet``).
+        progress: add ``--progress/--no-progress`` and ``--quiet``.
         ks: default of ``--ks`` (e.g. ``"1,5,10"``); None leaves the flag out.
         l2: add ``--l2`` (+ hidden alias ``--normalize``).
     """
@@ -65,9 +65,11 @@ def add_common_args(parser: argparse.ArgumentParser, *, threads: int | None | bo
         parser.set_defaults(_common_threads=True)
     if progress:
         g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                       help="progress bars on stderr (default: only when stderr is a terminal)")
-        g.add_argument("--quiet", dest="progress", action="store_const", const=False,
-                       help=argparse.SUPPRESS)
+                       help="progress on stderr: by default a bar on a terminal, else a line every 30 s "
+                            "(XMODAL_PROGRESS_SECONDS); --progress: a bar anyway; --no-progress: neither")
+        g.add_argument("--quiet", action="store_true",
+                       help="print only errors, warnings and the final summary (no progress, no per-epoch "
+                            "or plan lines)")
     if ks is not None:
         g.add_argument("--ks", default=ks, metavar="K,K,...",
                        help=f"recall cut-offs, comma separated (default {ks})")
@@ -88,9 +90,21 @@ def apply_threads(args: argparse.Namespace) -> None:
 
 
 def progress_enabled(args: argparse.Namespace) -> bool:
-    """``--progress``/``--no-progress`` as given, else whether stderr is a terminal."""
+    """Progress bars: ``--progress``/``--no-progress`` as given (``--quiet``: none), else whether stderr is
+    a terminal."""
+    if getattr(args, "quiet", False):
+        return False
     flag = getattr(args, "progress", None)
     return bool(sys.stderr.isatty()) if flag is None else bool(flag)
+
+
+def progress_choice(args: argparse.Namespace) -> bool | None:
+    """The ``show`` of :func:`xmodal.progress.progress`: None (neither flag: a bar on a terminal, else a
+    line every 30 s), True (``--progress``) or False (``--no-progress`` / ``--quiet``)."""
+    if getattr(args, "quiet", False):
+        return False
+    flag = getattr(args, "progress", None)
+    return None if flag is None else bool(flag)
 
 
 def parse_ks(text: str, flag: str = "--ks") -> tuple[int, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from xmodal.commands import add_common_args, progress_enabled
+from xmodal.commands import add_common_args, progress_choice
 
 NAME = "bench"
 HELP = "grid of objectives x TS++ x test-time normalisers x seeds -> Markdown/CSV tables"
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--noise: fractions must lie in [0, 1), got {args.noise!r}")
         objectives = _list(args.objectives, "--objectives") if args.objectives else ["infonce", "calince"]
         ts = (False,)
-    progress = progress_enabled(args)
+    progress = progress_choice(args)  # a bar on a terminal, else a line every 30 s
     if args.ncl_queue_sizes:
         from xmodal.reporting.benchgrid import queue_markdown, run_queue_sweep
 

@@ -19,7 +19,10 @@ feats/<clip_id>.npy, and {split}_video_to_group.npy + {split}_groups.txt hold th
 videos; clips ordered by start within their video); per-video features feats/<video_id>.npy or .npz ([D] or [F, D], any number
 of frames: padded + mask; --max-frames N samples longer videos uniformly), or a glob
 ('feats/*.npy'); captions encoded with MiniLM unless --text-features gives a .npy with one
-row per pair. Built in a temporary folder and renamed to --out at the end: a failure leaves
+row per pair. Every feature file is looked up before any caption is encoded; a video id is its
+feature file's stem (feats/clip1.npy for clip1.mp4), and --skip-missing drops (and names) the
+rows of videos without one. --dtype float16 stores the features as float16. Features are
+streamed one video at a time into the split's arrays. Built in a temporary folder and renamed to --out at the end: a failure leaves
 nothing, a re-import replaces every file of the previous one; an --out holding other files
 is refused.
 check: lists every problem at once, naming file, row and video (missing files, shapes,
@@ -57,7 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--max-frames", type=_positive, default=None, metavar="N",
                      help="sample longer videos uniformly to N frames (the middle frame of N equal "
                           "segments; experts too), so one long video does not pad the whole split")
-    add_common_args(imp, threads=None, progress=False)
+    imp.add_argument("--skip-missing", action="store_true",
+                     help="drop (and name) the rows of videos that have no feature file, instead of refusing "
+                          "the table (a video id is its feature file's stem: feats/<video_id>.npy)")
+    imp.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                     help="stored dtype of the video, expert and text features (default float32; float16 "
+                          "halves the files, training reads them as they are)")
+    add_common_args(imp, threads=None, progress=True)
     chk = sub.add_parser("check", help="list every problem of a data directory and summarise it")
     chk.add_argument("root", help="data directory")
     chk.add_argument("--split", action="append", default=None, help="split(s) to check (default: all found)")
@@ -111,12 +120,25 @@ def run(args: argparse.Namespace) -> int:
                 except ModuleNotFoundError as exc:  # a missing optional extra is a user error
                     raise ValueError(f"--text-model: {exc}") from None
         experts = parse_experts(args.expert)
+        from xmodal.commands import progress_choice
+
         summary = import_pairs(args.pairs, features=args.features, out=args.out, split=args.split,
                                text_features=args.text_features, encode=encode, experts=experts,
-                               max_frames=args.max_frames)
+                               max_frames=args.max_frames, skip_missing=args.skip_missing, dtype=args.dtype,
+                               progress=progress_choice(args))
         notes = []
+        first = next(iter(summary.values()))
+        if first.get("missing"):
+            missing = first["missing"]
+            print(f"skipped {len(missing)} video(s) without a feature file in {args.features} "
+                  f"({first['dropped_rows']} row(s) dropped): {', '.join(missing[:10])}"
+                  f"{' ...' if len(missing) > 10 else ''}")
         for split, s in summary.items():
-            print(f"{split}: {s['videos']} videos, {s['texts']} texts, up to {s['max_frames']} frames per video")
+            if s.get("groups") is not None:  # a clip table: the rows are clips of longer videos
+                print(f"{split}: {s['videos']} clips in {s['groups']} groups (long videos), {s['texts']} texts, "
+                      f"up to {s['max_frames']} frames per clip")
+            else:
+                print(f"{split}: {s['videos']} videos, {s['texts']} texts, up to {s['max_frames']} frames per video")
             for expert, n in s["experts"].items():
                 print(f"  expert {expert}: {n} of {s['videos']} videos")
             if s.get("frames_note"):
@@ -124,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             notes = s.get("notes", [])
         for note in notes:
             print(f"note: {note}")
-        print(f"wrote {args.out} (check it with: xmodal data check {args.out})")
+        print(f"wrote {args.out}, {args.dtype} features (check it with: xmodal data check {args.out})")
         return 0
     from xmodal.data.check import check_directory
 

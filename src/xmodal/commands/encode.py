@@ -26,11 +26,19 @@ bool [T, L] (True = real token) beside them: S_text_mask.npy when --out is S_tex
 'transformer' text tower (model.text_kind), COOT's word level.
 images: EfficientNet-Lite0 (ImageNet weights), 224x224, ImageNet mean/std, mean-pooled
 extract_features, 1280-d; order from --list (one file name per line) or sorted names.
-videos (extra [video]): DIR (its video files) or a list file (one path per line) -> one
-FEATS/<file stem>.npy float32 [F, D] per video: --frames N samples min(N, frames in the video)
-uniformly over the whole video, --fps R one frame every 1/R s (default: every frame); each RGB
-frame goes through the image encoder exactly as an image file would. Unreadable files are named
-on stderr and skipped (exit status 1); finished videos are skipped on a re-run.
+videos (extra [video]): DIR (its video files; --recursive: subfolders too) or a list file (one
+path per line) -> one FEATS/<video id>.npy float32 [F, D] per video, the id being the file's path
+under DIR without its extension (the file stem for files in DIR itself). Every entry of DIR is
+accounted for: files with a video extension are videos, other files are probed (FFmpeg opens
+them: .MTS, .3gp, no extension ...), images, hidden and macOS ._* files, FIFOs and subfolders
+(without --recursive) are skipped and counted in the summary. Sampling: --frames N takes
+min(N, frames in the video) uniformly over the whole video, --fps R one frame every 1/R s,
+--all-frames every frame; with none of them, 1 frame per second (the estimated number of frames
+is printed first). Each RGB frame goes through the image encoder exactly as an image file would
+(frames over 1280 px are first scaled down in the decoder). A truncated file (decoding stops
+early, or its frames fall short of its declared length) is named and kept (--truncated skip
+refuses it). Unreadable files are named on stderr and skipped (exit status 1); finished videos
+are skipped on a re-run. Progress: a bar on a terminal, else a line every 30 s.
 Other encoders registered with xmodal.features.encoders.register_encoder are selected with --model."""
 
 
@@ -46,7 +54,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--frames", type=int, default=None, metavar="N",
                           help="videos: N frames sampled uniformly over each video")
     sampling.add_argument("--fps", type=float, default=None, metavar="R",
-                          help="videos: one frame every 1/R seconds")
+                          help="videos: one frame every 1/R seconds (default: 1 frame per second)")
+    sampling.add_argument("--all-frames", action="store_true",
+                          help="videos: every frame (often 25-60 per second of video: slow and large)")
+    parser.add_argument("--recursive", action="store_true", help="videos: read the subfolders of DIR too")
+    parser.add_argument("--truncated", choices=("keep", "skip"), default="keep",
+                        help="videos: a file whose decoded frames fall short of its declared length is named "
+                             "and kept (default) or skipped")
+    parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
+                        help="videos: refuse streams whose frames are larger than N pixels before decoding "
+                             "(default 8192x8192 = 67108864)")
     parser.add_argument("--model", default=None,
                         help="registered encoder name (default: minilm / efficientnet-lite0)")
     parser.add_argument("--batch-size", type=int, default=None)
@@ -62,18 +79,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal.features import encoders
-    from xmodal.commands import progress_enabled
+    from xmodal.commands import progress_choice, progress_enabled
     from xmodal.data.loaders import read_captions
     from xmodal.runs import atomic_save_npy
 
     progress = progress_enabled(args)
     start = time.perf_counter()
     if args.kind == "videos":
-        return _run_videos(args, progress)
+        return _run_videos(args, progress_choice(args), bool(getattr(args, "quiet", False)))
     if args.source is not None:
         raise ValueError(f"{args.source}: unexpected argument (DIR_OR_LIST is for 'xmodal encode videos')")
-    if args.frames is not None or args.fps is not None:
-        raise ValueError("--frames/--fps: only for 'xmodal encode videos'")
+    video_only = [f for f, v in (("--frames", args.frames), ("--fps", args.fps), ("--all-frames", args.all_frames),
+                                 ("--recursive", args.recursive), ("--truncated", args.truncated != "keep"),
+                                 ("--max-pixels", args.max_pixels)) if v not in (None, False)]
+    if video_only:
+        raise ValueError(f"{video_only[0]}: only for 'xmodal encode videos'")
     if (getattr(args, "tokens", False) or getattr(args, "mask_out", None)) and args.kind != "text":
         raise ValueError("--tokens/--mask-out: only for 'xmodal encode text'")
     if getattr(args, "mask_out", None) and not args.tokens:
@@ -97,16 +117,17 @@ def run(args: argparse.Namespace) -> int:
                     captions, model=args.model or "minilm",
                     batch_size=256 if args.batch_size is None else args.batch_size, progress=progress)
             else:
-                feats = encoders.encode_text(captions, model=args.model or "minilm",
-                                             batch_size=256 if args.batch_size is None else args.batch_size,
-                                             progress=progress)
+                feats = _in_blocks(lambda items, p: encoders.encode_text(
+                    items, model=args.model or "minilm", batch_size=256 if args.batch_size is None else args.batch_size,
+                    progress=p), captions, "encode text", "caption", progress_choice(args))
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
             paths = _image_paths(args.dir, args.list)
-            feats = encoders.encode_images(paths, model=args.model or "efficientnet-lite0",
-                                           batch_size=32 if args.batch_size is None else args.batch_size,
-                                           progress=progress)
+            feats = _in_blocks(lambda items, p: encoders.encode_images(
+                items, model=args.model or "efficientnet-lite0",
+                batch_size=32 if args.batch_size is None else args.batch_size, progress=p),
+                paths, "encode images", "image", progress_choice(args))
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     out = Path(args.out)
@@ -128,6 +149,27 @@ def run(args: argparse.Namespace) -> int:
     extra = f"; token mask {mask_out}" if mask is not None else ""
     print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")
     return 0
+
+
+#: Items per call of the encoder when progress goes to a log file as lines.
+BLOCK = 2048
+
+
+def _in_blocks(fn, items: list, desc: str, unit: str, show: bool | None) -> np.ndarray:
+    """``fn(items, progress)``; without a terminal (``show`` None) in blocks of :data:`BLOCK` items with a
+    progress line every 30 s (:mod:`xmodal.progress`), else with the encoder's own bar or none."""
+    import sys
+
+    if show is not None or sys.stderr.isatty():
+        return fn(items, bool(show if show is not None else True))
+    from xmodal.progress import progress
+
+    out = []
+    with progress(total=len(items), desc=desc, unit=unit, show=None) as bar:
+        for start in range(0, len(items), BLOCK):
+            out.append(fn(items[start:start + BLOCK], False))
+            bar.update(len(out[-1]))
+    return np.concatenate(out)
 
 
 def _check_out(path: str, flag: str) -> None:
@@ -186,20 +228,62 @@ def _check_video_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--frames: expected a positive integer, got {args.frames}")
     if args.fps is not None and not (args.fps > 0 and np.isfinite(args.fps)):
         raise ValueError(f"--fps: expected a positive number, got {args.fps}")
+    if args.max_pixels is not None and args.max_pixels < 1:
+        raise ValueError(f"--max-pixels: expected a positive integer, got {args.max_pixels}")
 
 
-def _run_videos(args: argparse.Namespace, progress: bool) -> int:
+def _sampling(args: argparse.Namespace) -> tuple[int | None, float | None, str]:
+    """``(frames, fps, words)``: the flags' sampling, 1 frame per second when none is given."""
+    from xmodal.features.video import DEFAULT_FPS
+
+    if args.frames is not None:
+        return args.frames, None, f"up to {args.frames} frames per video (--frames)"
+    if args.fps is not None:
+        return None, args.fps, f"1 frame every {1 / args.fps:g} s (--fps {args.fps:g})"
+    if args.all_frames:
+        return None, None, "every frame (--all-frames)"
+    return None, DEFAULT_FPS, (f"{DEFAULT_FPS:g} frame per second, the default (--frames N, --fps R or "
+                               f"--all-frames to change)")
+
+
+def _skipped_text(ignored: dict[str, list[str]]) -> str:
+    parts = []
+    for reason, names in ignored.items():
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        parts.append(f"{len(names)} {reason} ({shown})")
+    return "; ".join(parts)
+
+
+def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) -> int:
     from xmodal.features.folder import encode_video_folder
 
     _check_video_flags(args)
+    frames, fps, words = _sampling(args)
     start = time.perf_counter()
+
+    def plan(estimate: str) -> None:
+        if not quiet:
+            print(f"encode videos: about {estimate} to encode at {words}", flush=True)
+
     try:
-        s = encode_video_folder(args.source, args.out, frames=args.frames, fps=args.fps,
+        s = encode_video_folder(args.source, args.out, frames=frames, fps=fps,
                                 model=args.model or "efficientnet-lite0",
-                                batch_size=32 if args.batch_size is None else args.batch_size, progress=progress)
+                                batch_size=32 if args.batch_size is None else args.batch_size, progress=progress,
+                                recursive=args.recursive, truncated=args.truncated, max_pixels=args.max_pixels,
+                                on_plan=plan)
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     size = f", {s['dim']}-d" if s["dim"] else ""
-    print(f"encoded {s['written']} video(s) ({s['frames']} frames{size}) into {s['out']}; {s['skipped']} already "
-          f"there; {s['failed']} failed ({time.perf_counter() - start:.1f} s)")
+    parts = [f"encoded {s['written']} video(s) ({s['frames']} frames{size}) into {s['out']}",
+             f"{s['skipped']} already there", f"{s['failed']} failed"]
+    if s["truncated"]:
+        parts.append(f"{s['truncated']} truncated (kept)")
+    if s["refused"]:
+        parts.append(f"{s['refused']} truncated (skipped)")
+    if s["redone"]:
+        parts.append(f"{len(s['redone'])} unfinished .npy redone")
+    if s["ignored"]:
+        parts.append(f"not encoded: {_skipped_text(s['ignored'])}")
+    print(f"looked at {s['looked_at']} file(s): " + "; ".join(parts) +
+          f" ({time.perf_counter() - start:.1f} s)")
     return 1 if s["failed"] else 0

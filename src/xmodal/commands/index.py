@@ -52,11 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="encoder 'xmodal query --captions' uses (default minilm, the one "
                              "that made the shared caption features)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
-    add_common_args(parser, threads=None, progress=False)
+    add_common_args(parser, threads=None, progress=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.commands import load_npy
+    from xmodal.commands import load_npy, progress_choice
+    from xmodal.progress import Stages
 
     start = time.perf_counter()
     names = None
@@ -82,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.retrieval.search import write_index
 
     try:
-        meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
-                     text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask)
+        with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
+            meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
+                               text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features"}

@@ -25,11 +25,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples", type=int, default=8, help="number of example queries (default 8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the example queries (default 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    from xmodal.commands import add_common_args
+
+    add_common_args(p, threads=False, progress=True)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from xmodal.commands import progress_choice
+    from xmodal.progress import Stages
     from xmodal.reporting.report import build_report
 
     if args.examples < 0:
@@ -38,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ValueError(f"--threads: must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    path = build_report(args.path, out=args.out, images=args.images, data=args.data, num_examples=args.examples,
-                        seed=args.seed)
+    with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
+        path = build_report(args.path, out=args.out, images=args.images, data=args.data,
+                            num_examples=args.examples, seed=args.seed, log=stage)
     print(path)
     return 0

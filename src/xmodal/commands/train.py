@@ -71,6 +71,7 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     merged.set_ = list(args.set_) + list(rest.set_)
     merged.no_resume = args.no_resume or rest.no_resume
     merged.progress = rest.progress if rest.progress is not None else args.progress
+    merged.quiet = bool(getattr(args, "quiet", False) or getattr(rest, "quiet", False))
     merged.threads = rest.threads if rest.threads is not None else args.threads
     merged.plots = args.plots and rest.plots
     if not merged.out:
@@ -93,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     rank = dist.rank()
     _check_config_outside(args.config, args.out, cfg)
     try:  # OSError (a full disk) becomes one line in xmodal.cli.main
-        summary = train(cfg, args.out, resume=not args.no_resume, progress=_progress(args, cfg))
+        summary = train(cfg, args.out, resume=not args.no_resume, progress=_progress(args, cfg),
+                        verbose=not args.quiet)  # --quiet: no line per epoch, only the summary
     finally:
         if started:
             dist.shutdown()
@@ -128,6 +130,8 @@ def _check_config_outside(config: str, out: str, cfg) -> None:
 def _progress(args: argparse.Namespace, cfg) -> bool:
     """``--progress/--no-progress`` as given; else bars only on a terminal (never into a
     redirected log file) and only if the config's ``train.progress`` allows them."""
+    if getattr(args, "quiet", False):
+        return False
     if getattr(args, "progress", None) is not None:
         return bool(args.progress)
     return progress_enabled(args) and bool(cfg.train.progress)
@@ -170,6 +174,8 @@ def format_summary(summary: dict) -> str:
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")
+    for name, why in summary.get("dropped_normalizers", {}).items():
+        lines.append(f"note: test_time.normalizers lists {name}, left out: {why}")
     return "\n".join(lines)
 
 

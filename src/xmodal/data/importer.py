@@ -166,8 +166,24 @@ def feature_files(features: str | os.PathLike, videos: list[str], *, flag: str =
     missing = [v for v, p in found.items() if p is None]
     if missing and not allow_missing:
         raise ValueError(f"{flag}: no feature file for {len(missing)} video(s): {', '.join(missing[:5])}"
-                         f"{' ...' if len(missing) > 5 else ''} (looked in {spec})")
+                         f"{' ...' if len(missing) > 5 else ''} (looked in {spec}){stems_hint(missing)}")
     return found  # type: ignore[return-value]
+
+
+def stems_hint(missing: list[str]) -> str:
+    """What a user most likely got wrong when video ids find no feature file: ids are file stems.
+
+    >>> stems_hint(["clip1.mp4"]).split("; ")[-1]
+    "'clip1.mp4' includes its extension: write 'clip1'"
+    """
+    from xmodal.features.video import VIDEO_EXTENSIONS
+
+    text = ("; a video id is the feature file's name without .npy, i.e. the video's file stem ('clip1' for "
+            "clip1.mp4 -> clip1.npy, 'sub/clip1' with 'encode videos --recursive')")
+    named = [v for v in missing if Path(v).suffix.lower() in VIDEO_EXTENSIONS]
+    if named:
+        text += f"; {named[0]!r} includes its extension: write {named[0][: -len(Path(named[0]).suffix)]!r}"
+    return text
 
 
 def sample_frames(arr: np.ndarray, max_frames: int | None) -> np.ndarray:
@@ -290,6 +306,103 @@ def parse_experts(specs: list[str] | None) -> dict[str, str]:
     return out
 
 
+#: ``--dtype`` choices: the stored dtype of the feature arrays (video, experts, text) an import writes.
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class _RowWriter:
+    """A ``.npy`` file of a known shape written row block by row block, never whole in memory; a full
+    disk raises ``OSError(ENOSPC)`` naming the file (as :func:`_save`)."""
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype) -> None:
+        self.path, self.shape, self.dtype = path, tuple(int(n) for n in shape), np.dtype(dtype)
+        self.rows = 0
+        self.file = open(path, "wb")
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": self.shape}
+        self._do(lambda: np.lib.format.write_array_header_2_0(self.file, header)
+                 if len(repr(header)) > 60000 else np.lib.format.write_array_header_1_0(self.file, header))
+
+    def _do(self, fn) -> None:
+        from xmodal.runs import _write_failed
+
+        try:
+            fn()
+        except OSError as exc:
+            try:  # a buffered file flushes again on close: a full disk fails there too
+                self.file.close()
+            except OSError:
+                pass
+            err = _write_failed(exc, self.path)
+            if err is None:
+                raise
+            raise err from None
+
+    def write(self, block: np.ndarray) -> None:
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        if block.shape[1:] != self.shape[1:] or self.rows + block.shape[0] > self.shape[0]:
+            raise ValueError(f"{self.path.name}: block of shape {block.shape} does not fit {self.shape}")
+        self._do(lambda: self.file.write(memoryview(block).cast("B")))
+        self.rows += block.shape[0]
+
+    def close(self) -> None:
+        if self.rows != self.shape[0]:
+            self._do(self.file.close)
+            raise ValueError(f"{self.path.name}: {self.rows} of {self.shape[0]} rows written")
+        self._do(self.file.close)
+
+
+def _feature_shape(path: Path, max_frames: int | None) -> tuple[int, int]:
+    """``(frames after max_frames, dim)`` of one video's feature file, from its header alone for a ``.npy``
+    (an ``.npz`` is read, one at a time)."""
+    from xmodal.data.npyfile import array_header
+
+    if path.suffix.lower() == ".npy":
+        try:
+            shape, dtype = array_header(path)
+        except (ValueError, OSError, EOFError) as exc:
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(text if text.startswith(str(path)) else f"{path}: not a readable .npy array ({text})"
+                             ) from None
+    else:
+        arr = load_array(path, npz="features")
+        shape, dtype = arr.shape, arr.dtype
+        del arr
+    if len(shape) == 1:
+        shape = (1,) + tuple(shape)
+    if len(shape) != 2 or 0 in shape or not np.issubdtype(dtype, np.floating):
+        raise ValueError(f"{path}: expected float features [D] or [F, D], got shape {tuple(shape)} dtype {dtype}")
+    frames = shape[0] if max_frames is None else min(shape[0], int(max_frames))
+    return int(frames), int(shape[1])
+
+
+def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths: list[int], dim: int, dtype,
+                  max_frames: int | None, bar) -> np.ndarray | None:
+    """Stream one video at a time into ``path``: ``[N, D]`` when no video has more than one frame, else
+    ``[N, max F, D]`` zero-padded; returns (and writes to ``mask_path``) the mask :func:`pad_expert`
+    would give: None, bool ``[N]`` (present) or bool ``[N, max F]`` (real frames)."""
+    n, longest = len(files), max(lengths)
+    writer = _RowWriter(path, (n, dim) if longest == 1 else (n, longest, dim), dtype)
+    for f, length in zip(files, lengths):
+        if f is None:
+            writer.write(np.zeros((1,) + writer.shape[1:], dtype))
+        else:
+            a = read_features(f, max_frames)
+            if longest > 1 and length < longest:
+                a = np.concatenate([a, np.zeros((longest - length, dim), np.float32)])
+            writer.write(a[None] if longest > 1 else a)
+        if bar is not None:
+            bar.update(1)
+    writer.close()
+    present = np.array([f is not None for f in files])
+    if longest == 1:
+        mask = None if present.all() else present
+    else:
+        mask = np.arange(longest)[None, :] < np.asarray(lengths)[:, None]
+    if mask is not None:
+        _save(mask_path, mask)
+    return mask
+
+
 def _save(path: Path, arr: np.ndarray) -> None:
     """``np.save`` inside the import's private temporary folder; a full disk raises
     ``OSError(ENOSPC)`` naming the file (the folder is removed by :func:`import_pairs`)."""
@@ -365,36 +478,62 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
                  split: str = "train", text_features: str | os.PathLike | None = None,
                  encode: Callable[[list[str]], np.ndarray] | None = None,
                  experts: dict[str, str | os.PathLike] | None = None,
-                 max_frames: int | None = None) -> dict[str, dict[str, Any]]:
+                 max_frames: int | None = None, skip_missing: bool = False, dtype: str = "float32",
+                 progress: bool | None = False) -> dict[str, dict[str, Any]]:
     """Write the layout of :mod:`xmodal.data.layout` under ``out``, one split per
     ``split`` value of the table (rows without one go to ``split``).
+
+    Every video's feature file is looked up before any caption is encoded; features are then streamed,
+    one video at a time, into the split's arrays (never every video's features at once).
 
     Args:
         pairs: the ``.csv`` / ``.jsonl`` table (CSV: UTF-8 with or without a BOM, delimiter
             ``,``, ``;`` or tab).
         features: directory or glob of per-video ``.npy`` / ``.npz`` files (ids name files
-            inside the directory: no absolute path or ``..``).
+            inside the directory: no absolute path or ``..``; a video id is its file's stem).
         out: output directory; built in a temporary folder beside it and renamed at the end,
             replacing an earlier import's folder entirely. A folder holding other files is refused.
         split: split name of rows with no ``split`` column value.
-        text_features: a ``.npy`` ``[rows, Dt]`` aligned with the table rows; else
-            ``encode(captions)`` (default: the MiniLM encoder of :mod:`xmodal.features.encoders`).
+        text_features: a ``.npy`` ``[rows, Dt]`` aligned with the table rows (read memory-mapped);
+            else ``encode(captions)`` (default: the MiniLM encoder of :mod:`xmodal.features.encoders`),
+            called on blocks of at most 8192 captions in table order.
         experts: further experts ``{name: directory or glob}`` (same file rules as
             ``features``), written as ``{split}_video_features.NAME.npy``; videos without a
             file for an expert get zeros and ``{split}_video_mask.NAME.npy`` marks them
             (see :func:`pad_expert`).
         max_frames: longer videos (main features and experts) are sampled uniformly to this
             many frames (:func:`sample_frames`); None keeps every frame.
+        skip_missing: drop the rows of videos without a feature file (named in the summary's
+            ``"missing"``) instead of refusing the table.
+        dtype: ``"float32"`` or ``"float16"``: the stored dtype of the video, expert and text features.
+        progress: as :func:`xmodal.progress.progress` (None: a bar on a terminal, else lines).
 
     Returns:
-        ``{split: {"videos", "texts", "max_frames", "frames_note": str or None,
-        "experts": {name: videos with it}, "notes": [...]}}`` (``notes``: split names the
-        default config does not read, videos in several splits; the same for every split).
+        ``{split: {"videos", "texts", "max_frames", "frames_note": str or None, "groups": int or None,
+        "experts": {name: videos with it}, "notes": [...], "missing": [...], "dropped_rows": int}}``
+        (``notes``: split names the default config does not read, videos in several splits;
+        ``missing`` / ``dropped_rows``: what ``skip_missing`` left out; the same for every split).
     """
     if max_frames is not None and (isinstance(max_frames, bool) or int(max_frames) != max_frames
                                    or max_frames < 1):
         raise ValueError(f"--max-frames: expected a positive integer, got {max_frames!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     rows = read_pairs(pairs)
+    table_rows = len(rows)
+    texts = None
+    if text_features is not None:
+        texts = _open_text_features(text_features, table_rows)
+    all_videos = list(dict.fromkeys(r["video"] for r in rows))
+    files = feature_files(features, all_videos, allow_missing=skip_missing)  # before any caption is encoded
+    missing = [v for v in all_videos if files[v] is None]
+    keep = np.array([files[r["video"]] is not None for r in rows])
+    if missing:
+        rows = [r for r, k in zip(rows, keep) if k]
+        if not rows:
+            raise ValueError(f"--features: no video of the table has a feature file (looked in {features})"
+                             f"{stems_hint(missing)}")
+        all_videos = [v for v in all_videos if files[v] is not None]
     by_split: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_split.setdefault(r.get("split", split), []).append(i)
@@ -407,32 +546,25 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
     if clash:
         raise ValueError(f"pairs: split names that differ only in case: {', '.join(map(repr, clash[0]))}; "
                          f"they would become separate splits")
-    if text_features is not None:
-        tf = load_array(text_features, f"--text-features: {text_features}")
-        if tf.ndim != 2 or tf.shape[0] != len(rows) or not np.issubdtype(tf.dtype, np.floating):
-            raise ValueError(f"--text-features: expected float [{len(rows)}, Dt] (one row per pair), "
-                             f"got shape {tf.shape} dtype {tf.dtype}")
-    else:
-        if encode is None:
-            from xmodal.features.encoders import encode_text
-
-            encode = lambda caps: encode_text(caps, progress=False)  # noqa: E731
-        tf = np.asarray(encode([r["caption"] for r in rows]), dtype=np.float32)
-    bad = np.flatnonzero(~np.isfinite(tf).all(1))
-    if bad.size:
-        raise ValueError(f"--text-features: NaN/inf in the row(s) of pair(s) {bad[:5].tolist()}"
-                         f"{' ...' if bad.size > 5 else ''} (0 = the table's first row)")
-    all_videos = list(dict.fromkeys(r["video"] for r in rows))
-    files = feature_files(features, all_videos)
     expert_files = {}
     for name, spec in (experts or {}).items():
         layout.check_expert_name(name)
         expert_files[name] = feature_files(spec, all_videos, flag=f"--expert {name}", allow_missing=True)
+    plans = _plan_splits(rows, by_split, files, expert_files, max_frames)  # every header checked, nothing read
+    if texts is not None:
+        texts.keep = np.flatnonzero(keep)  # the rows skip_missing left in
+    elif encode is None:
+        from xmodal.features.encoders import encode_text
+
+        encode = lambda caps: encode_text(caps, progress=False)  # noqa: E731
     out = Path(out)
     tmp = _prepare_out(out)
     try:
         try:
-            summary = _write_splits(tmp, rows, by_split, tf, files, expert_files, max_frames)
+            if texts is None:
+                texts = _encode_captions(tmp, rows, encode, progress)
+            summary = _write_splits(tmp, rows, plans, texts, files, max_frames, DTYPES[dtype], progress)
+            texts.close()
         except OSError as exc:  # name the file under --out, not the private temporary folder
             if exc.errno != errno.ENOSPC:
                 raise
@@ -443,6 +575,8 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             raise OSError(errno.ENOSPC, f"no space left on device while writing into {out}") from None
         _publish(tmp, out)
     finally:
+        if texts is not None:
+            texts.close()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     notes = split_name_notes(list(by_split))
@@ -456,31 +590,135 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
                      f"{' ...' if len(shared) > 5 else ''}): test results would be inflated (leakage)")
     for s in summary.values():
         s["notes"] = notes
+        s["missing"] = missing
+        s["dropped_rows"] = int(table_rows - len(rows))
     return summary
 
 
-def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], tf: np.ndarray,
-                  files: dict[str, Path], expert_files: dict[str, dict[str, Path | None]],
-                  max_frames: int | None) -> dict[str, dict[str, Any]]:
-    summary = {}
+def _open_text_features(path: str | os.PathLike, table_rows: int) -> "_TableText":
+    """``--text-features``: header checked (one line naming the flag), then memory-mapped."""
+    from xmodal.data.npyfile import array_header
+
+    where = f"--text-features: {path}"
+    load_array_checks = Path(path).is_dir() or not Path(path).is_file()
+    if load_array_checks:
+        load_array(path, where)  # raises the usual one-line error
+    with open(path, "rb") as f:
+        if f.read(2) == b"PK":
+            load_array(path, where)  # an .npz: refused with the usual line
+    try:
+        shape, dtype = array_header(path)
+    except (ValueError, OSError) as exc:
+        text = str(exc)
+        raise ValueError(f"--text-features: {text[len(str(path)) + 2:] if text.startswith(str(path)) else text}"
+                         ) from None
+    if len(shape) != 2 or shape[0] != table_rows or not np.issubdtype(dtype, np.floating):
+        raise ValueError(f"--text-features: expected float [{table_rows}, Dt] (one row per pair), "
+                         f"got shape {shape} dtype {dtype}")
+    return _TableText(np.load(path, mmap_mode="r", allow_pickle=False), np.arange(table_rows))
+
+
+#: Captions encoded per call of ``encode`` (and text rows gathered per block).
+TEXT_BLOCK = 8192
+
+
+class _TableText:
+    """Text features of the table's rows, read by row indices in blocks: a memory-mapped ``[rows, Dt]``
+    array (``keep``: the table rows still in the import, in order)."""
+
+    def __init__(self, array: np.ndarray, keep: np.ndarray, owned: Path | None = None) -> None:
+        self.array, self.keep, self.owned = array, keep, owned
+
+    @property
+    def dim(self) -> int:
+        return int(self.array.shape[1])
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        block = np.asarray(self.array[self.keep[idx]], dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(block).all(1))
+        if bad.size:
+            rows = self.keep[idx][bad]
+            raise ValueError(f"--text-features: NaN/inf in the row(s) of pair(s) {rows[:5].tolist()}"
+                             f"{' ...' if rows.size > 5 else ''} (0 = the table's first row)")
+        return block
+
+    def close(self) -> None:
+        self.array = np.zeros((0, self.dim), np.float32)  # drops the map (closed when its views are gone)
+        if self.owned is not None:
+            self.owned.unlink(missing_ok=True)
+            self.owned = None
+
+
+def _encode_captions(tmp: Path, rows: list[dict], encode: Callable, progress: bool | None) -> _TableText:
+    """Encode every caption in blocks of :data:`TEXT_BLOCK` into a scratch ``.npy`` inside the import's
+    temporary folder (removed before it is published), read back memory-mapped."""
+    from xmodal.progress import progress as progress_bar
+
+    scratch = tmp / ".captions.npy"
+    writer = None
+    with progress_bar(total=len(rows), desc="data import: encode captions", unit="caption", show=progress) as bar:
+        for start in range(0, len(rows), TEXT_BLOCK):
+            caps = [r["caption"] for r in rows[start:start + TEXT_BLOCK]]
+            block = np.asarray(encode(caps), dtype=np.float32)
+            if block.ndim != 2 or block.shape[0] != len(caps):
+                raise ValueError(f"--text-model: the encoder returned shape {block.shape} for {len(caps)} captions")
+            if writer is None:
+                writer = _RowWriter(scratch, (len(rows), block.shape[1]), np.float32)
+            writer.write(block)
+            bar.update(len(caps))
+        writer.close()
+    return _TableText(np.load(scratch, mmap_mode="r", allow_pickle=False), np.arange(len(rows)), owned=scratch)
+
+
+def _plan_splits(rows: list[dict], by_split: dict[str, list[int]], files: dict[str, Path],
+                 expert_files: dict[str, dict[str, Path | None]], max_frames: int | None) -> dict[str, dict]:
+    """Per split: its videos (in layout order), groups, and the frames / size of every feature file from
+    the headers alone, every size checked; nothing is read or written yet (so a bad file is named before
+    any caption is encoded)."""
+    plans = {}
     for name, idx in by_split.items():
         videos = list(dict.fromkeys(rows[i]["video"] for i in idx))
-        hier = "group" in rows[idx[0]]
-        if hier:  # clips inside long videos (xmodal.data.groups)
-            videos, video_to_group, group_names = groups.order_clips([rows[i] for i in idx], videos)
+        plan: dict[str, Any] = {"idx": idx, "groups": None}
+        if "group" in rows[idx[0]]:  # clips inside long videos (xmodal.data.groups)
+            videos, plan["video_to_group"], plan["groups"] = groups.order_clips([rows[i] for i in idx], videos)
+        shapes = [_feature_shape(files[v], max_frames) for v in videos]
+        _dim_culprits([d for _, d in shapes], videos, [files[v] for v in videos], "--features")
+        plan.update(videos=videos, lengths=[f for f, _ in shapes], dim=shapes[0][1], experts={})
+        for expert, found in expert_files.items():
+            efiles = [found[v] for v in videos]
+            eshapes = [None if f is None else _feature_shape(f, max_frames) for f in efiles]
+            if all(e is None for e in eshapes):
+                raise ValueError(f"--expert {expert}: no video of the split has a feature file")
+            _dim_culprits([None if e is None else e[1] for e in eshapes], videos, efiles, f"--expert {expert}")
+            plan["experts"][expert] = (efiles, [0 if e is None else e[0] for e in eshapes],
+                                       next(e[1] for e in eshapes if e is not None))
+        plans[name] = plan
+    return plans
+
+
+def _write_splits(out: Path, rows: list[dict], plans: dict[str, dict], texts: _TableText, files: dict[str, Path],
+                  max_frames: int | None, dtype, progress: bool | None = False) -> dict[str, dict[str, Any]]:
+    from xmodal.progress import progress as progress_bar
+
+    summary = {}
+    for name, plan in plans.items():
+        idx, videos, lengths = plan["idx"], plan["videos"], plan["lengths"]
         row_of = {v: j for j, v in enumerate(videos)}
-        per_video = [read_features(files[v], max_frames) for v in videos]
-        video, mask = pad_frames(per_video, videos, [files[v] for v in videos])
         p = lambda role: out / layout.names(name, role)[0]  # noqa: E731
-        _save(p("video"), video)
-        if mask is not None:
-            _save(p("video_mask"), mask)
-        _save(p("text"), tf[idx].astype(np.float32))
+        with progress_bar(total=len(videos), desc=f"data import {name}: read features", unit="video",
+                          show=progress) as bar:
+            mask = _write_padded(p("video"), p("video_mask"), [files[v] for v in videos], lengths, plan["dim"],
+                                 dtype, max_frames, bar)
+        text = _RowWriter(p("text"), (len(idx), texts.dim), dtype)
+        order = np.asarray(idx, dtype=np.int64)
+        for start in range(0, len(order), TEXT_BLOCK):
+            text.write(texts.rows(order[start:start + TEXT_BLOCK]))
+        text.close()
         _save(p("text_to_video"), np.array([row_of[rows[i]["video"]] for i in idx], dtype=np.int64))
         p("video_names").write_text("".join(v + "\n" for v in videos), encoding="utf-8")
-        if hier:
-            _save(p("video_to_group"), video_to_group)
-            p("group_names").write_text("".join(g + "\n" for g in group_names), encoding="utf-8")
+        if plan["groups"] is not None:
+            _save(p("video_to_group"), plan["video_to_group"])
+            p("group_names").write_text("".join(g + "\n" for g in plan["groups"]), encoding="utf-8")
         else:
             for role in ("video_to_group", "group_names"):
                 p(role).unlink(missing_ok=True)  # stale groups of an earlier import would not match
@@ -488,12 +726,10 @@ def _write_splits(out: Path, rows: list[dict], by_split: dict[str, list[int]], t
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
         summary[name] = {"videos": len(videos), "texts": len(idx),
                          "max_frames": 1 if mask is None else int(mask.shape[1]),
-                         "frames_note": frames_note([len(a) for a in per_video], videos), "experts": {}}
-        for expert, found in expert_files.items():
-            feats, emask = pad_expert([None if found[v] is None else read_features(found[v], max_frames)
-                                       for v in videos], expert, videos, [found[v] for v in videos])
-            _save(out / f"{name}_video_features.{expert}.npy", feats)
-            if emask is not None:
-                _save(out / f"{name}_video_mask.{expert}.npy", emask)
-            summary[name]["experts"][expert] = sum(found[v] is not None for v in videos)
+                         "frames_note": frames_note(lengths, videos), "experts": {},
+                         "groups": None if plan["groups"] is None else len(plan["groups"])}
+        for expert, (efiles, elengths, dim) in plan["experts"].items():
+            _write_padded(out / f"{name}_video_features.{expert}.npy", out / f"{name}_video_mask.{expert}.npy",
+                          efiles, elengths, dim, dtype, max_frames, None)
+            summary[name]["experts"][expert] = sum(f is not None for f in efiles)
     return summary

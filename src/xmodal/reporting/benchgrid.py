@@ -177,9 +177,10 @@ def aggregate(summaries: list[dict], normalizer: str) -> dict[str, Any]:
 def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Iterable[int],
              ts_variants: Iterable[bool] = (False, True), noise: Iterable[float] = (0.0,),
              out: str | Path, epochs: int | None = None, synthetic: dict | None = None,
-             progress: bool = True) -> list[dict]:
-    """Run every cell, aggregate, write ``results.md``/``results.csv``; returns the rows."""
-    from tqdm.auto import tqdm
+             progress: bool | None = True) -> list[dict]:
+    """Run every cell, aggregate, write ``results.md``/``results.csv``; returns the rows.
+    ``progress``: a bar (True), a line every 30 s without a terminal (None) or nothing (False)."""
+    from xmodal.progress import progress as progress_bar
 
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
@@ -187,7 +188,7 @@ def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Itera
              for ts in ts_variants for seed in seeds]
     results: dict[tuple, list[dict]] = {}
     t0 = time.perf_counter()
-    bar = tqdm(cells, desc="bench", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(cells, desc="bench", unit="cell", show=progress)
     for cell in bar:
         bar.set_postfix_str(cell.path)
         summary = run_cell(cell, root, epochs=epochs, synthetic=synthetic if cell.dataset == "synthetic" else None)
@@ -299,7 +300,8 @@ def queue_prefix_metrics(run_dir: str | Path, split: Any, sizes: Iterable[int]) 
 
 
 def run_queue_sweep(*, datasets: Iterable[str], sizes: Iterable[int], seeds: Iterable[int], out: str | Path,
-                    epochs: int | None = None, synthetic: dict | None = None, progress: bool = True) -> list[dict]:
+                    epochs: int | None = None, synthetic: dict | None = None,
+                    progress: bool | None = True) -> list[dict]:
     """NCL Fig. 5 (query queue size vs text-to-video R@1) as a table.
 
     One NCL run per dataset and seed with the largest queue (:func:`queue_prefix_metrics`
@@ -307,9 +309,8 @@ def run_queue_sweep(*, datasets: Iterable[str], sizes: Iterable[int], seeds: Ite
     ``none`` / ``ncl``) in the schema of :func:`run_grid`, objective ``ncl queue=K``,
     written to ``results.md`` (the Fig. 5 table) and ``results.csv``.
     """
-    from tqdm.auto import tqdm
-
     from xmodal.config import load_config
+    from xmodal.progress import progress as progress_bar
     from xmodal.training.loop import load_splits
 
     sizes = sorted({int(k) for k in sizes})
@@ -320,7 +321,7 @@ def run_queue_sweep(*, datasets: Iterable[str], sizes: Iterable[int], seeds: Ite
     cells = [Cell(ds, "ncl", False, seed, queue_size=sizes[-1]) for ds in datasets for seed in seeds]
     t0 = time.perf_counter()
     per: dict[tuple[str, int], list[dict]] = {}
-    for cell in tqdm(cells, desc="ncl queue sweep", disable=not progress, dynamic_ncols=True):
+    for cell in progress_bar(cells, desc="ncl queue sweep", unit="cell", show=progress):
         summary = run_cell(cell, root, epochs=epochs, synthetic=synthetic if cell.dataset == "synthetic" else None)
         run_dir = root / "runs" / cell.path
         splits = load_splits(load_config(run_dir / "config.yaml"))

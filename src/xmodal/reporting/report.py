@@ -396,7 +396,10 @@ def _read_log(path: Path) -> list[dict]:
 
 
 def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0,
-               data: Path | None = None) -> str:
+               data: Path | None = None, log: Any = None) -> str:
+    if log is not None and not callable(log):
+        raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
+    say = log if log is not None else (lambda line: None)  # xmodal report's progress lines
     from xmodal.config import load_config
     from xmodal.metrics import normalization_error
     from xmodal.models import load_model
@@ -422,6 +425,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
         if data is not None and cfg.data.name == "synthetic":  # never a folder silently left unread
             raise ValueError(f"--data: {run} was trained on synthetic data (data.name: synthetic), which "
                              f"reads no data folder; drop --data {data}")
+        say("report: reading the run's data")
         splits = load_splits(cfg)
     elif data is not None:
         raise ValueError(f"--data: {run} has no config.yaml saying which splits to read from {data}")
@@ -441,6 +445,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
         model = load_model(run)
         val = splits["val"]
         name = model.test_time.get("normalizer", "none")
+        say(f"report: retrieval mass on val ({val.num_videos} videos, {val.num_texts} texts)")
         a = mass_analysis(model, val)
         item = gallery_item(cfg)
         title = f"text->{item} on val, tau={model.temperature:.3f}"
@@ -452,9 +457,11 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
                  _png(plot_retrieval_mass(a["masses"], a["expected"], tmp / "m.png", title=title, item=item),
                       "mass"),
                  _png(plot_fn_fp(a["fn_fp"], tmp / "f.png", title=title), "fn/fp by mass")]
+        say("report: head / tail breakdown")
         body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg, item)
         root = cfg.data.root if cfg.data.name != "synthetic" else None
         names = _val_names(root, cfg.data, val.num_videos)
+        say(f"report: {num_examples} example rankings" + (" with thumbnails" if images and names else ""))
         body += ["<h2>Example rankings</h2>"] + examples_section(
             model, val, name, num=num_examples, seed=seed, video_names=names,
             images=images if names else None, item=item)
@@ -510,7 +517,7 @@ def bench_report(root: Path) -> str:
 
 def build_report(path: str | Path, *, out: str | Path | None = None, images: str | Path | None = None,
                  data: str | Path | None = None,
-                 num_examples: int = 8, seed: int = 0) -> Path:
+                 num_examples: int = 8, seed: int = 0, log: Any = None) -> Path:
     """Write the HTML page of a run or bench directory; returns its path.
 
     Args:
@@ -524,7 +531,10 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
         data: the run's data folder, overriding ``data.root`` of its config (the data moved).
         num_examples: number of example queries.
         seed: seed of the example sample.
+        log: called with a line at each stage (``xmodal report``'s progress lines), or None.
     """
+    if log is not None and not callable(log):
+        raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: not a directory")
@@ -538,7 +548,7 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
         text = bench_report(root)
     elif any((root / f).is_file() for f in ("metrics.json", "log.jsonl")):
         text = run_report(root, images=Path(images) if images else None, num_examples=num_examples, seed=seed,
-                          data=Path(data) if data else None)
+                          data=Path(data) if data else None, log=log)
     else:
         raise ValueError(f"{root}: neither a run directory (metrics.json, log.jsonl) nor a bench "
                          "directory (results.csv)")

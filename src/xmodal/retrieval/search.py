@@ -22,10 +22,14 @@ INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.
 
 def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
           kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
-          overwrite: bool = False, video_mask: Any = None) -> dict:
+          overwrite: bool = False, video_mask: Any = None, log: Any = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
-    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts)."""
+    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts);
+    ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines)."""
+    if log is not None and not callable(log):
+        raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
+    say = log if log is not None else (lambda line: None)
     from xmodal.models import checkpoint_file
     from xmodal.retrieval.index import BiasedIndex, fold_run_normalizer
     from xmodal.runs import atomic_save_npy, atomic_write
@@ -33,10 +37,13 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     out = Path(out)
     check_out(out, run, overwrite=overwrite)
     model = _load(run, "--run")
+    say("index: encoding the gallery with the run's video head")
     video = model.encode_video(video_features, video_mask)
+    say(f"index: folding the normaliser into {video.shape[0]} gallery embeddings")
     folded = fold_run_normalizer(model, video, normalizer, metric=_run_metric(run))
     if names is not None and len(names) != video.shape[0]:
         raise ValueError(f"--names: {len(names)} names but --video-features has {video.shape[0]} rows")
+    say(f"index: building the {kind} index ({folded['normalizer']} folded in)")
     index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind)
     shift = folded["query_shift"]
     shift = np.zeros(video.shape[1], np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)

@@ -460,6 +460,10 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         "val_score": state["best_score"], "train_time_s": state["train_time"], "temperature": model.temperature,
         "normalizer": best, "val": val, "uses_test_queries": [n for n in names if uses_test_queries(n)],
     }
+    dropped = [n for n in cfg.test_time.normalizers if n not in names]
+    if dropped:  # e.g. ncl listed in the config, but only an NCL loss keeps the query queue it is fitted on
+        summary["dropped_normalizers"] = {n: "needs the NCL loss's query queue (loss.name: ncl)" if n == "ncl"
+                                          else "not fitted for this run" for n in dropped}
     evaluated = [s for s in ("val", "test") if s in splits]
     if "test" in splits:
         summary["test"] = evaluate_normalizers(names, test_time, model, splits["test"], bs)
