@@ -247,6 +247,10 @@ def test_video_thumbnail_from_middle_frame_when_xmodal_video_exists(index_dir, g
         calls.append(Path(path).name)
         return np.full((30, 40, 3), (10, 200, 30), np.uint8)
 
+    import xmodal.features.media
+
+    # clip.mp4 is no real video: the header probe (frame size against the budget) is stubbed too
+    monkeypatch.setattr(xmodal.features.media, "_video_size", lambda path, budget: (40, 30))
     monkeypatch.setitem(sys.modules, "xmodal.features.video", types.SimpleNamespace(middle_frame=middle_frame, VIDEO_EXTENSIONS=VIDEO_EXTENSIONS))
     client = TestClient(create_app(index_dir, images=gallery[0]))
     res = client.get("/thumb/6")

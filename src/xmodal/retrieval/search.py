@@ -3,6 +3,11 @@
 a copy of the run's checkpoint (for the text head), ``names.txt`` and ``meta.json``; :class:`SearchIndex`
 opens one and searches it with text features or raw captions. ``xmodal index`` / ``xmodal query`` /
 ``xmodal serve`` are these plus their flags.
+
+The search page's other directions read optional files (:func:`write_extras` / :func:`read_extras`):
+``videos.npy`` (the gallery's video embeddings, for "more like this"), and, for an index built with
+``--data`` or ``--texts``, ``texts.npy`` (the captions' text embeddings, for video -> text) and
+``texts.json`` (the captions and, from a layout, the video of each).
 """
 
 from __future__ import annotations
@@ -16,16 +21,20 @@ import numpy as np
 
 FORMAT = "xmodal-index"
 VERSION = 1
+#: Optional files of an index folder for the search page's video -> video and video -> text searches.
+EXTRA_FILES = ("videos.npy", "texts.npy", "texts.json")
 #: The files of an index folder (what ``build`` writes; nothing else is ever written there).
-INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json")
+INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json") + EXTRA_FILES
 
 
 def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
           kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
-          overwrite: bool = False, video_mask: Any = None) -> dict:
+          overwrite: bool = False, video_mask: Any = None, texts: Any = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
-    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts)."""
+    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts).
+    ``texts``: optional captions for video -> text search (:func:`caption_texts`); the gallery's video
+    embeddings are always written (``videos.npy``, "more like this")."""
     from xmodal.models import checkpoint_file
     from xmodal.retrieval.index import BiasedIndex, fold_run_normalizer
     from xmodal.runs import atomic_save_npy, atomic_write
@@ -52,12 +61,14 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                                                                   encoding="utf-8"))
     else:  # the previous gallery's names never label this one
         (out / "names.txt").unlink(missing_ok=True)
+    extras = write_extras(out, model, video, texts)
     meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
             "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
             "dim": int(video.shape[1]), "text_dim": _text_dim(model),
             "text_encoder": text_encoder, "names": names is not None}
     if "fallback_from" in folded:
         meta["fallback_from"] = folded["fallback_from"]
+    meta.update(extras)
     atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
                                                                 encoding="utf-8"))
     return meta
@@ -152,19 +163,8 @@ class SearchIndex:
         --captions' and 'xmodal serve' both come here). A missing encoder package is a
         ValueError naming the encoder.
         """
-        from xmodal.features import encoders
-
-        name = text_encoder or self.meta.get("text_encoder", "minilm")
-        tokens = bool(getattr(getattr(self.model.text_tower, "spec", None), "tokens", False))
-        try:
-            if tokens:
-                if name not in encoders.TOKEN_ENCODERS:
-                    raise ValueError(f"text encoder {name!r} gives no token features, which this run's text "
-                                     f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
-                return encoders.encode_text_tokens(list(captions), model=name, progress=progress)
-            return encoders.encode_text(list(captions), model=name, progress=progress)
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"text encoder {name!r} is not installed ({exc})") from None
+        return encode_captions(self.model, captions, text_encoder or self.meta.get("text_encoder", "minilm"),
+                               progress=progress)
 
     def search(self, text_features, k: int, text_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``,
@@ -174,6 +174,146 @@ class SearchIndex:
         emb = self.model.encode_text(text_features, text_mask).cpu().numpy().astype(np.float32)
         return self.index.search(emb - self.shift[None, :], k)
 
+
+
+def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progress: bool = False) -> Any:
+    """Raw features of ``captions`` as ``model``'s text tower takes them: ``[T, Dt]`` from
+    ``text_encoder``, or ``(tokens [T, L, Dt], mask [T, L])`` for a run trained on token features."""
+    from xmodal.features import encoders
+
+    tokens = bool(getattr(getattr(model.text_tower, "spec", None), "tokens", False))
+    try:
+        if tokens:
+            if text_encoder not in encoders.TOKEN_ENCODERS:
+                raise ValueError(f"text encoder {text_encoder!r} gives no token features, which this run's text "
+                                 f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
+            return encoders.encode_text_tokens(list(captions), model=text_encoder, progress=progress)
+        return encoders.encode_text(list(captions), model=text_encoder, progress=progress)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"text encoder {text_encoder!r} is not installed ({exc})") from None
+
+
+def caption_texts(captions: list[str] | None, features: Any, *, mask: Any = None,
+                  text_to_video: Any = None) -> dict:
+    """The ``texts`` argument of :func:`write_index`: caption strings (or None: shown as ``text #N``),
+    their raw features ``[T, Dt]`` (or tokens ``[T, L, Dt]`` with ``mask``) and optionally the gallery
+    row of each caption's video (a layout's ``S_text_to_video.npy``)."""
+    return {"captions": None if captions is None else [str(c) for c in captions], "features": features,
+            "mask": mask, "text_to_video": text_to_video}
+
+
+def write_extras(out: Path, model: Any, video: Any, texts: dict | None) -> dict:
+    """Write ``videos.npy`` (``video``: the gallery's embeddings ``[V, D]``) and, with ``texts``
+    (:func:`caption_texts`), ``texts.npy`` (the captions' text embeddings ``[T, D]``) and ``texts.json``
+    (``{"captions": [...] | null, "video": [row, ...] | null}``); a previous index's text files are
+    removed when ``texts`` is None. Returns the ``meta.json`` keys: ``"texts"`` (how many, 0 for none)
+    and ``"captions"`` (whether their strings are known)."""
+    from xmodal.runs import atomic_save_npy, atomic_write
+
+    video = np.ascontiguousarray(np.asarray(video.detach().cpu() if hasattr(video, "detach") else video,
+                                            dtype=np.float32))
+    if texts is None:
+        for name in ("texts.npy", "texts.json"):
+            (out / name).unlink(missing_ok=True)
+        atomic_save_npy(out / "videos.npy", video)
+        return {"texts": 0, "captions": False}
+    captions, t2v = texts.get("captions"), texts.get("text_to_video")
+    emb = model.encode_text(texts["features"], texts.get("mask")).cpu().numpy().astype(np.float32)
+    if captions is not None and len(captions) != emb.shape[0]:
+        raise ValueError(f"texts: {len(captions)} captions but {emb.shape[0]} text feature rows")
+    if t2v is not None:
+        t2v = np.asarray(t2v)
+        if t2v.shape != (emb.shape[0],) or not np.issubdtype(t2v.dtype, np.integer) or \
+                (t2v.size and not (0 <= t2v.min() and t2v.max() < video.shape[0])):
+            raise ValueError(f"texts: text_to_video must hold {emb.shape[0]} gallery rows in [0, {video.shape[0]})")
+        t2v = [int(j) for j in t2v]
+    body = json.dumps({"captions": captions, "video": t2v}, ensure_ascii=False) + "\n"
+    atomic_save_npy(out / "videos.npy", video)
+    atomic_save_npy(out / "texts.npy", emb)
+    atomic_write(out / "texts.json", lambda tmp: tmp.write_text(body, encoding="utf-8"))
+    return {"texts": int(emb.shape[0]), "captions": captions is not None}
+
+
+class IndexExtras:
+    """The optional files of an index folder, opened (arrays memory-mapped): ``videos`` ``[V, D]`` or
+    None, ``texts`` ``[T, D]`` or None, ``captions`` (T strings or None), ``text_to_video`` (T gallery
+    rows or None) and :meth:`captions_of` a gallery item."""
+
+    def __init__(self, path: str | Path, *, num_items: int, dim: int) -> None:
+        path = Path(path)
+        self.videos = _embeddings(path / "videos.npy", num_items, dim)
+        self.texts = _embeddings(path / "texts.npy", None, dim)
+        self.captions: list[str] | None = None
+        self.text_to_video: np.ndarray | None = None
+        self._by_video: dict[int, list[int]] | None = None
+        info = path / "texts.json"
+        if self.texts is None:
+            return
+        try:
+            body = json.loads(info.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--index: {info} is not readable JSON ({exc})") from None
+        n = self.texts.shape[0]
+        captions, t2v = (body.get("captions"), body.get("video")) if isinstance(body, dict) else (0, 0)
+        if captions is not None and (not isinstance(captions, list) or len(captions) != n
+                                     or not all(isinstance(c, str) for c in captions)):
+            raise ValueError(f"--index: {info}: 'captions' must be {n} strings (texts.npy has {n} rows)")
+        if t2v is not None and (not isinstance(t2v, list) or len(t2v) != n or not all(
+                isinstance(j, int) and not isinstance(j, bool) and 0 <= j < num_items for j in t2v)):
+            raise ValueError(f"--index: {info}: 'video' must be {n} gallery rows in [0, {num_items})")
+        self.captions = captions
+        self.text_to_video = None if t2v is None else np.asarray(t2v, dtype=np.int64)
+
+    def captions_of(self, item: int) -> list[str]:
+        """The captions whose video is gallery row ``item`` (empty when unknown)."""
+        if self.captions is None or self.text_to_video is None:
+            return []
+        if self._by_video is None:
+            by: dict[int, list[int]] = {}
+            for t, j in enumerate(self.text_to_video.tolist()):
+                by.setdefault(j, []).append(t)
+            self._by_video = by
+        return [self.captions[t] for t in self._by_video.get(int(item), [])]
+
+
+def _embeddings(path: Path, rows: int | None, dim: int) -> np.ndarray | None:
+    if not path.exists():
+        return None
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(f"--index: {path} is not a readable .npy array ({exc})") from None
+    if arr.ndim != 2 or arr.dtype != np.float32 or (rows is not None and arr.shape[0] != rows) or \
+            (dim is not None and arr.shape[1] != dim):
+        want = f"[{rows if rows is not None else 'T'}, {dim}]"
+        raise ValueError(f"--index: {path} must be float32 {want}, got {arr.dtype} {list(arr.shape)}")
+    return arr
+
+
+def top_k(matrix: np.ndarray, query: np.ndarray, k: int, *, exclude: int | None = None,
+          block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` ``(scores, rows)`` of ``matrix @ query``, block by block (a memory-mapped
+    ``matrix`` is read once, never held whole); ties by the lower row; ``exclude``: a row left out.
+
+    >>> m = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], np.float32)
+    >>> top_k(m, np.array([0.0, 1.0], np.float32), 2)[1].tolist()
+    [1, 2]
+    """
+    best_s, best_i = np.empty(0, np.float32), np.empty(0, np.int64)
+    q = np.asarray(query, dtype=np.float32)
+    for start in range(0, matrix.shape[0], block):
+        s = np.asarray(matrix[start:start + block], dtype=np.float32) @ q
+        idx = np.arange(start, start + s.shape[0])
+        if exclude is not None and start <= exclude < start + s.shape[0]:
+            keep = idx != exclude
+            s, idx = s[keep], idx[keep]
+        if s.shape[0] > k:  # the block's k best, ties at the k-th score kept for the tie rule
+            keep = s >= np.partition(s, s.shape[0] - k)[s.shape[0] - k]
+            s, idx = s[keep], idx[keep]
+        s, idx = np.concatenate([best_s, s]), np.concatenate([best_i, idx])
+        order = np.lexsort((idx, -s))[:k]
+        best_s, best_i = s[order], idx[order]
+    return best_s, best_i
 
 
 
@@ -190,4 +330,5 @@ def _load(path: str, flag: str):
         raise ValueError(f"{flag}: {msg}") from None
 
 
-__all__ = ["write_index", "SearchIndex", "check_out", "FORMAT", "VERSION", "INDEX_FILES"]
+__all__ = ["write_index", "SearchIndex", "check_out", "FORMAT", "VERSION", "INDEX_FILES", "EXTRA_FILES",
+           "caption_texts", "write_extras", "IndexExtras", "encode_captions", "top_k"]
