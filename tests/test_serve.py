@@ -447,11 +447,12 @@ def test_browser_types_query_and_reads_results(client, index_dir, gallery):
 def test_docstring_examples_run():
     import doctest
 
+    import xmodal.features.media
+    import xmodal.retrieval.search
     import xmodal.serve.app
     import xmodal.serve.net
-    import xmodal.features.media
 
-    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.features.media):
+    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.features.media, xmodal.retrieval.search):
         res = doctest.testmod(mod)
         assert res.attempted > 0 and res.failed == 0, mod.__name__
 

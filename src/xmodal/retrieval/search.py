@@ -13,6 +13,7 @@ The search page's other directions read optional files (:func:`write_extras` / :
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,10 @@ def _run_metric(run: str) -> str:
 def check_out(out: Path, run: str, *, overwrite: bool) -> None:
     """Refuse, before anything is written: an --out that is a file, the run directory
     itself, a folder holding files that are not an index's, or an index without --overwrite."""
+    for value, flag in ((out, "--out"), (run, "--run")):
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{flag}: expected a path, got {type(value).__name__}")
+    out = Path(out)
     run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} exists and is not a directory")
@@ -179,8 +184,15 @@ class SearchIndex:
 def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progress: bool = False) -> Any:
     """Raw features of ``captions`` as ``model``'s text tower takes them: ``[T, Dt]`` from
     ``text_encoder``, or ``(tokens [T, L, Dt], mask [T, L])`` for a run trained on token features."""
+    from xmodal._validate import duck
     from xmodal.features import encoders
 
+    duck(model, "model", "a loaded model", ("encode_text",), ("text_tower",))
+    if not isinstance(text_encoder, str):
+        raise TypeError(f"text_encoder: expected an encoder name, got {type(text_encoder).__name__}")
+    if isinstance(captions, str) or not isinstance(captions, (list, tuple)) or \
+            not all(isinstance(c, str) for c in captions):
+        raise TypeError("captions: expected a list of strings")
     tokens = bool(getattr(getattr(model.text_tower, "spec", None), "tokens", False))
     try:
         if tokens:
@@ -198,7 +210,12 @@ def caption_texts(captions: list[str] | None, features: Any, *, mask: Any = None
     """The ``texts`` argument of :func:`write_index`: caption strings (or None: shown as ``text #N``),
     their raw features ``[T, Dt]`` (or tokens ``[T, L, Dt]`` with ``mask``) and optionally the gallery
     row of each caption's video (a layout's ``S_text_to_video.npy``)."""
-    return {"captions": None if captions is None else [str(c) for c in captions], "features": features,
+    if captions is not None and (isinstance(captions, str) or not isinstance(captions, (list, tuple))
+                                 or not all(isinstance(c, str) for c in captions)):
+        raise TypeError("captions: expected a list of strings or None")
+    if not hasattr(features, "shape") or len(features.shape) not in (2, 3):
+        raise TypeError(f"features: expected text features [T, Dt] or [T, L, Dt], got {type(features).__name__}")
+    return {"captions": None if captions is None else list(captions), "features": features,
             "mask": mask, "text_to_video": text_to_video}
 
 
@@ -208,8 +225,18 @@ def write_extras(out: Path, model: Any, video: Any, texts: dict | None) -> dict:
     (``{"captions": [...] | null, "video": [row, ...] | null}``); a previous index's text files are
     removed when ``texts`` is None. Returns the ``meta.json`` keys: ``"texts"`` (how many, 0 for none)
     and ``"captions"`` (whether their strings are known)."""
+    from xmodal._validate import duck
     from xmodal.runs import atomic_save_npy, atomic_write
 
+    if not isinstance(out, (str, os.PathLike)) or not Path(out).is_dir():
+        raise ValueError(f"out: expected an existing index folder, got {str(out)[:80]!r}")
+    out = Path(out)
+    if not hasattr(video, "shape") or len(video.shape) != 2:
+        raise TypeError(f"video: expected the gallery's embeddings [V, D], got {type(video).__name__}")
+    if texts is not None and (not isinstance(texts, dict) or "features" not in texts):
+        raise TypeError("texts: expected caption_texts(...) or None")
+    if texts is not None:
+        duck(model, "model", "a loaded model", ("encode_text",))
     video = np.ascontiguousarray(np.asarray(video.detach().cpu() if hasattr(video, "detach") else video,
                                             dtype=np.float32))
     if texts is None:
@@ -240,6 +267,11 @@ class IndexExtras:
     rows or None) and :meth:`captions_of` a gallery item."""
 
     def __init__(self, path: str | Path, *, num_items: int, dim: int) -> None:
+        from xmodal._validate import positive_int
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path: expected an index folder, got {type(path).__name__}")
+        num_items, dim = positive_int(num_items, "num_items"), positive_int(dim, "dim")
         path = Path(path)
         self.videos = _embeddings(path / "videos.npy", num_items, dim)
         self.texts = _embeddings(path / "texts.npy", None, dim)
@@ -299,8 +331,18 @@ def top_k(matrix: np.ndarray, query: np.ndarray, k: int, *, exclude: int | None 
     >>> top_k(m, np.array([0.0, 1.0], np.float32), 2)[1].tolist()
     [1, 2]
     """
+    from xmodal._validate import positive_int
+
+    k, block = positive_int(k, "k"), positive_int(block, "block")
+    if not isinstance(matrix, np.ndarray) or matrix.ndim != 2 or matrix.dtype.kind != "f":
+        raise TypeError("matrix: expected a float numpy array [N, D] (a memmap is one)")
+    q = np.asarray(query.detach().cpu() if hasattr(query, "detach") else query)
+    if q.shape != (matrix.shape[1],) or q.dtype.kind not in "fiub":
+        raise ValueError(f"query: expected {matrix.shape[1]} numbers, got shape {list(q.shape)}")
+    if exclude is not None and (isinstance(exclude, bool) or not isinstance(exclude, (int, np.integer))):
+        raise TypeError("exclude: expected a row number or None")
+    q = q.astype(np.float32)
     best_s, best_i = np.empty(0, np.float32), np.empty(0, np.int64)
-    q = np.asarray(query, dtype=np.float32)
     for start in range(0, matrix.shape[0], block):
         s = np.asarray(matrix[start:start + block], dtype=np.float32) @ q
         idx = np.arange(start, start + s.shape[0])
