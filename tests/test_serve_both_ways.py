@@ -297,6 +297,9 @@ def test_recall_shown_exact_or_measured(index_dir, tmp_path):
     out = tmp_path / "ivf"
     shutil.copytree(index_dir, out)
     meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps({**meta, "recall_at_10": 1.0, "recall_queries": 0, "exact": True,
+                                               "search_params": {}}))  # a flat index as 'index --kind' writes it
+    assert 'data-recall="1">exact search (flat index)' in TestClient(create_app(out)).get("/").text
     meta.update({"kind": "ivf", "recall_at_10": 0.95312, "recall_queries": 1000, "search_params": {"nprobe": 32}})
     (out / "meta.json").write_text(json.dumps(meta))
     client = TestClient(create_app(out))

@@ -4,7 +4,7 @@ a copy of the run's checkpoint (for the text head), ``names.txt`` and ``meta.jso
 opens one and searches it with text features or raw captions. ``xmodal index`` / ``xmodal query`` /
 ``xmodal serve`` are these plus their flags.
 
-The search page's other directions read optional files (:func:`write_extras` / :func:`read_extras`):
+The search page's other directions read optional files (:func:`write_extras` / :class:`IndexExtras`):
 ``videos.npy`` (the gallery's video embeddings, for "more like this"), and, for an index built with
 ``--data`` or ``--texts``, ``texts.npy`` (the captions' text embeddings, for video -> text) and
 ``texts.json`` (the captions and, from a layout, the video of each).
@@ -33,9 +33,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
           overwrite: bool = False, video_mask: Any = None, texts: Any = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
-    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts).
-    ``texts``: optional captions for video -> text search (:func:`caption_texts`); the gallery's video
-    embeddings are always written (``videos.npy``, "more like this")."""
+    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts)."""
     from xmodal.models import checkpoint_file
     from xmodal.retrieval.index import BiasedIndex, fold_run_normalizer
     from xmodal.runs import atomic_save_npy, atomic_write
@@ -62,14 +60,13 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                                                                   encoding="utf-8"))
     else:  # the previous gallery's names never label this one
         (out / "names.txt").unlink(missing_ok=True)
-    extras = write_extras(out, model, video, texts)
     meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
             "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
             "dim": int(video.shape[1]), "text_dim": _text_dim(model),
             "text_encoder": text_encoder, "names": names is not None}
     if "fallback_from" in folded:
         meta["fallback_from"] = folded["fallback_from"]
-    meta.update(extras)
+    meta.update(write_extras(out, model, video_features, video_mask, texts))  # the search page's files
     atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
                                                                 encoding="utf-8"))
     return meta
@@ -219,30 +216,52 @@ def caption_texts(captions: list[str] | None, features: Any, *, mask: Any = None
             "mask": mask, "text_to_video": text_to_video}
 
 
-def write_extras(out: Path, model: Any, video: Any, texts: dict | None) -> dict:
-    """Write ``videos.npy`` (``video``: the gallery's embeddings ``[V, D]``) and, with ``texts``
-    (:func:`caption_texts`), ``texts.npy`` (the captions' text embeddings ``[T, D]``) and ``texts.json``
-    (``{"captions": [...] | null, "video": [row, ...] | null}``); a previous index's text files are
-    removed when ``texts`` is None. Returns the ``meta.json`` keys: ``"texts"`` (how many, 0 for none)
-    and ``"captions"`` (whether their strings are known)."""
-    from xmodal._validate import duck
+def write_extras(out: str | Path, model: Any, video_features: Any, video_mask: Any = None,
+                 texts: dict | None = None, *, block_rows: int = 8192) -> dict:
+    """Write an index folder's optional files (the search page's video -> video and video -> text):
+    ``videos.npy``, the gallery's embeddings ``[V, D]`` (``model.encode_video`` of ``video_features`` /
+    ``video_mask``, ``block_rows`` videos at a time into a memory-mapped file: never the whole gallery
+    in memory); with ``texts`` (:func:`caption_texts`) ``texts.npy``, the captions' text embeddings
+    ``[T, D]``, and ``texts.json``, ``{"captions": [...] | null, "video": [row, ...] | null}``; without,
+    a previous index's text files are removed. Returns the ``meta.json`` keys ``"texts"`` (how many,
+    0 for none) and ``"captions"`` (whether their strings are known)."""
+    from xmodal._validate import duck, positive_int
     from xmodal.runs import atomic_save_npy, atomic_write
 
     if not isinstance(out, (str, os.PathLike)) or not Path(out).is_dir():
         raise ValueError(f"out: expected an existing index folder, got {str(out)[:80]!r}")
     out = Path(out)
-    if not hasattr(video, "shape") or len(video.shape) != 2:
-        raise TypeError(f"video: expected the gallery's embeddings [V, D], got {type(video).__name__}")
+    duck(model, "model", "a loaded model", ("encode_video", "encode_text"))
+    block_rows = positive_int(block_rows, "block_rows")
+    first = next(iter(video_features.values()), None) if isinstance(video_features, dict) else video_features
+    if not hasattr(first, "shape") or len(first.shape) not in (2, 3) or not first.shape[0]:
+        raise TypeError(f"video_features: expected features [V, D] or [V, F, D] (or a dict of them), "
+                        f"got {type(first).__name__}")
     if texts is not None and (not isinstance(texts, dict) or "features" not in texts):
         raise TypeError("texts: expected caption_texts(...) or None")
-    if texts is not None:
-        duck(model, "model", "a loaded model", ("encode_text",))
-    video = np.ascontiguousarray(np.asarray(video.detach().cpu() if hasattr(video, "detach") else video,
-                                            dtype=np.float32))
+    n = int(first.shape[0])
+
+    def rows(x, start):
+        if x is None:
+            return None
+        return {k: v[start:start + block_rows] for k, v in x.items()} if isinstance(x, dict) else \
+            x[start:start + block_rows]
+
+    def write_videos(tmp):
+        arr = None
+        for start in range(0, n, block_rows):
+            emb = model.encode_video(rows(video_features, start), rows(video_mask, start))
+            emb = emb.detach().cpu().numpy().astype(np.float32) if hasattr(emb, "detach") else np.asarray(emb)
+            if arr is None:
+                arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, emb.shape[1]))
+            arr[start:start + emb.shape[0]] = emb
+        arr.flush()
+        del arr
+
     if texts is None:
         for name in ("texts.npy", "texts.json"):
             (out / name).unlink(missing_ok=True)
-        atomic_save_npy(out / "videos.npy", video)
+        atomic_write(out / "videos.npy", write_videos)
         return {"texts": 0, "captions": False}
     captions, t2v = texts.get("captions"), texts.get("text_to_video")
     emb = model.encode_text(texts["features"], texts.get("mask")).cpu().numpy().astype(np.float32)
@@ -251,11 +270,11 @@ def write_extras(out: Path, model: Any, video: Any, texts: dict | None) -> dict:
     if t2v is not None:
         t2v = np.asarray(t2v)
         if t2v.shape != (emb.shape[0],) or not np.issubdtype(t2v.dtype, np.integer) or \
-                (t2v.size and not (0 <= t2v.min() and t2v.max() < video.shape[0])):
-            raise ValueError(f"texts: text_to_video must hold {emb.shape[0]} gallery rows in [0, {video.shape[0]})")
+                (t2v.size and not (0 <= t2v.min() and t2v.max() < n)):
+            raise ValueError(f"texts: text_to_video must hold {emb.shape[0]} gallery rows in [0, {n})")
         t2v = [int(j) for j in t2v]
     body = json.dumps({"captions": captions, "video": t2v}, ensure_ascii=False) + "\n"
-    atomic_save_npy(out / "videos.npy", video)
+    atomic_write(out / "videos.npy", write_videos)
     atomic_save_npy(out / "texts.npy", emb)
     atomic_write(out / "texts.json", lambda tmp: tmp.write_text(body, encoding="utf-8"))
     return {"texts": int(emb.shape[0]), "captions": captions is not None}

@@ -210,8 +210,8 @@ class Searcher:
         """The FAISS index's measured recall: ``{"recall_at_10", "recall_queries", "search_params", "exact"}``
         (from ``meta.json``; an exact index has recall 1)."""
         meta = self.meta
-        exact = meta.get("kind", "flat") == "flat" and "recall_at_10" not in meta
-        recall = meta.get("recall_at_10", 1.0 if exact else None)
+        exact = meta.get("kind", "flat") == "flat"  # FAISS's flat index is exact search
+        recall = 1.0 if exact else meta.get("recall_at_10")
         return {"recall_at_10": recall if isinstance(recall, (int, float)) else None,
                 "recall_queries": meta.get("recall_queries"), "search_params": meta.get("search_params"),
                 "exact": exact}
