@@ -364,7 +364,7 @@ def test_report_names_a_decompression_bomb_on_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err and "DecompressionBomb" not in err
     lines = [line for line in err.splitlines() if "val2.png" in line]
-    assert lines and set(lines) == {"xmodal report: warning: --images: val2.png: declares more than 178,956,970 "
+    assert len(lines) == 1 and set(lines) == {"xmodal report: warning: --images: val2.png: declares more than 178,956,970 "
                                     "pixels, over the thumbnail budget of 36,000,000 pixels; shown without a "
                                     "thumbnail"}
 

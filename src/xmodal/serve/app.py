@@ -300,6 +300,7 @@ class IndexHolder:
         self.signature = self._signature()
         self.searcher = Searcher(index, text_encoder=text_encoder)  # a bad folder: ValueError here
         self.reloads = 0
+        self._failed: tuple[tuple, str] | None = None
 
     def _signature(self) -> tuple:
         from xmodal.retrieval.search import INDEX_FILES
@@ -325,10 +326,14 @@ class IndexHolder:
             if not (self.path / "meta.json").is_file():
                 raise IndexUnavailable(f"index: {self.path} has no meta.json: it was deleted, or 'xmodal index "
                                        f"--overwrite' is rewriting it (try again in a moment)")
+            if self._failed is not None and self._failed[0] == sig:  # the same broken files: not reopened
+                raise IndexUnavailable(self._failed[1])
             try:
                 searcher = Searcher(self.path, text_encoder=self.text_encoder)
             except (ValueError, OSError, RuntimeError) as exc:
-                raise IndexUnavailable(f"index: {self.path} cannot be opened now ({str(exc)[:300]})") from None
+                message = f"index: {self.path} cannot be opened now ({str(exc)[:300]})"
+                self._failed = (sig, message)
+                raise IndexUnavailable(message) from None
             if self._signature() != sig:  # changed while being read: a rewrite is under way
                 raise IndexUnavailable(f"index: {self.path} is being rewritten (try again in a moment)")
             self.searcher, self.signature = searcher, sig
