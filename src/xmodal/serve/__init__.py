@@ -3,8 +3,8 @@
 Optional extra ``xmodal[serve]`` (Starlette, uvicorn, Pillow for thumbnails, python-multipart for
 uploads). Modules: ``app`` (``create_app``: routes, parameter bounds, request limits),
 ``searcher`` (the index folder, re-checked per request, searched three ways), ``page`` (the HTML),
-``thumbs`` (thumbnails confined to ``--images``, a bounded cache), ``uploads`` (an uploaded video: received, bounded, encoded, deleted), ``net`` (socket
-and uvicorn server with bounded connections). May import ``xmodal.retrieval``, ``xmodal.features``
+``thumbs`` (thumbnails confined to ``--images``, a bounded cache), ``uploads`` (an uploaded video:
+received, bounded, encoded, deleted), ``net`` (socket and uvicorn server with bounded connections). May import ``xmodal.retrieval``, ``xmodal.features``
 and ``xmodal.metrics``, never ``xmodal.commands``.
 """
 
