@@ -2,7 +2,8 @@
 
 Draws seeded pictures of coloured shapes with Pillow, encodes them with EfficientNet-Lite0 and
 their captions with MiniLM (extra ``[encoders]``, offline), trains a small run on them, and
-indexes a held-out gallery:
+indexes a held-out gallery with its names and captions (``--data``: the page shows each image's
+captions, "more like this" and captions for an image):
 
     .venv/bin/python examples/serve_demo.py runs/shapes        # a few minutes on 2 CPU cores
     .venv/bin/xmodal serve --index runs/shapes/index --images runs/shapes/images
@@ -85,8 +86,9 @@ def main_(out: Path, epochs: int) -> None:
         np.save(data / f"{split}_text_features.npy", encoders.encode_text(texts, progress=False))
         np.save(data / f"{split}_text_to_video.npy", np.asarray(t2v, np.int64))
         names[split] = [p.name for p in paths]
+        (data / f"{split}_videos.txt").write_text("".join(n + "\n" for n in names[split]), encoding="utf-8")
+        (data / f"{split}_texts.tsv").write_text("text\n" + "".join(t + "\n" for t in texts), encoding="utf-8")
         print(f"{split}: {count} images, {len(texts)} captions")
-    (out / "gallery_names.txt").write_text("".join(n + "\n" for n in names["gallery"]), encoding="utf-8")
     config = {"data": {"name": "paired", "root": str(data.resolve()), "train_split": "train",
                        "val_split": "val", "test_split": ""},
               "model": {"kind": "linear", "dim": 128},
@@ -96,8 +98,8 @@ def main_(out: Path, epochs: int) -> None:
               "train": {"seed": 0, "epochs": epochs, "batch_size": 128, "sampling": "captions"}}
     (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     assert main(["train", str(out / "config.yaml"), "--out", str(out / "run"), "--no-plots", "--no-resume"]) == 0
-    assert main(["index", "--run", str(out / "run"), "--video-features", str(data / "gallery_video_features.npy"),
-                 "--names", str(out / "gallery_names.txt"), "--out", str(out / "index"), "--overwrite",
+    assert main(["index", "--run", str(out / "run"), "--data", str(data), "--split", "gallery",
+                 "--out", str(out / "index"), "--overwrite",
                  "--normalizer", "sinkhorn"]) == 0  # a folded bias to show (val: as good as none)
     print(f"now: xmodal serve --index {out / 'index'} --images {out / 'images'}")
 

@@ -100,6 +100,7 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("index", "--expert-mask"): "named npy",
     ("index", "--data"): "data folder",
     ("index", "--names"): "text",
+    ("index", "--texts"): "text",
     ("normalize", "--queries"): "npy",
     ("normalize", "--gallery"): "npy",
     ("normalize", "--positives"): "npy",
@@ -132,7 +133,8 @@ OTHER_ARGS = {
                   "--threads", "--ks"},
     "query": {"--captions", "--k", "--text-encoder", "--threads"},
     "report": {"--examples", "--seed", "--threads"},
-    "serve": {"--host", "--port", "--k", "--text-encoder", "--threads"},
+    "serve": {"--host", "--port", "--k", "--text-encoder", "--threads", "--uploads", "--max-upload-mb",
+              "--max-upload-seconds", "--upload-frames", "--image-encoder"},
     "train": {"rest", "--set", "--threads"},
 }
 
@@ -264,10 +266,14 @@ def world(tmp_path_factory):
     def text(inputs, *, batch_size, progress):
         return np.ones((len(inputs), 8), np.float32)
 
+    def text48(inputs, *, batch_size, progress):  # the tiny run's text width (index --texts)
+        return np.ones((len(inputs), 48), np.float32)
+
     encoders.register_encoder("fuzz-text", text, kind="text")
+    encoders.register_encoder("fuzz-text48", text48, kind="text")
     encoders.register_encoder("fuzz-image", text, kind="image")
     yield w
-    del encoders.ENCODERS["fuzz-text"], encoders.ENCODERS["fuzz-image"]
+    del encoders.ENCODERS["fuzz-text"], encoders.ENCODERS["fuzz-image"], encoders.ENCODERS["fuzz-text48"]
 
 
 def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
@@ -305,6 +311,8 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
             return [*base, "--video-features", s["v3.npy"], "--video-mask", s["vmask.npy"]]
         if arg in ("--expert", "--expert-mask"):
             return [*base, arg, f"audio={s['v.npy']}"]
+        if arg == "--texts":
+            return [*base, "--texts", s["captions.txt"], "--text-encoder", "fuzz-text48"]
         return base
     if cmd == "normalize":
         return ["normalize", "--method", "sinkhorn", "--queries", s["q.npy"], "--gallery", s["g.npy"],
@@ -453,6 +461,7 @@ def test_junk_input_is_one_line_naming_the_argument(world, tmp_path, capsys, mon
 GOOD = [("eval", "--queries"), ("eval", "--text"), ("eval", "--sim"), ("eval", "--relevancy"), ("eval", "--labels"),
         ("eval", "--run"), ("eval", "--data"), ("eval", "--text-mask"), ("eval", "--video-mask"),
         ("normalize", "--queries"), ("index", "--run"), ("index", "--data"), ("index", "--video-mask"),
+        ("index", "--texts"),
         ("query", "--index"), ("query", "--text-mask"), ("config", "items"), ("data import", "pairs"),
         ("encode", "--captions"), ("encode", "--dir"), ("data check", "root")]
 

@@ -265,7 +265,8 @@ def test_index_overwrite_without_names_removes_the_old_names(finished, feats, ca
     capsys.readouterr()
     assert main(["query", "--index", str(out), "--text-features", str(feats / "t.npy"), "--k", "9"]) == 0
     assert "old0" not in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["index.faiss", "meta.json", "model.pt", "query_shift.npy"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.faiss", "meta.json", "model.pt", "query_shift.npy",
+                                                      "videos.npy"]
 
 
 def test_names_shorter_than_the_gallery_is_one_line(finished, feats, capsys):

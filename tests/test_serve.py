@@ -247,6 +247,10 @@ def test_video_thumbnail_from_middle_frame_when_xmodal_video_exists(index_dir, g
         calls.append(Path(path).name)
         return np.full((30, 40, 3), (10, 200, 30), np.uint8)
 
+    import xmodal.features.media
+
+    # clip.mp4 is no real video: the header probe (frame size against the budget) is stubbed too
+    monkeypatch.setattr(xmodal.features.media, "_video_size", lambda path, budget: (40, 30))
     monkeypatch.setitem(sys.modules, "xmodal.features.video", types.SimpleNamespace(middle_frame=middle_frame, VIDEO_EXTENSIONS=VIDEO_EXTENSIONS))
     client = TestClient(create_app(index_dir, images=gallery[0]))
     res = client.get("/thumb/6")
@@ -443,11 +447,12 @@ def test_browser_types_query_and_reads_results(client, index_dir, gallery):
 def test_docstring_examples_run():
     import doctest
 
+    import xmodal.features.media
+    import xmodal.retrieval.search
     import xmodal.serve.app
     import xmodal.serve.net
-    import xmodal.features.media
 
-    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.features.media):
+    for mod in (xmodal.serve.app, xmodal.serve.net, xmodal.features.media, xmodal.retrieval.search):
         res = doctest.testmod(mod)
         assert res.attempted > 0 and res.failed == 0, mod.__name__
 

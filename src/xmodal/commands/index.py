@@ -27,7 +27,9 @@ query bank against this gallery. QB-Norm, IS and DSL depend on each query's scor
 against the whole gallery and cannot be folded: choose --normalizer none, dn,
 sinkhorn or ncl for such runs; with --normalizer selected on such a run the
 best foldable one on val is used, and a note says so. DIR holds index.faiss, query_shift.npy, meta.json
-and a copy of the run's checkpoint (for the text head)."""
+and a copy of the run's checkpoint (for the text head), and for 'xmodal serve' videos.npy (the
+gallery's video embeddings: "more like this") and, with --data (the layout's captions, S_texts.tsv)
+or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search)."""
 
 
 
@@ -51,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-encoder", default="minilm", metavar="NAME",
                         help="encoder 'xmodal query --captions' uses (default minilm, the one "
                              "that made the shared caption features)")
+    parser.add_argument("--texts", metavar="TXT", default=None,
+                        help="captions for the search page's video -> text search, one per line (or a .tsv, "
+                             "text last), encoded with --text-encoder; --data uses its split's captions "
+                             "unless --texts is given")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
     add_common_args(parser, threads=None, progress=True)
 
@@ -68,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.commands import _video_inputs, load_run
 
     model = load_run(args.run)
+    texts = None
     if args.data is not None:
         _video_inputs.check_no_flags(args)
         from xmodal.data import load_paired_split
@@ -76,19 +83,38 @@ def run(args: argparse.Namespace) -> int:
         feats, mask = _video_inputs.from_split(split, model)
         if names is None and split.video_names is not None:
             names = list(split.video_names)
+        from xmodal.retrieval.search import caption_texts
+
+        texts = caption_texts(split.captions, split.text, mask=split.text_mask, text_to_video=split.text_to_video)
     elif args.video_features is None:
         raise ValueError("--video-features: required (or --data DIR --split S)")
     else:
         feats, mask = _video_inputs.from_flags(args, model, load_npy)
     from xmodal.retrieval.search import write_index
 
+    if args.texts is not None:
+        from pathlib import Path
+
+        from xmodal.data.loaders import read_captions
+        from xmodal.retrieval.search import caption_texts, check_out, encode_captions
+
+        check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before the captions are encoded
+        try:
+            captions = read_captions(args.texts)
+        except ValueError as exc:
+            raise ValueError(f"--texts: {exc}") from None
+        if not captions:
+            raise ValueError(f"--texts: {args.texts} holds no caption")
+        feats_t = encode_captions(model, captions, args.text_encoder)
+        texts = caption_texts(captions, *(feats_t if isinstance(feats_t, tuple) else (feats_t,)))
     try:
         with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
             meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
-                               text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage)
+                               text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage,
+                               texts=texts)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
-        flags = {"normalizer": "--normalizer", "features": "--video-features"}
+        flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts"}
         if sep and name in flags:
             raise type(exc)(f"{flags[name]}:{rest}") from None
         raise
@@ -96,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: the run selected {meta['fallback_from']}, which depends on each query's scores against "
               f"the whole gallery and cannot be folded into an index; using {meta['normalizer']}, the best "
               f"foldable normaliser on val (--normalizer NAME to choose another)", file=sys.stderr)
+    shown = f"; {meta['texts']} captions for video -> text" if meta.get("texts") else ""
     print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index, "
-          f"normaliser {meta['normalizer']} folded in; {time.perf_counter() - start:.1f} s)")
+          f"normaliser {meta['normalizer']} folded in{shown}; {time.perf_counter() - start:.1f} s)")
     return 0

@@ -16,13 +16,21 @@ Open http://127.0.0.1:8000/ and type a caption: the query is encoded as 'xmodal 
 --captions' does (the index's text encoder, MiniLM by default, offline) and the top-k
 items are shown with thumbnails of the files under --images (item names are paths
 relative to it; a video file shows its middle frame when the [video] extra is there),
-the normaliser folded into the index and the latency. Scripts use
-  GET /api/search?q=TEXT&k=K -> {"query": TEXT, "results": [{"rank", "name", "score", ...}]}
-Binds 127.0.0.1 (this machine only) unless --host says otherwise."""
+the captions of each item (an index built with --data), the normaliser folded into the
+index, its recall (exact, or measured for an approximate index) and the latency. Each
+result links "more like this" (video -> video) and, for an index built with --data or
+--texts, "captions" (video -> text); a video file can be uploaded for either. Scripts use
+  GET /api/search?q=TEXT&k=K                    text -> video
+  GET /api/search?video=NAME&k=K                more like this
+  GET /api/search?video=NAME&direction=v2t&k=K  captions for a video
+  POST /upload?format=json (multipart: video=FILE, direction=v2t|v2v, k=K)
+Binds 127.0.0.1 (this machine only) unless --host says otherwise. The index folder is
+re-read when 'xmodal index --overwrite' replaces it (503 while it is missing)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from xmodal.commands import add_common_args
+    from xmodal.serve import uploads
 
     parser.add_argument("--index", required=True, metavar="DIR", help="directory written by 'xmodal index'")
     parser.add_argument("--images", metavar="DIR", default=None,
@@ -33,7 +41,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=10, help="results shown when the request gives no k (default 10)")
     parser.add_argument("--text-encoder", default=None, metavar="NAME",
                         help="override the index's text encoder")
+    parser.add_argument("--uploads", choices=("auto", "on", "off"), default="auto",
+                        help="accept video uploads (decoded by PyAV's FFmpeg, encoded, searched, deleted): "
+                             "auto (default) = on for a loopback --host, off otherwise")
+    parser.add_argument("--max-upload-mb", type=float, default=uploads.MAX_UPLOAD_BYTES / 2**20, metavar="MB",
+                        help=f"largest upload in MiB (default {uploads.MAX_UPLOAD_BYTES / 2**20:g})")
+    parser.add_argument("--max-upload-seconds", type=float, default=uploads.MAX_UPLOAD_SECONDS, metavar="S",
+                        help=f"longest uploaded video in seconds (default {uploads.MAX_UPLOAD_SECONDS:g})")
+    parser.add_argument("--upload-frames", type=int, default=uploads.UPLOAD_FRAMES, metavar="N",
+                        help=f"frames sampled from an uploaded video, as 'encode videos --frames N' "
+                             f"(default {uploads.UPLOAD_FRAMES}; use the gallery's sampling)")
+    parser.add_argument("--image-encoder", default="efficientnet-lite0", metavar="NAME",
+                        help="image encoder of an uploaded video's frames (default efficientnet-lite0, the one "
+                             "'encode videos' uses)")
     add_common_args(parser, threads=None, progress=False)
+
+
+def exposure(host: str, uploads: bool, images: str | None, max_upload_mb: float) -> str:
+    """What a non-loopback ``--host`` exposes, in one line."""
+    what = ["the search page and /api/search (every item name, score and caption of the index)"]
+    if images is not None:
+        what.append(f"thumbnails of the files under --images {images}")
+    if uploads:
+        what.append(f"video uploads of up to {max_upload_mb:g} MiB decoded by FFmpeg")
+    return (f"xmodal serve: warning: --host {host} is not a loopback address: anyone who can reach this machine "
+            f"gets {'; '.join(what)}; there is no login and no TLS")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,25 +74,39 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"xmodal serve needs starlette and uvicorn: pip install 'xmodal[serve]' ({exc})") from None
+    import math
+
     from xmodal.retrieval.search import SearchIndex
     from xmodal.serve import bind_socket, create_app, is_loopback, make_server
     from xmodal.serve.app import MAX_K
 
     if not 1 <= args.k <= MAX_K:
         raise ValueError(f"--k: must be in [1, {MAX_K}], got {args.k}")
+    if not math.isfinite(args.max_upload_mb) or not 0 < args.max_upload_mb <= 2**20:
+        raise ValueError(f"--max-upload-mb: expected a positive number of MiB, got {args.max_upload_mb:g}")
+    if not math.isfinite(args.max_upload_seconds) or args.max_upload_seconds <= 0:
+        raise ValueError(f"--max-upload-seconds: expected a positive number, got {args.max_upload_seconds:g}")
+    if not 1 <= args.upload_frames <= 1024:
+        raise ValueError(f"--upload-frames: must be in [1, 1024], got {args.upload_frames}")
     index = SearchIndex(args.index)
     if args.images is not None and not Path(args.images).is_dir():  # every input checked before the port is bound
         raise ValueError(f"--images: {args.images} is not a directory")
+    uploads = args.uploads == "on" or (args.uploads == "auto" and is_loopback(args.host))
     sock = bind_socket(args.host, args.port)  # a busy port fails before the encoder loads
     try:
-        app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k)
+        app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k,
+                         uploads=uploads, max_upload_bytes=int(args.max_upload_mb * 2**20),
+                         max_upload_seconds=args.max_upload_seconds, upload_frames=args.upload_frames,
+                         image_encoder=args.image_encoder)
     except BaseException:
         sock.close()
         raise
     host, port = sock.getsockname()[:2]
     if not is_loopback(args.host):
-        print(f"xmodal serve: warning: --host {args.host} is not a loopback address: anyone who can reach "
-              "this machine can search the index", file=sys.stderr)
+        print(exposure(args.host, uploads, args.images, args.max_upload_mb), file=sys.stderr)
+    reason = app.state.upload["reason"]
+    if uploads and reason:
+        print(f"xmodal serve: note: no uploads: {reason}", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {args.index} ({index.index.num_items} items, normaliser {index.meta.get('normalizer')} "
           f"folded in) at http://{shown}:{port}/  (Ctrl-C stops)", flush=True)

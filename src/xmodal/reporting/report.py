@@ -64,12 +64,26 @@ def _png(path_or_bytes: Any, alt: str) -> str:
             f'src="data:image/png;base64,{base64.b64encode(data).decode()}">')
 
 
-def _thumb(path: Path | None, size: int = 160) -> str | None:
-    """A ``data:`` URI of :func:`xmodal.features.media.thumbnail` (an image, or a video's middle frame)."""
-    from xmodal.features.media import thumbnail
+_REFUSED: set[str] = set()  # files a thumbnail was refused for (named once)
 
-    data = thumbnail(path, size, quality=80)
-    return None if data is None else f"data:image/jpeg;base64,{base64.b64encode(data).decode()}"
+
+def _thumb(path: Path | None, size: int = 160) -> str | None:
+    """A ``data:`` URI of :func:`xmodal.features.media.make_thumbnail` (an image, or a video's middle
+    frame); a file it refuses (over the pixel budget, unreadable) is named on one stderr line."""
+    import sys
+
+    from xmodal.features.media import make_thumbnail
+
+    if path is None:
+        return None
+    try:
+        data = make_thumbnail(path, size, quality=80)
+    except ValueError as exc:
+        if str(path) not in _REFUSED:  # one line per file, however many rankings show it
+            _REFUSED.add(str(path))
+            print(f"xmodal report: warning: --images: {exc}; shown without a thumbnail", file=sys.stderr)
+        return None
+    return f"data:image/jpeg;base64,{base64.b64encode(data).decode()}"
 
 
 def _fmt(v: Any, column: str, digits: int | None = None, std: Any = None) -> str:

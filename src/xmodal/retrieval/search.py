@@ -3,11 +3,17 @@
 a copy of the run's checkpoint (for the text head), ``names.txt`` and ``meta.json``; :class:`SearchIndex`
 opens one and searches it with text features or raw captions. ``xmodal index`` / ``xmodal query`` /
 ``xmodal serve`` are these plus their flags.
+
+The search page's other directions read optional files (:func:`write_extras` / :class:`IndexExtras`):
+``videos.npy`` (the gallery's video embeddings, for "more like this"), and, for an index built with
+``--data`` or ``--texts``, ``texts.npy`` (the captions' text embeddings, for video -> text) and
+``texts.json`` (the captions and, from a layout, the video of each).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,13 +22,15 @@ import numpy as np
 
 FORMAT = "xmodal-index"
 VERSION = 1
+#: Optional files of an index folder for the search page's video -> video and video -> text searches.
+EXTRA_FILES = ("videos.npy", "texts.npy", "texts.json")
 #: The files of an index folder (what ``build`` writes; nothing else is ever written there).
-INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json")
+INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json") + EXTRA_FILES
 
 
 def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
           kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
-          overwrite: bool = False, video_mask: Any = None, log: Any = None) -> dict:
+          overwrite: bool = False, video_mask: Any = None, log: Any = None, texts: Any = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
     ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts);
@@ -65,6 +73,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
             "text_encoder": text_encoder, "names": names is not None}
     if "fallback_from" in folded:
         meta["fallback_from"] = folded["fallback_from"]
+    meta.update(write_extras(out, model, video_features, video_mask, texts))  # the search page's files
     atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
                                                                 encoding="utf-8"))
     return meta
@@ -86,6 +95,10 @@ def _run_metric(run: str) -> str:
 def check_out(out: Path, run: str, *, overwrite: bool) -> None:
     """Refuse, before anything is written: an --out that is a file, the run directory
     itself, a folder holding files that are not an index's, or an index without --overwrite."""
+    for value, flag in ((out, "--out"), (run, "--run")):
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{flag}: expected a path, got {type(value).__name__}")
+    out = Path(out)
     run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} exists and is not a directory")
@@ -159,19 +172,8 @@ class SearchIndex:
         --captions' and 'xmodal serve' both come here). A missing encoder package is a
         ValueError naming the encoder.
         """
-        from xmodal.features import encoders
-
-        name = text_encoder or self.meta.get("text_encoder", "minilm")
-        tokens = bool(getattr(getattr(self.model.text_tower, "spec", None), "tokens", False))
-        try:
-            if tokens:
-                if name not in encoders.TOKEN_ENCODERS:
-                    raise ValueError(f"text encoder {name!r} gives no token features, which this run's text "
-                                     f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
-                return encoders.encode_text_tokens(list(captions), model=name, progress=progress)
-            return encoders.encode_text(list(captions), model=name, progress=progress)
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"text encoder {name!r} is not installed ({exc})") from None
+        return encode_captions(self.model, captions, text_encoder or self.meta.get("text_encoder", "minilm"),
+                               progress=progress)
 
     def search(self, text_features, k: int, text_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``,
@@ -181,6 +183,205 @@ class SearchIndex:
         emb = self.model.encode_text(text_features, text_mask).cpu().numpy().astype(np.float32)
         return self.index.search(emb - self.shift[None, :], k)
 
+
+
+def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progress: bool = False) -> Any:
+    """Raw features of ``captions`` as ``model``'s text tower takes them: ``[T, Dt]`` from
+    ``text_encoder``, or ``(tokens [T, L, Dt], mask [T, L])`` for a run trained on token features."""
+    from xmodal._validate import duck
+    from xmodal.features import encoders
+
+    duck(model, "model", "a loaded model", ("encode_text",), ("text_tower",))
+    if not isinstance(text_encoder, str):
+        raise TypeError(f"text_encoder: expected an encoder name, got {type(text_encoder).__name__}")
+    if isinstance(captions, str) or not isinstance(captions, (list, tuple)) or \
+            not all(isinstance(c, str) for c in captions):
+        raise TypeError("captions: expected a list of strings")
+    tokens = bool(getattr(getattr(model.text_tower, "spec", None), "tokens", False))
+    try:
+        if tokens:
+            if text_encoder not in encoders.TOKEN_ENCODERS:
+                raise ValueError(f"text encoder {text_encoder!r} gives no token features, which this run's text "
+                                 f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
+            return encoders.encode_text_tokens(list(captions), model=text_encoder, progress=progress)
+        return encoders.encode_text(list(captions), model=text_encoder, progress=progress)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"text encoder {text_encoder!r} is not installed ({exc})") from None
+
+
+def caption_texts(captions: list[str] | None, features: Any, *, mask: Any = None,
+                  text_to_video: Any = None) -> dict:
+    """The ``texts`` argument of :func:`write_index`: caption strings (or None: shown as ``text #N``),
+    their raw features ``[T, Dt]`` (or tokens ``[T, L, Dt]`` with ``mask``) and optionally the gallery
+    row of each caption's video (a layout's ``S_text_to_video.npy``)."""
+    if captions is not None and (isinstance(captions, str) or not isinstance(captions, (list, tuple))
+                                 or not all(isinstance(c, str) for c in captions)):
+        raise TypeError("captions: expected a list of strings or None")
+    if not hasattr(features, "shape") or len(features.shape) not in (2, 3):
+        raise TypeError(f"features: expected text features [T, Dt] or [T, L, Dt], got {type(features).__name__}")
+    return {"captions": None if captions is None else list(captions), "features": features,
+            "mask": mask, "text_to_video": text_to_video}
+
+
+def write_extras(out: str | Path, model: Any, video_features: Any, video_mask: Any = None,
+                 texts: dict | None = None, *, block_rows: int = 8192) -> dict:
+    """Write an index folder's optional files (the search page's video -> video and video -> text):
+    ``videos.npy``, the gallery's embeddings ``[V, D]`` (``model.encode_video`` of ``video_features`` /
+    ``video_mask``, ``block_rows`` videos at a time into a memory-mapped file: never the whole gallery
+    in memory); with ``texts`` (:func:`caption_texts`) ``texts.npy``, the captions' text embeddings
+    ``[T, D]``, and ``texts.json``, ``{"captions": [...] | null, "video": [row, ...] | null}``; without,
+    a previous index's text files are removed. Returns the ``meta.json`` keys ``"texts"`` (how many,
+    0 for none) and ``"captions"`` (whether their strings are known)."""
+    from xmodal._validate import duck, positive_int
+    from xmodal.runs import atomic_save_npy, atomic_write
+
+    if not isinstance(out, (str, os.PathLike)) or not Path(out).is_dir():
+        raise ValueError(f"out: expected an existing index folder, got {str(out)[:80]!r}")
+    out = Path(out)
+    duck(model, "model", "a loaded model", ("encode_video", "encode_text"))
+    block_rows = positive_int(block_rows, "block_rows")
+    first = next(iter(video_features.values()), None) if isinstance(video_features, dict) else video_features
+    if not hasattr(first, "shape") or len(first.shape) not in (2, 3) or not first.shape[0]:
+        raise TypeError(f"video_features: expected features [V, D] or [V, F, D] (or a dict of them), "
+                        f"got {type(first).__name__}")
+    if texts is not None and (not isinstance(texts, dict) or "features" not in texts):
+        raise TypeError("texts: expected caption_texts(...) or None")
+    n = int(first.shape[0])
+
+    def rows(x, start):
+        if x is None:
+            return None
+        return {k: v[start:start + block_rows] for k, v in x.items()} if isinstance(x, dict) else \
+            x[start:start + block_rows]
+
+    def write_videos(tmp):
+        arr = None
+        for start in range(0, n, block_rows):
+            emb = model.encode_video(rows(video_features, start), rows(video_mask, start))
+            emb = emb.detach().cpu().numpy().astype(np.float32) if hasattr(emb, "detach") else np.asarray(emb)
+            if arr is None:
+                arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, emb.shape[1]))
+            arr[start:start + emb.shape[0]] = emb
+        arr.flush()
+        del arr
+
+    if texts is None:
+        for name in ("texts.npy", "texts.json"):
+            (out / name).unlink(missing_ok=True)
+        atomic_write(out / "videos.npy", write_videos)
+        return {"texts": 0, "captions": False}
+    captions, t2v = texts.get("captions"), texts.get("text_to_video")
+    emb = model.encode_text(texts["features"], texts.get("mask")).cpu().numpy().astype(np.float32)
+    if captions is not None and len(captions) != emb.shape[0]:
+        raise ValueError(f"texts: {len(captions)} captions but {emb.shape[0]} text feature rows")
+    if t2v is not None:
+        t2v = np.asarray(t2v)
+        if t2v.shape != (emb.shape[0],) or not np.issubdtype(t2v.dtype, np.integer) or \
+                (t2v.size and not (0 <= t2v.min() and t2v.max() < n)):
+            raise ValueError(f"texts: text_to_video must hold {emb.shape[0]} gallery rows in [0, {n})")
+        t2v = [int(j) for j in t2v]
+    body = json.dumps({"captions": captions, "video": t2v}, ensure_ascii=False) + "\n"
+    atomic_write(out / "videos.npy", write_videos)
+    atomic_save_npy(out / "texts.npy", emb)
+    atomic_write(out / "texts.json", lambda tmp: tmp.write_text(body, encoding="utf-8"))
+    return {"texts": int(emb.shape[0]), "captions": captions is not None}
+
+
+class IndexExtras:
+    """The optional files of an index folder, opened (arrays memory-mapped): ``videos`` ``[V, D]`` or
+    None, ``texts`` ``[T, D]`` or None, ``captions`` (T strings or None), ``text_to_video`` (T gallery
+    rows or None) and :meth:`captions_of` a gallery item."""
+
+    def __init__(self, path: str | Path, *, num_items: int, dim: int) -> None:
+        from xmodal._validate import positive_int
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path: expected an index folder, got {type(path).__name__}")
+        num_items, dim = positive_int(num_items, "num_items"), positive_int(dim, "dim")
+        path = Path(path)
+        self.videos = _embeddings(path / "videos.npy", num_items, dim)
+        self.texts = _embeddings(path / "texts.npy", None, dim)
+        self.captions: list[str] | None = None
+        self.text_to_video: np.ndarray | None = None
+        self._by_video: dict[int, list[int]] | None = None
+        info = path / "texts.json"
+        if self.texts is None:
+            return
+        try:
+            body = json.loads(info.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--index: {info} is not readable JSON ({exc})") from None
+        n = self.texts.shape[0]
+        captions, t2v = (body.get("captions"), body.get("video")) if isinstance(body, dict) else (0, 0)
+        if captions is not None and (not isinstance(captions, list) or len(captions) != n
+                                     or not all(isinstance(c, str) for c in captions)):
+            raise ValueError(f"--index: {info}: 'captions' must be {n} strings (texts.npy has {n} rows)")
+        if t2v is not None and (not isinstance(t2v, list) or len(t2v) != n or not all(
+                isinstance(j, int) and not isinstance(j, bool) and 0 <= j < num_items for j in t2v)):
+            raise ValueError(f"--index: {info}: 'video' must be {n} gallery rows in [0, {num_items})")
+        self.captions = captions
+        self.text_to_video = None if t2v is None else np.asarray(t2v, dtype=np.int64)
+
+    def captions_of(self, item: int) -> list[str]:
+        """The captions whose video is gallery row ``item`` (empty when unknown)."""
+        if self.captions is None or self.text_to_video is None:
+            return []
+        if self._by_video is None:
+            by: dict[int, list[int]] = {}
+            for t, j in enumerate(self.text_to_video.tolist()):
+                by.setdefault(j, []).append(t)
+            self._by_video = by
+        return [self.captions[t] for t in self._by_video.get(int(item), [])]
+
+
+def _embeddings(path: Path, rows: int | None, dim: int) -> np.ndarray | None:
+    if not path.exists():
+        return None
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(f"--index: {path} is not a readable .npy array ({exc})") from None
+    if arr.ndim != 2 or arr.dtype != np.float32 or (rows is not None and arr.shape[0] != rows) or \
+            (dim is not None and arr.shape[1] != dim):
+        want = f"[{rows if rows is not None else 'T'}, {dim}]"
+        raise ValueError(f"--index: {path} must be float32 {want}, got {arr.dtype} {list(arr.shape)}")
+    return arr
+
+
+def top_k(matrix: np.ndarray, query: np.ndarray, k: int, *, exclude: int | None = None,
+          block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` ``(scores, rows)`` of ``matrix @ query``, block by block (a memory-mapped
+    ``matrix`` is read once, never held whole); ties by the lower row; ``exclude``: a row left out.
+
+    >>> m = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], np.float32)
+    >>> top_k(m, np.array([0.0, 1.0], np.float32), 2)[1].tolist()
+    [1, 2]
+    """
+    from xmodal._validate import positive_int
+
+    k, block = positive_int(k, "k"), positive_int(block, "block")
+    if not isinstance(matrix, np.ndarray) or matrix.ndim != 2 or matrix.dtype.kind != "f":
+        raise TypeError("matrix: expected a float numpy array [N, D] (a memmap is one)")
+    q = np.asarray(query.detach().cpu() if hasattr(query, "detach") else query)
+    if q.shape != (matrix.shape[1],) or q.dtype.kind not in "fiub":
+        raise ValueError(f"query: expected {matrix.shape[1]} numbers, got shape {list(q.shape)}")
+    if exclude is not None and (isinstance(exclude, bool) or not isinstance(exclude, (int, np.integer))):
+        raise TypeError("exclude: expected a row number or None")
+    q = q.astype(np.float32)
+    best_s, best_i = np.empty(0, np.float32), np.empty(0, np.int64)
+    for start in range(0, matrix.shape[0], block):
+        s = np.asarray(matrix[start:start + block], dtype=np.float32) @ q
+        idx = np.arange(start, start + s.shape[0])
+        if exclude is not None and start <= exclude < start + s.shape[0]:
+            keep = idx != exclude
+            s, idx = s[keep], idx[keep]
+        if s.shape[0] > k:  # the block's k best, ties at the k-th score kept for the tie rule
+            keep = s >= np.partition(s, s.shape[0] - k)[s.shape[0] - k]
+            s, idx = s[keep], idx[keep]
+        s, idx = np.concatenate([best_s, s]), np.concatenate([best_i, idx])
+        order = np.lexsort((idx, -s))[:k]
+        best_s, best_i = s[order], idx[order]
+    return best_s, best_i
 
 
 
@@ -197,4 +398,5 @@ def _load(path: str, flag: str):
         raise ValueError(f"{flag}: {msg}") from None
 
 
-__all__ = ["write_index", "SearchIndex", "check_out", "FORMAT", "VERSION", "INDEX_FILES"]
+__all__ = ["write_index", "SearchIndex", "check_out", "FORMAT", "VERSION", "INDEX_FILES", "EXTRA_FILES",
+           "caption_texts", "write_extras", "IndexExtras", "encode_captions", "top_k"]

@@ -1,19 +1,31 @@
-"""``xmodal serve``'s ASGI app (Starlette): the search page, ``/api/search`` and thumbnails.
+"""``xmodal serve``'s ASGI app (Starlette): the search page, ``/api/search``, thumbnails and uploads.
 
 ``create_app(index)`` needs no socket (Starlette's ``TestClient`` drives it); the
-command binds it to ``127.0.0.1`` by default through :mod:`xmodal.serve.net`. A query
-is encoded exactly as ``xmodal query --captions`` encodes it
-(:meth:`xmodal.retrieval.search.SearchIndex.encode_captions`) and searched in the same
-index, so the scores are the run's normalised text -> video scores.
+command binds it to ``127.0.0.1`` by default through :mod:`xmodal.serve.net`. Three directions:
+
+- ``t2v`` (``?q=TEXT``): the query is encoded exactly as ``xmodal query --captions`` encodes it
+  (:meth:`xmodal.retrieval.search.SearchIndex.encode_captions`) and searched in the FAISS index, so the
+  scores are the run's normalised text -> video scores;
+- ``v2v`` (``?video=NAME``, "more like this"): the other gallery items by the cosine of the run's video
+  embeddings (``videos.npy``; exact, no normaliser; the item itself left out);
+- ``v2t`` (``?video=NAME&direction=v2t``, or an uploaded video): the index's captions (``texts.npy``,
+  from ``xmodal index --data`` or ``--texts``) by the run's raw similarity (exact, no normaliser).
+
+The index folder is checked at every request (a ``stat`` of each of its files): replaced by
+``xmodal index --overwrite`` -> reopened; deleted or half-written -> 503 with a message that says so.
 """
 
 from __future__ import annotations
 
+import math
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from xmodal.serve.searcher import IndexHolder, IndexUnavailable, Searcher
 
 #: Longest query, in characters.
 MAX_QUERY_CHARS = 500
@@ -23,35 +35,93 @@ MAX_K = 100
 MAX_TARGET_BYTES = 8192
 #: Most header bytes per request (uvicorn's own cap applies only to headers arriving in pieces).
 MAX_HEADER_BYTES = 16 * 1024
+#: Most requests in progress at once; another gets a 503 at once.
+MAX_REQUESTS = 32
+#: Search directions: text -> video, video -> video ("more like this"), video -> text.
+DIRECTIONS = ("t2v", "v2v", "v2t")
+#: The one route that takes a request body (a video upload).
+UPLOAD_PATH = "/upload"
 
 
-def _error(status: int, message: str):
+def _error(status: int, message: str, headers: dict | None = None):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 class RequestLimits:
-    """ASGI middleware: no request bodies (413), no request target over ``max_target`` bytes (414),
-    no headers over ``max_headers`` bytes (431)."""
+    """ASGI middleware: no request target over ``max_target`` bytes (414), no headers over
+    ``max_headers`` bytes (431), at most ``max_requests`` in progress (503 at once), and no request
+    body (413) except a ``POST`` to :data:`UPLOAD_PATH` with a ``Content-Length`` (411 without one)
+    of at most ``max_upload`` bytes (413)."""
 
-    def __init__(self, app, max_target: int = MAX_TARGET_BYTES, max_headers: int = MAX_HEADER_BYTES) -> None:
+    def __init__(self, app, max_target: int = MAX_TARGET_BYTES, max_headers: int = MAX_HEADER_BYTES,
+                 max_requests: int = MAX_REQUESTS, max_upload: int = 0, upload_off: str = "uploads are off") -> None:
         self.app, self.max_target, self.max_headers = app, int(max_target), int(max_headers)
+        self.max_requests, self.max_upload, self.upload_off = int(max_requests), int(max_upload), str(upload_off)
+        self.in_progress = 0
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
-            headers = dict(scope.get("headers") or [])
-            if sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or []) > self.max_headers:
-                await _error(431, f"request: headers longer than {self.max_headers} bytes")(scope, receive, send)
-                return
-            if target > self.max_target:
-                await _error(414, f"request: URL longer than {self.max_target} bytes")(scope, receive, send)
-                return
-            if b"transfer-encoding" in headers or headers.get(b"content-length", b"0").strip() not in (b"", b"0"):
-                await _error(413, "request: this server takes no request body (use GET)")(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        self.in_progress += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+    def _refusal(self, scope):
+        target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
+        headers = dict(scope.get("headers") or [])
+        if sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or []) > self.max_headers:
+            return _error(431, f"request: headers longer than {self.max_headers} bytes")
+        if target > self.max_target:
+            return _error(414, f"request: URL longer than {self.max_target} bytes")
+        if self.in_progress >= self.max_requests:
+            return _error(503, f"server: busy ({self.in_progress} requests in progress); try again",
+                          headers={"Retry-After": "1"})
+        length = headers.get(b"content-length", b"").strip()
+        upload = scope["path"] == UPLOAD_PATH and scope.get("method") == "POST"
+        if upload and self.max_upload <= 0:
+            return _error(403, f"upload: {self.upload_off}")
+        if not upload:
+            if b"transfer-encoding" in headers or length not in (b"", b"0"):
+                return _error(413, "request: this server takes no request body here (use GET)")
+            return None
+        if b"transfer-encoding" in headers or not length.isdigit() or len(length) > 18:
+            return _error(411, "upload: send the file with a Content-Length (an HTML form does)")
+        if int(length) > self.max_upload:
+            return _error(413, f"upload: larger than {self.max_upload:,} bytes")
+        return None
+
+
+def _int_in(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise ValueError(f"{name}: expected an integer in [{low}, {high}], got {str(value)[:40]!r}")
+    return int(value)
+
+
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a positive number of seconds, got {str(value)[:40]!r}")
+    return float(value)
+
+
+def _parse_k(raw: Any, default_k: int, max_k: int) -> int:
+    if raw is None or raw == "":
+        return default_k
+    try:
+        k = int(raw) if isinstance(raw, str) and len(raw) <= 20 else None
+    except ValueError:
+        k = None
+    if k is None or not 1 <= k <= max_k:
+        raise ValueError(f"k: expected an integer in [1, {max_k}], got {str(raw)[:20]!r}")
+    return k
 
 
 def parse_query(params, *, default_k: int, max_k: int = MAX_K, max_chars: int = MAX_QUERY_CHARS
@@ -61,55 +131,53 @@ def parse_query(params, *, default_k: int, max_k: int = MAX_K, max_chars: int = 
     >>> parse_query({"q": " a dog ", "k": "3"}, default_k=10)
     ('a dog', 3)
     """
+    if not hasattr(params, "get"):
+        raise TypeError(f"params: expected a mapping of request parameters, got {type(params).__name__}")
+    max_k = _int_in(max_k, "max_k", 1, 10**6)
+    default_k = _int_in(default_k, "default_k", 1, max_k)
+    max_chars = _int_in(max_chars, "max_chars", 1, 10**6)
     q = str(params.get("q") or "").strip()
     if not q:
         raise ValueError("q: empty query (pass ?q=TEXT)")
     if len(q) > max_chars:
         raise ValueError(f"q: longer than {max_chars} characters ({len(q)})")
-    raw = params.get("k")
-    if raw is None or raw == "":
-        return q, default_k
-    try:
-        k = int(raw)
-    except ValueError:
-        k = None
-    if k is None or not 1 <= k <= max_k:
-        raise ValueError(f"k: expected an integer in [1, {max_k}], got {str(raw)[:20]!r}")
-    return q, k
+    return q, _parse_k(params.get("k"), default_k, max_k)
 
 
-class Searcher:
-    """An opened index plus its text encoder: ``search(q, k)`` -> the API's dict (thread-safe)."""
+def parse_request(params, *, default_k: int, max_k: int = MAX_K, max_chars: int = MAX_QUERY_CHARS) -> dict:
+    """``{"direction", "q", "video", "k"}`` from request parameters: ``q=TEXT`` (t2v) or ``video=NAME``
+    with ``direction`` ``v2v`` (default) or ``v2t``; a ValueError naming the parameter otherwise.
 
-    def __init__(self, index: Any, *, text_encoder: str | None = None) -> None:
-        from xmodal.retrieval.search import SearchIndex
-
-        self.index = index if isinstance(index, SearchIndex) else SearchIndex(index)
-        self.text_encoder = text_encoder or self.index.meta.get("text_encoder", "minilm")
-        self.num_items = int(self.index.index.num_items)
-        self._lock = threading.Lock()  # one query at a time through the encoder and FAISS
-
-    def name(self, item: int) -> str:
-        names = self.index.names
-        return names[item] if names is not None and item < len(names) else str(item)
-
-    def search(self, q: str, k: int) -> dict[str, Any]:
-        """``{"query", "results": [{"rank", "name", "score", "item"}], "normalizer", "k", "latency_ms"}``."""
-        with self._lock:
-            t0 = time.perf_counter()
-            feats = self.index.encode_captions([q], text_encoder=self.text_encoder)
-            t1 = time.perf_counter()
-            scores, indices = self.index.search(feats, k)
-            t2 = time.perf_counter()
-        results = [{"rank": rank, "name": self.name(int(j)), "score": float(s), "item": int(j)}
-                   for rank, (s, j) in enumerate(zip(scores[0], indices[0]), 1) if j >= 0]
-        return {"query": q, "results": results, "normalizer": self.index.meta.get("normalizer"), "k": k,
-                "latency_ms": {"encode": 1e3 * (t1 - t0), "search": 1e3 * (t2 - t1), "total": 1e3 * (t2 - t0)}}
+    >>> parse_request({"video": "clip_7", "direction": "v2t"}, default_k=10)
+    {'direction': 'v2t', 'q': None, 'video': 'clip_7', 'k': 10}
+    """
+    if not hasattr(params, "get"):
+        raise TypeError(f"params: expected a mapping of request parameters, got {type(params).__name__}")
+    video, direction = params.get("video"), params.get("direction") or None
+    if direction is not None and direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {', '.join(DIRECTIONS)}, got {str(direction)[:20]!r}")
+    if video is None:
+        if direction not in (None, "t2v"):
+            raise ValueError(f"video: direction {direction} searches from a video (pass ?video=NAME)")
+        q, k = parse_query(params, default_k=default_k, max_k=max_k, max_chars=max_chars)
+        return {"direction": "t2v", "q": q, "video": None, "k": k}
+    if params.get("q") not in (None, ""):
+        raise ValueError("q: give q (text -> video) or video (video -> video / text), not both")
+    if direction == "t2v":
+        raise ValueError("direction: t2v searches from text (pass ?q=TEXT)")
+    video = str(video)
+    if not video or len(video) > 4096:
+        raise ValueError("video: expected an item's name (a line of the index's names.txt)")
+    _, k = parse_query({"q": "-", "k": params.get("k")}, default_k=default_k, max_k=max_k, max_chars=max_chars)
+    return {"direction": direction or "v2v", "q": None, "video": video, "k": k}
 
 
 def create_app(index: Any, *, images: str | os.PathLike | None = None, text_encoder: str | None = None,
                default_k: int = 10, max_k: int = MAX_K, max_query_chars: int = MAX_QUERY_CHARS,
-               warm_up: bool = True):
+               warm_up: bool = True, max_requests: int = MAX_REQUESTS, uploads: bool = True,
+               max_upload_bytes: int | None = None, max_upload_seconds: float | None = None,
+               upload_frames: int | None = None, image_encoder: str = "efficientnet-lite0",
+               upload_timeout: float | None = None):
     """The Starlette app of ``xmodal serve``.
 
     Args:
@@ -120,63 +188,210 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         max_k, max_query_chars: bounds of ``k`` and of the query's length (400 beyond).
         warm_up: encode one query now, so the first request is not slow and a missing
             encoder fails here (ValueError) instead of at the first search.
+        max_requests: requests in progress at once (another gets a 503 at once).
+        uploads: accept ``POST /upload`` (a video searched v2t / v2v; needs PyAV and the image encoder).
+        max_upload_bytes, max_upload_seconds, upload_frames, upload_timeout: bounds of an upload
+            (:mod:`xmodal.serve.uploads`; defaults there).
+        image_encoder: the registered image encoder that made the gallery's frame features.
 
-    Routes: ``GET /`` (page; ``?q=TEXT&k=K`` shows results), ``GET /api/search?q=TEXT&k=K``
-    (JSON), ``GET /thumb/{item}`` (JPEG, 404 when the item has none).
+    Routes: ``GET /`` (page; ``?q=TEXT`` or ``?video=NAME[&direction=v2t]``, ``&k=K``),
+    ``GET /api/search`` (the same as JSON), ``GET /thumb/{item}`` (JPEG, 404 when none),
+    ``POST /upload`` (multipart ``video`` file, ``direction``, ``k``; the page, or JSON with ``?format=json``).
     """
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
+    from xmodal.features.media import MAX_VIDEO_PIXELS
+    from xmodal.serve import uploads as up
     from xmodal.serve.page import PAGE_HEADERS, render_page
     from xmodal.serve.thumbs import Thumbnails
 
-    if isinstance(default_k, bool) or not 1 <= int(default_k) <= int(max_k):
-        raise ValueError(f"--k: must be in [1, {max_k}], got {default_k!r}")
-    searcher = Searcher(index, text_encoder=text_encoder)
-    thumbs = Thumbnails(images, searcher.index.names) if images is not None else None
+    max_k = _int_in(max_k, "max_k", 1, 10_000)
+    default_k = _int_in(default_k, "--k", 1, max_k)
+    max_query_chars = _int_in(max_query_chars, "max_query_chars", 1, 100_000)
+    max_requests = _int_in(max_requests, "max_requests", 1, 10_000)
+    max_upload_bytes = _int_in(up.MAX_UPLOAD_BYTES if max_upload_bytes is None else max_upload_bytes,
+                               "--max-upload-mb", 1, 2**40)
+    max_upload_seconds = _seconds(up.MAX_UPLOAD_SECONDS if max_upload_seconds is None else max_upload_seconds,
+                                  "--max-upload-seconds")
+    upload_frames = _int_in(up.UPLOAD_FRAMES if upload_frames is None else upload_frames, "--upload-frames", 1, 1024)
+    upload_timeout = _seconds(up.UPLOAD_TIMEOUT if upload_timeout is None else upload_timeout, "upload_timeout")
+    for value, name in ((warm_up, "warm_up"), (uploads, "uploads")):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}: expected True or False, got {str(value)[:40]!r}")
+    for value, name in ((text_encoder, "--text-encoder"), (image_encoder, "--image-encoder")):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{name}: expected an encoder name, got {str(value)[:40]!r}")
+    if images is not None and not isinstance(images, (str, os.PathLike)):
+        raise TypeError(f"--images: expected a directory path, got {type(images).__name__}")
+    if not isinstance(index, (str, os.PathLike)) and type(index).__name__ != "SearchIndex":
+        raise TypeError(f"--index: expected an index directory or a SearchIndex, got {type(index).__name__}")
+
+    holder = IndexHolder(index, text_encoder=text_encoder)
+    if images is not None and not Path(images).is_dir():
+        raise ValueError(f"--images: {images} is not a directory")
+    thumbs: dict[int, Any] = {}  # id(searcher) -> its Thumbnails (names change with the index)
+
+    def thumbnails_of(searcher: Searcher):
+        if images is None:
+            return None
+        if id(searcher) not in thumbs:
+            thumbs.clear()
+            thumbs[id(searcher)] = Thumbnails(images, searcher.index.names)
+        return thumbs[id(searcher)]
+
     if warm_up:
-        searcher.search("warm up", 1)
-    limits = {"default_k": int(default_k), "max_k": int(max_k), "max_chars": int(max_query_chars)}
-    info = {"items": searcher.num_items, "normalizer": searcher.index.meta.get("normalizer"),
-            "text_encoder": searcher.text_encoder}
-    title = "/".join(Path(searcher.index.path).resolve().parts[-2:])  # e.g. shapes/index
+        holder.searcher.search("warm up", 1)
+    limits = {"default_k": default_k, "max_k": max_k, "max_chars": max_query_chars}
+    no_upload = "uploads are off (xmodal serve --uploads on)" if not uploads else \
+        up.unavailable_reason(holder.searcher.index.model, image_encoder)
+    upload_info = {"available": no_upload is None, "reason": no_upload, "max_bytes": max_upload_bytes,
+                   "max_seconds": max_upload_seconds, "frames": upload_frames}
+    busy = {"upload": False}
+
+    def info(searcher: Searcher) -> dict:
+        return {"items": searcher.num_items, "normalizer": searcher.meta.get("normalizer"),
+                "text_encoder": searcher.text_encoder, "kind": searcher.meta.get("kind", "flat"),
+                "texts": 0 if searcher.extras.texts is None else int(searcher.extras.texts.shape[0]),
+                "videos": searcher.extras.videos is not None, **searcher.recall()}
+
+    def common(searcher: Searcher | None) -> dict:
+        return {"title": "/".join(holder.path.resolve().parts[-2:]),  # e.g. shapes/index
+                "info": None if searcher is None else info(searcher), "max_k": max_k,
+                "max_chars": max_query_chars, "upload": upload_info}
+
+    def shown_thumbs(searcher: Searcher, result: dict, extra: list[int] = ()) -> dict[int, str]:
+        th = thumbnails_of(searcher)
+        if th is None:
+            return {}
+        items = [] if result["direction"] == "v2t" else [r["item"] for r in result["results"]]  # v2t: captions
+        return {i: f"/thumb/{i}" for i in items + list(extra) if th.get(i) is not None}
+
+    def run_search(searcher: Searcher, req: dict) -> dict:
+        if req["direction"] == "t2v":
+            return searcher.search(req["q"], req["k"])
+        return searcher.search_video(req["video"], req["k"], req["direction"])
 
     def api_search(request):
         try:
-            q, k = parse_query(request.query_params, **limits)
+            searcher = holder.current()
+        except IndexUnavailable as exc:
+            return _error(503, str(exc), headers={"Retry-After": "1"})
+        try:
+            req = parse_request(request.query_params, **limits)
+            return JSONResponse(run_search(searcher, req))
         except ValueError as exc:
             return _error(400, str(exc))
-        return JSONResponse(searcher.search(q, k))
+        except KeyError as exc:
+            return _error(404, exc.args[0])
+        except LookupError as exc:
+            return _error(400, str(exc))
 
     def page(request):
         params = request.query_params
-        common = {"title": title, "info": info, "max_k": limits["max_k"], "max_chars": limits["max_chars"]}
-        if "q" not in params:
-            return HTMLResponse(render_page(**common, k=limits["default_k"]), headers=PAGE_HEADERS)
         try:
-            q, k = parse_query(params, **limits)
+            searcher = holder.current()
+        except IndexUnavailable as exc:
+            return HTMLResponse(render_page(**common(None), k=default_k, error=str(exc)), status_code=503,
+                                headers={**PAGE_HEADERS, "Retry-After": "1"})
+        if "q" not in params and "video" not in params:
+            return HTMLResponse(render_page(**common(searcher), k=default_k), headers=PAGE_HEADERS)
+        status, req, result, error = 200, None, None, None
+        try:
+            req = parse_request(params, **limits)
+            result = run_search(searcher, req)
         except ValueError as exc:
-            body = render_page(**common, query=str(params.get("q", ""))[:limits["max_chars"]],
-                               k=limits["default_k"], error=str(exc))
-            return HTMLResponse(body, status_code=400, headers=PAGE_HEADERS)
-        result = searcher.search(q, k)
-        shown = {} if thumbs is None else {r["item"]: f"/thumb/{r['item']}" for r in result["results"]
-                                           if thumbs.get(r["item"]) is not None}
-        return HTMLResponse(render_page(**common, query=q, k=k, result=result, thumbnails=shown),
-                            headers=PAGE_HEADERS)
+            status, error = 400, str(exc)
+        except KeyError as exc:
+            status, error = 404, exc.args[0]
+        except LookupError as exc:
+            status, error = 400, str(exc)
+        query = str(params.get("q", ""))[:max_query_chars]
+        k = req["k"] if req else default_k
+        source = None
+        if req and req["video"] is not None and status == 200:
+            item = searcher.item(req["video"])
+            source = {"name": req["video"], "item": item, "captions": searcher.extras.captions_of(item)}
+        extra = [source["item"]] if source else []
+        body = render_page(**common(searcher), query=query if not source else "", k=k, result=result,
+                           error=error, source=source,
+                           thumbnails={} if result is None else shown_thumbs(searcher, result, extra))
+        return HTMLResponse(body, status_code=status, headers=PAGE_HEADERS)
 
     def thumb(request):
-        data = None if thumbs is None else thumbs.get(int(request.path_params["item"]))
+        raw = request.path_params["item"]
+        try:
+            searcher = holder.current()
+        except IndexUnavailable as exc:
+            return _error(503, str(exc), headers={"Retry-After": "1"})
+        th = thumbnails_of(searcher)
+        # digits only, at most 18 (int() of 5000 digits is a ValueError in Python >= 3.11: was a 500)
+        data = None if th is None or not raw.isdigit() or not raw.isascii() or len(raw) > 18 else th.get(int(raw))
         if data is None:
             return _error(404, "thumbnail: none for this item")
         return Response(data, media_type="image/jpeg",
-                        headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
+                        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+
+    async def upload(request):
+        from starlette.concurrency import run_in_threadpool
+
+        as_json = request.query_params.get("format") == "json"
+
+        def refuse(status, message):
+            if as_json:
+                return _error(status, message)
+            return HTMLResponse(render_page(**common(searcher), k=default_k, error=message, upload_error=True),
+                                status_code=status, headers=PAGE_HEADERS)
+
+        try:
+            searcher = holder.current()
+        except IndexUnavailable as exc:
+            return _error(503, str(exc), headers={"Retry-After": "1"})
+        if not upload_info["available"]:  # (the middleware answers first; kept for a direct call)
+            return refuse(403, f"upload: {upload_info['reason']}")
+        if busy["upload"]:
+            return refuse(503, "upload: another video is being encoded; try again in a moment")
+        busy["upload"] = True
+        try:
+            with up.PrivateFolder() as folder:
+                path, filename, fields = await up.receive(request, folder, max_bytes=max_upload_bytes,
+                                                          timeout=upload_timeout)
+                direction = fields.get("direction") or ("v2t" if searcher.extras.texts is not None else "v2v")
+                if direction not in ("v2t", "v2v"):
+                    raise up.UploadError(400, f"direction: expected v2t or v2v, got {direction[:20]!r}")
+                k = _parse_k(fields.get("k"), default_k, max_k)
+
+                def work():
+                    t0 = time.perf_counter()
+                    up.probe(path, max_seconds=max_upload_seconds, max_pixels=MAX_VIDEO_PIXELS)
+                    emb = up.embed(path, searcher.index.model, frames=upload_frames, image_encoder=image_encoder)
+                    return searcher.search_embedding(emb, k, direction, t0=t0)
+
+                result = await run_in_threadpool(work)
+        except up.UploadError as exc:
+            return refuse(exc.status, str(exc))
+        except ValueError as exc:
+            return refuse(400, str(exc))
+        except LookupError as exc:
+            return refuse(400, str(exc))
+        finally:
+            busy["upload"] = False
+        result["upload"] = filename
+        if as_json:
+            return JSONResponse(result)
+        body = render_page(**common(searcher), k=k, result=result, source={"upload": filename},
+                           thumbnails=shown_thumbs(searcher, result))
+        return HTMLResponse(body, headers=PAGE_HEADERS)
 
     app = Starlette(routes=[Route("/", page, methods=["GET"]),
                             Route("/api/search", api_search, methods=["GET"]),
-                            Route("/thumb/{item:int}", thumb, methods=["GET"])],
-                    middleware=[Middleware(RequestLimits)])
-    app.state.searcher = searcher
+                            Route("/thumb/{item}", thumb, methods=["GET"]),
+                            Route(UPLOAD_PATH, upload, methods=["POST"])],
+                    middleware=[Middleware(RequestLimits, max_requests=max_requests,
+                                           max_upload=max_upload_bytes if upload_info["available"] else 0,
+                                           upload_off=str(no_upload))])
+    app.state.holder = holder
+    app.state.upload = upload_info
     return app

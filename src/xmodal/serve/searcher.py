@@ -1,0 +1,184 @@
+"""The index behind ``xmodal serve``: :class:`Searcher` (one opened index folder and its optional files,
+searched in the three directions) and :class:`IndexHolder` (the folder re-checked at every request:
+reopened when ``xmodal index --overwrite`` replaced it, :class:`IndexUnavailable` while it is missing
+or half-written)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class IndexUnavailable(Exception):
+    """The index folder is gone or half-written (503)."""
+
+
+class Searcher:
+    """An opened index plus its text encoder and optional files: ``search(q, k)``, ``search_video``,
+    ``search_embedding`` -> the API's dict (thread-safe)."""
+
+    def __init__(self, index: Any, *, text_encoder: str | None = None) -> None:
+        from xmodal.retrieval.search import IndexExtras, SearchIndex
+
+        self.index = index if isinstance(index, SearchIndex) else SearchIndex(index)
+        self.text_encoder = text_encoder or self.index.meta.get("text_encoder", "minilm")
+        self.num_items = int(self.index.index.num_items)
+        self.extras = IndexExtras(self.index.path, num_items=self.num_items, dim=int(self.index.shift.shape[0]))
+        names = self.index.names
+        self._items: dict[str, int] = {}
+        for i, n in enumerate(names if names is not None else (str(i) for i in range(self.num_items))):
+            self._items.setdefault(n, i)
+        self._lock = threading.Lock()  # one query at a time through the encoder and FAISS
+
+    @property
+    def meta(self) -> dict:
+        return self.index.meta
+
+    def name(self, item: int) -> str:
+        names = self.index.names
+        return names[item] if names is not None and item < len(names) else str(item)
+
+    def item(self, name: str) -> int:
+        """The gallery row named ``name``; KeyError naming ``video`` when there is none."""
+        if name not in self._items:
+            raise KeyError(f"video: no item named {name[:200]!r} in this index")
+        return self._items[name]
+
+    def recall(self) -> dict:
+        """The FAISS index's measured recall: ``{"recall_at_10", "recall_queries", "search_params", "exact"}``
+        (from ``meta.json``; an exact index has recall 1)."""
+        meta = self.meta
+        exact = meta.get("kind", "flat") == "flat"  # FAISS's flat index is exact search
+        recall = 1.0 if exact else meta.get("recall_at_10")
+        return {"recall_at_10": recall if isinstance(recall, (int, float)) else None,
+                "recall_queries": meta.get("recall_queries"), "search_params": meta.get("search_params"),
+                "exact": exact}
+
+    def _videos(self, scores, indices) -> list[dict]:
+        known = self.extras.captions is not None and self.extras.text_to_video is not None
+        out = []
+        for rank, (s, j) in enumerate(zip(scores, indices), 1):
+            if j < 0:
+                continue
+            r = {"rank": rank, "name": self.name(int(j)), "score": float(s), "item": int(j)}
+            if known:
+                r["captions"] = self.extras.captions_of(int(j))
+            out.append(r)
+        return out
+
+    def _texts(self, scores, indices) -> list[dict]:
+        ex = self.extras
+        return [{"rank": rank, "item": int(t), "score": float(s),
+                 "caption": None if ex.captions is None else ex.captions[int(t)],
+                 "name": None if ex.text_to_video is None else self.name(int(ex.text_to_video[int(t)]))}
+                for rank, (s, t) in enumerate(zip(scores, indices), 1)]
+
+    def _answer(self, direction: str, results: list, k: int, times: tuple, **query) -> dict:
+        t0, t1, t2 = times
+        recall = self.recall() if direction == "t2v" else {"recall_at_10": 1.0, "recall_queries": None,
+                                                           "search_params": None, "exact": True}
+        return {"direction": direction, "query": query.get("q"), "video": query.get("video"), "results": results,
+                "normalizer": self.meta.get("normalizer") if direction == "t2v" else None, "k": k, **recall,
+                "latency_ms": {"encode": 1e3 * (t1 - t0), "search": 1e3 * (t2 - t1), "total": 1e3 * (t2 - t0)}}
+
+    def search(self, q: str, k: int) -> dict[str, Any]:
+        """Text -> video: ``{"direction": "t2v", "query", "results": [{"rank", "name", "score", "item"
+        (, "captions")}], "normalizer", "k", "recall_at_10", ..., "latency_ms"}``."""
+        with self._lock:
+            t0 = time.perf_counter()
+            feats = self.index.encode_captions([q], text_encoder=self.text_encoder)
+            t1 = time.perf_counter()
+            scores, indices = self.index.search(feats, k)
+            t2 = time.perf_counter()
+        return self._answer("t2v", self._videos(scores[0], indices[0]), k, (t0, t1, t2), q=q)
+
+    def search_video(self, name: str, k: int, direction: str = "v2v") -> dict[str, Any]:
+        """From the gallery item ``name``: ``v2v`` (more like this) or ``v2t`` (its captions)."""
+        item = self.item(name)
+        if self.extras.videos is None:
+            raise LookupError("video: this index has no videos.npy (rewrite it with 'xmodal index')")
+        t0 = time.perf_counter()
+        emb = np.asarray(self.extras.videos[item], dtype=np.float32)
+        return self.search_embedding(emb, k, direction, video=name, exclude=item, t0=t0)
+
+    def search_embedding(self, emb: np.ndarray, k: int, direction: str, *, video: str | None = None,
+                         exclude: int | None = None, t0: float | None = None) -> dict[str, Any]:
+        """From a video embedding ``[D]`` (a gallery row or an uploaded video's)."""
+        from xmodal.retrieval.search import top_k
+
+        if direction not in ("v2v", "v2t"):
+            raise ValueError(f"direction: expected v2v or v2t, got {str(direction)[:20]!r}")
+        t0 = time.perf_counter() if t0 is None else t0
+        t1 = time.perf_counter()
+        if direction == "v2v":
+            if self.extras.videos is None:
+                raise LookupError("video: this index has no videos.npy (rewrite it with 'xmodal index')")
+            scores, rows = top_k(self.extras.videos, emb, k, exclude=exclude)
+            results = self._videos(scores, rows)
+        else:
+            if self.extras.texts is None:
+                raise LookupError("direction: this index has no captions for video -> text (build it with "
+                                  "'xmodal index --data DIR' or '--texts FILE')")
+            scores, rows = top_k(self.extras.texts, emb, k)
+            results = self._texts(scores, rows)
+        return self._answer(direction, results, k, (t0, t1, time.perf_counter()), video=video)
+
+
+class IndexHolder:
+    """The index folder, reopened when its files change: :meth:`current` stats every file of the folder
+    (inode, mtime, size) and returns the :class:`Searcher` of what is there now, or raises
+    :class:`IndexUnavailable` (deleted, or half-written by ``xmodal index --overwrite``)."""
+
+    def __init__(self, index: Any, *, text_encoder: str | None = None) -> None:
+        from xmodal.retrieval.search import SearchIndex
+
+        self.path = Path(index.path if isinstance(index, SearchIndex) else index)
+        self.text_encoder = text_encoder
+        self._lock = threading.Lock()
+        self.signature = self._signature()
+        self.searcher = Searcher(index, text_encoder=text_encoder)  # a bad folder: ValueError here
+        self.reloads = 0
+        self._failed: tuple[tuple, str] | None = None
+
+    def _signature(self) -> tuple:
+        from xmodal.retrieval.search import INDEX_FILES
+
+        out = []
+        for name in INDEX_FILES:
+            try:
+                st = os.stat(self.path / name)
+            except OSError:
+                out.append(None)
+                continue
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def current(self) -> Searcher:
+        sig = self._signature()
+        if sig == self.signature:
+            return self.searcher
+        with self._lock:
+            sig = self._signature()
+            if sig == self.signature:
+                return self.searcher
+            if not (self.path / "meta.json").is_file():
+                raise IndexUnavailable(f"index: {self.path} has no meta.json: it was deleted, or 'xmodal index "
+                                       f"--overwrite' is rewriting it (try again in a moment)")
+            if self._failed is not None and self._failed[0] == sig:  # the same broken files: not reopened
+                raise IndexUnavailable(self._failed[1])
+            try:
+                searcher = Searcher(self.path, text_encoder=self.text_encoder)
+            except (ValueError, OSError, RuntimeError) as exc:
+                message = f"index: {self.path} cannot be opened now ({str(exc)[:300]})"
+                self._failed = (sig, message)
+                raise IndexUnavailable(message) from None
+            if self._signature() != sig:  # changed while being read: a rewrite is under way
+                raise IndexUnavailable(f"index: {self.path} is being rewritten (try again in a moment)")
+            self.searcher, self.signature = searcher, sig
+            self.reloads += 1
+            return searcher

@@ -1,0 +1,236 @@
+"""Uploaded videos of ``xmodal serve``: received into a private temporary folder, checked, encoded as
+``xmodal encode videos`` encodes a file, embedded with the run's video head, and removed.
+
+Bounds (``create_app`` arguments, ``xmodal serve`` flags):
+
+- the request body: at most ``max_bytes`` (its ``Content-Length`` is checked before a byte is read,
+  and the bytes are counted), read within ``timeout`` seconds, one ``multipart/form-data`` file field;
+- the video: its first video stream's frame size (at most :data:`xmodal.features.media.MAX_VIDEO_PIXELS`,
+  probed with the decoder capped there) and its duration (at most ``max_seconds``; a file that declares
+  none may hold at most 60 frames a second of it) are read from the header before any decoding;
+- one upload is encoded at a time (another gets a quick 503);
+- the file lives in ``tempfile.mkdtemp()`` (mode 0700) under a fixed name, and the folder is removed
+  when the request ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Largest upload, in bytes.
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+#: Longest uploaded video, in seconds.
+MAX_UPLOAD_SECONDS = 120.0
+#: Frames sampled from an uploaded video (``xmodal encode videos --frames``).
+UPLOAD_FRAMES = 16
+#: Seconds to receive an upload's body.
+UPLOAD_TIMEOUT = 120.0
+#: Longest value of a form field other than the file.
+MAX_FIELD_BYTES = 64
+
+
+class UploadError(Exception):
+    """An upload refused: ``status`` (HTTP) and a one-line message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def unavailable_reason(model: Any, image_encoder: str) -> str | None:
+    """Why this run cannot embed an uploaded video here (None: it can): PyAV, python-multipart or the
+    image encoder missing, or a run that fuses experts an uploaded file does not give."""
+    import importlib.util
+
+    from xmodal.features import encoders
+
+    if importlib.util.find_spec("av") is None:
+        return "decoding an uploaded video needs PyAV (pip install 'xmodal[video]')"
+    if importlib.util.find_spec("python_multipart") is None:
+        return "receiving an upload needs python-multipart (pip install 'xmodal[serve]')"
+    if image_encoder not in encoders.ENCODERS or encoders.ENCODERS[image_encoder].kind != "image":
+        return f"image encoder {image_encoder!r} is not registered"
+    experts = [e for e in (getattr(model, "experts", None) or []) if e != "video"]
+    if experts:
+        return f"this run fuses the experts {', '.join(experts)}, which an uploaded file does not give"
+    return None
+
+
+async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float) -> tuple[Path, str, dict]:
+    """Stream a ``multipart/form-data`` body into ``folder/upload``: ``(path, client file name, fields)``.
+
+    Raises:
+        UploadError: not multipart (415), no or two files (400), over ``max_bytes`` (413), slower
+            than ``timeout`` (408), a malformed body (400).
+    """
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    ctype, options = parse_options_header(request.headers.get("content-type", ""))
+    boundary = options.get(b"boundary")
+    if ctype != b"multipart/form-data" or not boundary:
+        raise UploadError(415, "upload: send multipart/form-data with the video in a file field named 'video'")
+    state: dict[str, Any] = {"headers": {}, "field": b"", "value": b"", "file": None, "name": None,
+                             "filename": None, "fields": {}, "files": 0, "error": None}
+    path = folder / "upload"
+
+    def on_header_field(data, start, end):
+        state["field"] += data[start:end]
+
+    def on_header_value(data, start, end):
+        state["value"] += data[start:end]
+
+    def on_header_end():
+        state["headers"][state["field"].lower()] = state["value"]
+        state["field"], state["value"] = b"", b""
+
+    def on_headers_finished():
+        _, disp = parse_options_header(state["headers"].get(b"content-disposition", b""))
+        state["name"] = disp.get(b"name", b"").decode("latin-1")
+        filename = disp.get(b"filename")
+        state["headers"] = {}
+        if filename is not None:
+            if state["name"] != "video" or state["files"]:
+                state["error"] = UploadError(400, "upload: one file, in the field named 'video'")
+                return
+            state["files"] += 1
+            state["filename"] = filename.decode("utf-8", "replace")[:120]
+            state["file"] = open(path, "wb")  # noqa: SIM115 - closed at the part's end or below
+        else:
+            state["fields"][state["name"]] = b""
+
+    def on_part_data(data, start, end):
+        if state["error"] is not None:
+            return
+        if state["file"] is not None:
+            state["file"].write(data[start:end])
+        elif state["name"] in state["fields"]:
+            value = state["fields"][state["name"]] + data[start:end]
+            if len(value) > MAX_FIELD_BYTES:
+                state["error"] = UploadError(400, f"upload: field {state['name'][:40]!r} is longer than "
+                                                  f"{MAX_FIELD_BYTES} bytes")
+            state["fields"][state["name"]] = value
+
+    def on_part_end():
+        if state["file"] is not None:
+            state["file"].close()
+            state["file"] = None
+
+    callbacks = {"on_header_field": on_header_field, "on_header_value": on_header_value,
+                 "on_header_end": on_header_end, "on_headers_finished": on_headers_finished,
+                 "on_part_data": on_part_data, "on_part_end": on_part_end}
+    parser = MultipartParser(boundary, callbacks, max_size=max_bytes)
+
+    async def read_all():
+        total = 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > max_bytes:
+                raise UploadError(413, f"upload: larger than {max_bytes:,} bytes")
+            parser.write(chunk)
+            if state["error"] is not None:
+                raise state["error"]
+        parser.finalize()
+
+    try:
+        await asyncio.wait_for(read_all(), timeout)
+    except asyncio.TimeoutError:
+        raise UploadError(408, f"upload: not received within {timeout:g} s") from None
+    except UploadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the parser's and the client's errors: a bad upload
+        text = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise UploadError(400, f"upload: malformed form body ({text})") from None
+    finally:
+        if state["file"] is not None:
+            state["file"].close()
+    if not state["files"] or not path.is_file() or path.stat().st_size == 0:
+        raise UploadError(400, "upload: no video file (choose one in the field named 'video')")
+    fields = {k: v.decode("utf-8", "replace") for k, v in state["fields"].items()}
+    return path, state["filename"] or "upload", fields
+
+
+def probe(path: Path, *, max_seconds: float, max_pixels: int) -> dict:
+    """``{"width", "height", "seconds"}`` of an uploaded video from its header (the decoder capped at
+    ``max_pixels``, one thread); UploadError 400/413 when it is not a video or over a bound."""
+    import av
+
+    try:
+        with av.open(str(path), stream_options=[{"max_pixels": str(max_pixels), "threads": "1"}]) as container:
+            if not container.streams.video:
+                raise UploadError(400, "upload: the file has no video stream")
+            stream = container.streams.video[0]
+            width, height = int(stream.codec_context.width or 0), int(stream.codec_context.height or 0)
+            if stream.duration is not None and stream.time_base is not None:
+                seconds = float(stream.duration * stream.time_base)
+            elif container.duration is not None:
+                seconds = container.duration / 1e6  # AV_TIME_BASE
+            else:
+                seconds = None
+            if not width * height or width * height > max_pixels:
+                shown = f"{width}x{height}" if width * height else "a size not readable within the budget"
+                raise UploadError(413, f"upload: video frames of {shown}, over {max_pixels:,} pixels")
+            if seconds is None:  # no declared duration: count the packets (demuxing only, no decoding)
+                packets, limit = 0, int(60 * max_seconds)
+                for packet in container.demux(stream):
+                    packets += bool(packet.size)
+                    if packets > limit:
+                        raise UploadError(413, f"upload: no declared duration and more than {limit} frames "
+                                               f"(the limit is {max_seconds:g} s)")
+                seconds = packets / 60.0
+    except UploadError:
+        raise
+    except (av.FFmpegError, OSError, UnicodeDecodeError, ValueError) as exc:
+        text = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise UploadError(400, f"upload: not a readable video file ({text})") from None
+    if seconds > max_seconds:
+        raise UploadError(413, f"upload: {seconds:.1f} s of video, longer than {max_seconds:g} s")
+    return {"width": width, "height": height, "seconds": seconds}
+
+
+def embed(path: Path, model: Any, *, frames: int, image_encoder: str) -> np.ndarray:
+    """The run's video embedding ``[D]`` of a video file: ``frames`` frames through ``image_encoder``
+    (:func:`xmodal.features.encoders.iter_encode_videos`, as ``xmodal encode videos --frames``), then
+    the run's video head on ``[1, F, Dv]`` with every frame real."""
+    from xmodal.features.encoders import iter_encode_videos
+
+    feats = None
+    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder):
+        if isinstance(result, Exception):
+            raise UploadError(400, f"upload: {str(result).replace(str(path), 'the file')[:200]}")
+        feats = result
+    if feats is None or feats.ndim != 2 or not feats.shape[0]:
+        raise UploadError(400, "upload: no decodable video frame")
+    want = _video_in_dim(model)
+    if want is not None and feats.shape[1] != want:
+        raise UploadError(400, f"upload: the image encoder {image_encoder!r} gives {feats.shape[1]} values a frame "
+                               f"but this run's video head takes {want} (start serve with the gallery's "
+                               f"--image-encoder)")
+    emb = model.encode_video(feats[None], np.ones((1, feats.shape[0]), dtype=bool))
+    return emb[0].cpu().numpy().astype(np.float32)
+
+
+class PrivateFolder:
+    """``with PrivateFolder() as folder``: a new ``mkdtemp`` folder (mode 0700), removed at the end."""
+
+    def __enter__(self) -> Path:
+        self.path = Path(tempfile.mkdtemp(prefix="xmodal-serve-upload-"))
+        os.chmod(self.path, 0o700)
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _video_in_dim(model: Any) -> int | None:
+    """Feature size the run's (single) video tower takes, None when it does not say."""
+    tower = getattr(model, "video_tower", None)
+    towers = getattr(tower, "towers", None)
+    spec = getattr(towers["video"] if towers is not None and "video" in towers else tower, "spec", None)
+    return None if spec is None else int(spec.in_dim)
