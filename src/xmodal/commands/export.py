@@ -89,7 +89,8 @@ def check_out(out: Path, run: str) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} exists and is not a directory")
     target = out.resolve()
-    if target == run_dir or run_dir in target.parents:
+    trained_here = Path(run).is_dir() or any((run_dir / n).exists() for n in ("checkpoint.pt", "log.jsonl"))
+    if target == run_dir or (trained_here and run_dir in target.parents):
         raise ValueError(f"--out: {out} is inside the run directory {run}; export into another folder "
                          f"('xmodal train' refuses to resume a run folder holding other files)")
     if not out.is_dir():
@@ -120,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     out = Path(args.out)
-    check_out(out, args.run)
     model = load_run(args.run, "RUN")
+    check_out(out, args.run)
     sizes = model.architecture()
     encoders = {"text": encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder"),
                 "video": encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")}

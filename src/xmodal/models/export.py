@@ -199,7 +199,9 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     p = Path(path)
     try:
-        return load_file(str(p), device="cpu")
+        # clone: load_file's tensors are views at the file's byte offsets; a view that is not 64-byte aligned
+        # takes other SIMD paths in a matmul and changes the last bit of a score (a fresh tensor is aligned)
+        return {k: v.clone() for k, v in load_file(str(p), device="cpu").items()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise ValueError(f"path: {p} is not a readable safetensors file ({str(exc).splitlines()[0]})") from None
 

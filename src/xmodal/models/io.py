@@ -152,6 +152,9 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ValueError(f"path: {path} is not a loadable xmodal export ({msg.removeprefix('path: ')})") from None
+    if Path(path).is_dir() and (Path(path) / "model.safetensors").is_file() and not (Path(path) / "config.json").exists():
+        raise FileNotFoundError(f"path: {path} holds model.safetensors but no config.json (an export that did not "
+                                f"finish? run 'xmodal export' again)")
     p = checkpoint_file(path)
     payload = load_checkpoint(p, map_location=map_location)
     try:
