@@ -91,6 +91,8 @@ class MlflowTracker:
         own = previous.get("store", "run" if not os.environ.get("MLFLOW_TRACKING_URI") else "uri") == "run"
         uri = ("sqlite:///" + str((out / "mlflow.db").resolve())) if own else \
             previous.get("tracking_uri") or os.environ["MLFLOW_TRACKING_URI"]
+        if own and not (out / "mlflow.db").exists():
+            _forget_cached_store(uri)  # a fresh run replaced the file an earlier run of this process opened
         with _quiet("mlflow", "alembic"):
             self.client = MlflowClient(tracking_uri=uri)
             run_id = previous.get("run_id")
@@ -132,6 +134,26 @@ class MlflowTracker:
     def close(self, finished: bool) -> None:
         if finished:
             self.client.set_terminated(self.run_id, "FINISHED")
+
+
+def _forget_cached_store(uri: str) -> None:
+    """Drop what MLflow caches per process for ``uri`` (its tracking store, its SQLAlchemy engine): they keep
+    a connection to the ``RUN/mlflow.db`` a fresh run has since removed ("attempt to write a readonly
+    database"). MLflow's private caches, so each step is skipped where this MLflow has no such cache."""
+    try:
+        from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+        TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        engine = SqlAlchemyStore._engine_map.pop(uri, None)
+        if engine is not None:
+            engine.dispose()
+    except (ImportError, AttributeError):
+        pass
 
 
 class WandbTracker:
