@@ -379,3 +379,13 @@ def test_export_of_an_export(tmp_path):
     a = json.loads((tmp_path / "a" / "config.json").read_text())
     b = json.loads((tmp_path / "b" / "config.json").read_text())
     assert a["test_time"] == b["test_time"] and a["architecture"] == b["architecture"]
+
+
+def test_report_of_an_export_points_at_its_card(tmp_path, capsys):
+    run = _small(tmp_path)
+    main(["export", str(run), "--out", str(tmp_path / "ex")])
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "ex"), "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert "a folder written by 'xmodal export': its model card is" in err and "README.md" in err
+    assert not (tmp_path / "r.html").exists()

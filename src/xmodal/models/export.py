@@ -128,6 +128,17 @@ def _test_time_state(rec: Any, tensors: dict[str, torch.Tensor]) -> dict | None:
     return state
 
 
+def _version() -> str:
+    """The installed xmodal's version (read from the package metadata: ``import xmodal`` here would close an
+    import circle through ``xmodal.load_model``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xmodal")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def feature_sizes(arch: dict) -> dict:
     """What the towers take: ``{"video": Dv, "text": Dt, "experts": {name: De}, "joint": D,
     "max_frames": F or None, "max_tokens": L or None, "text_tokens": bool}``."""
@@ -152,7 +163,6 @@ def export_state(model: Any, *, encoders: dict | None = None, run_config: dict |
     Returns:
         ``(tensors, config)``: contiguous CPU tensors by name, and a JSON-serialisable dict.
     """
-    from xmodal import __version__
     from xmodal._validate import short_repr
     from xmodal.models.two_tower import TwoTower
 
@@ -164,7 +174,7 @@ def export_state(model: Any, *, encoders: dict | None = None, run_config: dict |
     if any(k.startswith(_TT) for k in tensors):
         raise ValueError(f"model: a parameter name starts with {_TT!r}, which the export reserves")
     arch = payload["architecture"]
-    config = {"format": FORMAT, "version": VERSION, "library_name": "xmodal", "xmodal_version": __version__,
+    config = {"format": FORMAT, "version": VERSION, "library_name": "xmodal", "xmodal_version": _version(),
               "model_type": "xmodal-hierarchical-two-tower" if "hierarchy" in arch else "xmodal-two-tower",
               "architecture": arch, "feature_sizes": feature_sizes(arch), "encoders": dict(encoders or {}),
               "temperature": float(model.temperature),
