@@ -170,3 +170,13 @@ def test_example_searches_an_exported_index_with_onnxruntime_and_numpy_only(tmp_
         got = json.loads(res.stdout)
         assert got["indices"] == want["indices"], normalizer
         assert np.abs(np.array(got["scores"]) - np.array(want["scores"])).max() <= TOL
+
+
+def test_export_leaves_the_callers_model_as_it_was(tmp_path):
+    model = _random(VARIANTS["linear"]()).double().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    export_onnx(model, tmp_path)
+    diffs = check_onnx(model, tmp_path)  # a float32 copy is exported and compared
+    assert max(diffs.values()) <= TOL
+    assert model.training and all(v.dtype == torch.float64 for v in model.state_dict().values())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -58,6 +58,13 @@ class _TowerGraph(nn.Module):
         return F.normalize(self.tower(feats, masks), dim=-1)
 
 
+def _copy(model: Any) -> Any:
+    """A float32 CPU copy in eval mode (the caller's model is never converted or moved)."""
+    import copy
+
+    return copy.deepcopy(model).float().cpu().eval()
+
+
 def _need(module: str, extra: str = "onnx"):
     import importlib
 
@@ -167,7 +174,7 @@ def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None) -> 
     from xmodal.runs import atomic_write
 
     write = write or atomic_write
-    model = model.float().eval()
+    model = _copy(model)
     out = {}
     for which, name in (("video", VIDEO_ONNX), ("text", TEXT_ONNX)):
         write(Path(folder) / name, lambda tmp, w=which: _export_one(model, w, Path(tmp)))
@@ -201,7 +208,7 @@ def check_onnx(model: Any, folder: str | os.PathLike, inputs: dict[str, dict[str
     ``encode_video`` / ``encode_text`` on ``inputs`` (``{"video": {...}, "text": {...}}``, as
     :func:`example_inputs` makes them; default: random inputs with ragged masks and garbage in
     the padded frames). Returns ``{"video": diff, "text": diff}``."""
-    model = model.float().eval()
+    model = _copy(model)
     out = {}
     for which, name in (("video", VIDEO_ONNX), ("text", TEXT_ONNX)):
         x = (inputs or {}).get(which) or example_inputs(model, which, batch=7, frames=9, seed=seed)
