@@ -246,3 +246,12 @@ def test_tracker_keys_and_params():
     assert mlflow_key("a+b=c") == "a_b_c"
     assert flat_params({"model": {"kind": "mlp", "dim": 8}, "loss": {"kwargs": {}}, "train": {"log_to": ["mlflow"]}}) == {
         "model.kind": "mlp", "model.dim": "8", "loss.kwargs": "{}", "train.log_to": '["mlflow"]'}
+
+
+def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    _need("mlflow")
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///" + str(tmp_path / "file" / "x.db"))
+    with pytest.raises(ValueError, match=r"^train.log_to: mlflow could not start \(") as err:
+        train(from_dict(tiny(train={"log_to": ["mlflow"], "epochs": 1})), tmp_path / "run", verbose=False)
+    assert "\n" not in str(err.value)

@@ -139,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     (out / CONFIG_NAME).unlink(missing_ok=True)
     from safetensors.torch import save
 
-    # bytes written by Python (not save_file): the file gets the umask's permissions, as every other file here
-    weights = save(tensors, metadata={"format": "pt", "xmodal": f"{config['format']}/{config['version']}"})
+    # bytes written by Python (not save_file): the file gets the umask's permissions, as every other file here.
+    # One metadata key: safetensors keeps the metadata in a hash map, whose order (and so the file's bytes and
+    # its hash in the card) would change from one export to the next with two.
+    weights = save(tensors, metadata={"format": "pt"})
     atomic_write(out / WEIGHTS_NAME, lambda tmp: Path(tmp).write_bytes(weights))
     note = ""
     if args.onnx:

@@ -210,7 +210,13 @@ class Trackers:
         self.epochs_sent = int(state.get("epochs_sent", 0)) if history else 0
         self.trackers = []
         for n in names:
-            self.trackers.append(_CLASSES[n](self.out, state.get(n) if history else None))
+            try:
+                self.trackers.append(_CLASSES[n](self.out, state.get(n) if history else None))
+            except ValueError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a server that does not answer, a store it cannot open
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                raise ValueError(f"train.log_to: {n} could not start ({type(exc).__name__}: {first})") from None
         self.resumed = bool(history)
         if self.trackers:
             self._save()
