@@ -211,6 +211,8 @@ def test_environment_overrides_and_a_fresh_run_clears_the_trackers(tmp_path, mon
     _need("mlflow")
     _need("wandb")
     other = tmp_path / "elsewhere.db"
+    # a store the user names keeps MLflow's own artifact default (./mlruns of the working directory)
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///" + str(other))
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "mine")
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -220,6 +222,7 @@ def test_environment_overrides_and_a_fresh_run_clears_the_trackers(tmp_path, mon
     curves, client, run_id = mlflow_curves(tmp_path / "run", uri="sqlite:///" + str(other))
     assert client.get_experiment(client.get_run(run_id).info.experiment_id).name == "mine"
     assert len(curves["epoch/train_loss"]) == 2
+    assert (tmp_path / "mlruns").is_dir()  # MLflow's default artifact root, not the run's
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.delenv("WANDB_MODE")
     train(cfg, tmp_path / "run2", verbose=False)
@@ -250,6 +253,7 @@ def test_tracker_keys_and_params():
 
 def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
     _need("mlflow")
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///" + str(tmp_path / "file" / "x.db"))
     with pytest.raises(ValueError, match=r"^train.log_to: mlflow could not start \(") as err:
