@@ -76,6 +76,7 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("encode", "--dir"): "folder",
     ("encode", "--list"): "text",
     ("eval", "--run"): "run",
+    ("export", "run"): "run",
     ("eval", "--video-features"): "npy",
     ("eval", "--text-features"): "npy",
     ("eval", "--text-mask"): "npy",
@@ -118,7 +119,7 @@ FILE_ARGS: dict[tuple[str, str], str] = {
 #: Outputs (checked to be left untouched by a refused command) and arguments that name no file.
 OUTPUT_ARGS = {("bench", "--out"), ("demo", "--out"), ("train", "--out"), ("data import", "--out"),
                ("encode", "--out"), ("encode", "--mask-out"), ("index", "--out"), ("normalize", "--save-bias"),
-               ("query", "--out"), ("report", "--out")}
+               ("query", "--out"), ("report", "--out"), ("export", "--out")}
 OTHER_ARGS = {
     "bench": {"--datasets", "--objectives", "--seeds", "--ts", "--noise", "--epochs", "--ncl-queue-sizes",
               "--threads"},
@@ -129,6 +130,7 @@ OTHER_ARGS = {
     "encode": {"kind", "--frames", "--fps", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads"},
+    "export": {"--text-encoder", "--video-encoder", "--threads"},
     "normalize": {"--method", "--temperature", "--iters", "--k", "--beta", "--lam", "--num-samples", "--seed",
                   "--threads", "--ks"},
     "query": {"--captions", "--k", "--text-encoder", "--threads"},
@@ -314,6 +316,8 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
         if arg == "--texts":
             return [*base, "--texts", s["captions.txt"], "--text-encoder", "fuzz-text48"]
         return base
+    if cmd == "export":
+        return ["export", s["run"], "--out", str(out)]
     if cmd == "normalize":
         return ["normalize", "--method", "sinkhorn", "--queries", s["q.npy"], "--gallery", s["g.npy"],
                 "--positives", s["p.npy"], "--bank", s["b.npy"], "--gallery-marginal", s["marg.npy"], "--l2",
@@ -351,7 +355,7 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
 
 #: index in the base argv of each positional file argument
 POSITION = {("config", "items"): 1, ("train", "config"): 1, ("data check", "root"): 2,
-            ("data import", "pairs"): 2, ("encode", "source"): 2, ("report", "path"): 1}
+            ("data import", "pairs"): 2, ("encode", "source"): 2, ("report", "path"): 1, ("export", "run"): 1}
 
 
 #: the name a junk file gets (the suffix the argument expects, so that the junk is read, not refused by name)
@@ -463,7 +467,7 @@ GOOD = [("eval", "--queries"), ("eval", "--text"), ("eval", "--sim"), ("eval", "
         ("normalize", "--queries"), ("index", "--run"), ("index", "--data"), ("index", "--video-mask"),
         ("index", "--texts"),
         ("query", "--index"), ("query", "--text-mask"), ("config", "items"), ("data import", "pairs"),
-        ("encode", "--captions"), ("encode", "--dir"), ("data check", "root")]
+        ("encode", "--captions"), ("encode", "--dir"), ("data check", "root"), ("export", "run")]
 
 
 @pytest.mark.parametrize("cmd, arg", GOOD, ids=[f"{c}|{a}" for c, a in GOOD])
@@ -480,7 +484,7 @@ OUTPUTS = {("encode", "--out", "--captions"): "file", ("encode", "--out", "--dir
            ("encode", "--out", "source"): "folder", ("normalize", "--save-bias", "--queries"): "file",
            ("query", "--out", "--index"): "file", ("report", "--out", "path"): "file",
            ("index", "--out", "--run"): "folder", ("data import", "--out", "pairs"): "folder",
-           ("train", "--out", "config"): "folder"}
+           ("train", "--out", "config"): "folder", ("export", "--out", "run"): "folder"}
 
 
 def test_every_output_is_fuzzed():

@@ -170,7 +170,7 @@ def test_resume_with_logs_is_exact_and_does_not_duplicate(tmp_path):
 
 def test_log_to_rejects_unknown_target():
     with pytest.raises(ValueError, match="train.log_to"):
-        from_dict(tiny(train={"log_to": ["wandb"]}))
+        from_dict(tiny(train={"log_to": ["comet"]}))
 
 
 # --------------------------------------------------------------------------- provenance

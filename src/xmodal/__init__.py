@@ -32,7 +32,8 @@ def __getattr__(name: str):
 
 
 def load_model(path):
-    """Load a checkpoint written by ``xmodal train`` (see :func:`xmodal.models.load_model`)."""
+    """Load a model written by ``xmodal train`` (a run directory or checkpoint) or by ``xmodal export`` (a folder
+    with ``model.safetensors`` + ``config.json``); see :func:`xmodal.models.load_model`."""
     from xmodal.models import load_model as _load
 
     return _load(path)

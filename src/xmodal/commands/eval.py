@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from xmodal.commands import add_common_args
 
     r = parser.add_argument_group("trained run")
-    r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train'")
+    r.add_argument("--run", metavar="RUN", help="run directory or checkpoint written by 'xmodal train', or a folder "
+                   "written by 'xmodal export'")
     r.add_argument("--video-features", metavar="NPY", help="raw video/image features [V, Dv] or [V, F, Dv]")
     r.add_argument("--text-features", metavar="NPY", help="raw caption features [T, Dt] or tokens [T, L, Dt]")
     r.add_argument("--text-mask", metavar="NPY", help="bool or 0/1 [T, L], True = real token, of token "

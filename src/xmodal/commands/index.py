@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from xmodal.commands import add_common_args
 
     parser.add_argument("--run", required=True, metavar="RUN",
-                        help="run directory or checkpoint written by 'xmodal train'")
+                        help="run directory or checkpoint written by 'xmodal train', or a folder written "
+                             "by 'xmodal export'")
     parser.add_argument("--video-features", metavar="NPY",
                         help="raw video/image features [V, Dv] or [V, F, Dv] (or --data DIR --split S)")
     from xmodal.commands import _video_inputs

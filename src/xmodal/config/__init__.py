@@ -28,7 +28,7 @@ import yaml
 KNOWN_LOSSES = ("infonce", "ntxent", "maxmargin", "mimaxmargin", "milnce", "dcl", "crossclr", "ncl", "calince")
 NORMALIZER_NAMES = ("none", "dn", "sinkhorn", "ncl", "qbnorm", "is", "dsl")
 SAMPLINGS = ("captions", "videos", "k_captions")
-LOG_TARGETS = ("csv", "tensorboard")
+LOG_TARGETS = ("csv", "tensorboard", "mlflow", "wandb")
 
 
 class _Loader(yaml.SafeLoader):
@@ -232,7 +232,9 @@ class TrainConfig:
     amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU")
     progress: bool = key(True, "progress bars on a terminal (never in a log file)")
     eval_batch_size: int = key(8192, "rows per batch when embedding a split for evaluation")
-    log_to: tuple = key((), "extra logs beside log.jsonl: csv (RUN/log.csv) | tensorboard (RUN/tensorboard/)")
+    log_to: tuple = key((), "extra logs beside log.jsonl: csv (RUN/log.csv) | tensorboard (RUN/tensorboard/) | "
+                            "mlflow (RUN/mlflow.db unless MLFLOW_TRACKING_URI; extra [mlflow]) | wandb (offline, "
+                            "RUN/wandb/, unless WANDB_MODE; extra [wandb])")
 
 
 @dataclass(frozen=True)

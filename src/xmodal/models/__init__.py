@@ -23,7 +23,11 @@ Layout of this package:
     - :mod:`~xmodal.models.two_tower`: ``TwoTower``, ``build_model``
     - :mod:`~xmodal.models.hierarchy`: ``GlobalSpec``, ``GlobalTower``, ``HierarchicalTwoTower``
       (clips inside videos: CrossCLR appendix A / COOT's global level)
-    - :mod:`~xmodal.models.io`: ``CHECKPOINT_NAMES``, ``model_payload``, ``model_from_payload``, ``load_model``
+    - :mod:`~xmodal.models.io`: ``CHECKPOINT_NAMES``, ``model_payload``, ``model_from_payload``, ``load_model``,
+      ``model_files``, ``run_config``
+    - :mod:`~xmodal.models.export`: the ``xmodal export`` folder (``model.safetensors`` + ``config.json``):
+      ``export_state``, ``export_payload``, ``is_export_dir``
+    - :mod:`~xmodal.models.onnx_towers`: ``export_onnx``, ``check_onnx`` (the towers as ONNX graphs, extra ``[onnx]``)
 """
 
 from xmodal.models.fusion import FUSIONS, ExpertFusion

@@ -98,12 +98,43 @@ def model_from_payload(payload: dict) -> TwoTower:
     return model
 
 
+def model_files(path: str | os.PathLike) -> dict[str, Path]:
+    """The files that carry the model behind ``path``, by the name a copy keeps: an export folder's
+    ``{"model.safetensors": ..., "config.json": ...}`` or a run's / checkpoint's ``{"model.pt": ...}``
+    (what an index folder copies for its text head).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``, or a directory holding neither.
+    """
+    from xmodal.models.export import MODEL_FILES, is_export_dir
+
+    if is_export_dir(path):
+        return {name: Path(path) / name for name in MODEL_FILES}
+    return {"model.pt": checkpoint_file(path)}
+
+
+def run_config(path: str | os.PathLike) -> dict | None:
+    """The training config (plain dict) recorded with the model behind ``path`` (a run, a checkpoint or
+    an export folder), or None when it is not recorded or unreadable."""
+    from xmodal.models.export import is_export_dir, read_config
+
+    try:
+        if is_export_dir(path):
+            cfg = read_config(path).get("run_config")
+        else:
+            cfg = torch.load(checkpoint_file(path), map_location="cpu", weights_only=True).get("config")
+    except (OSError, KeyError, TypeError, ValueError, RuntimeError, AttributeError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> TwoTower:
-    """Load a model written by ``xmodal train``.
+    """Load a model written by ``xmodal train`` or ``xmodal export``.
 
     Args:
         path: a run directory (its ``model.pt``, the selected best model, or else its
-            last ``checkpoint.pt``) or a checkpoint file.
+            last ``checkpoint.pt``), a checkpoint file, or a folder written by ``xmodal export``
+            (``model.safetensors`` + ``config.json``, :mod:`xmodal.models.export`; no pickle).
 
     Returns:
         A :class:`TwoTower` in eval mode with ``temperature`` and ``test_time`` set.
@@ -113,6 +144,17 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         ValueError: the file is corrupt, truncated, not an xmodal checkpoint, or holds
             Python objects that could run code (refused: loading is weights-only).
     """
+    from xmodal.models.export import export_payload, is_export_dir
+
+    if is_export_dir(path):
+        try:
+            return model_from_payload(export_payload(path)).to(map_location)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"path: {path} is not a loadable xmodal export ({msg.removeprefix('path: ')})") from None
+    if Path(path).is_dir() and (Path(path) / "model.safetensors").is_file() and not (Path(path) / "config.json").exists():
+        raise FileNotFoundError(f"path: {path} holds model.safetensors but no config.json (an export that did not "
+                                f"finish? run 'xmodal export' again)")
     p = checkpoint_file(path)
     payload = load_checkpoint(p, map_location=map_location)
     try:

@@ -563,6 +563,9 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
     elif any((root / f).is_file() for f in ("metrics.json", "log.jsonl")):
         text = run_report(root, images=Path(images) if images else None, num_examples=num_examples, seed=seed,
                           data=Path(data) if data else None, log=log)
+    elif (root / "model.safetensors").is_file() and (root / "config.json").is_file():
+        raise ValueError(f"{root}: a folder written by 'xmodal export': its model card is {root / 'README.md'}; "
+                         f"'xmodal report' reads the run directory it was exported from")
     else:
         raise ValueError(f"{root}: neither a run directory (metrics.json, log.jsonl) nor a bench "
                          "directory (results.csv)")

@@ -1,6 +1,7 @@
 """An index folder on disk: :func:`write_index` encodes a gallery with a trained run's video head and writes
 ``index.faiss`` (the run's DN / NCL bias folded in, :mod:`xmodal.retrieval.index`), ``query_shift.npy``,
-a copy of the run's checkpoint (for the text head), ``names.txt`` and ``meta.json``; :class:`SearchIndex`
+a copy of the run's checkpoint (for the text head: ``model.pt``, or an export's ``model.safetensors`` +
+``config.json``), ``names.txt`` and ``meta.json``; :class:`SearchIndex`
 opens one and searches it with text features or raw captions. ``xmodal index`` / ``xmodal query`` /
 ``xmodal serve`` are these plus their flags.
 
@@ -25,7 +26,8 @@ VERSION = 1
 #: Optional files of an index folder for the search page's video -> video and video -> text searches.
 EXTRA_FILES = ("videos.npy", "texts.npy", "texts.json")
 #: The files of an index folder (what ``build`` writes; nothing else is ever written there).
-INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json") + EXTRA_FILES
+INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json",
+               "model.safetensors", "config.json") + EXTRA_FILES  # a run's model.pt, or an export's two files
 
 
 def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
@@ -38,7 +40,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     if log is not None and not callable(log):
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
     say = log if log is not None else (lambda line: None)
-    from xmodal.models import checkpoint_file
+    from xmodal.models.io import model_files
     from xmodal.retrieval.index import BiasedIndex, fold_run_normalizer
     from xmodal.runs import atomic_save_npy, atomic_write
 
@@ -58,10 +60,14 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     out.mkdir(parents=True, exist_ok=True)
     # meta.json goes first and comes back last: a half-rewritten folder is never a valid index
     (out / "meta.json").unlink(missing_ok=True)
-    source = checkpoint_file(run)
+    sources = model_files(run)  # the text head: model.pt, or an export's model.safetensors + config.json
     atomic_write(out / "index.faiss", index.save)
     atomic_save_npy(out / "query_shift.npy", shift)
-    atomic_write(out / "model.pt", lambda tmp: shutil.copyfile(source, tmp))
+    for name in ("model.pt", "model.safetensors", "config.json"):
+        if name in sources:
+            atomic_write(out / name, lambda tmp, src=sources[name]: shutil.copyfile(src, tmp))
+        else:  # the previous index's head never answers for this one
+            (out / name).unlink(missing_ok=True)
     if names is not None:
         atomic_write(out / "names.txt", lambda tmp: tmp.write_text("".join(n + "\n" for n in names),
                                                                   encoding="utf-8"))
@@ -81,14 +87,11 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
 
 def _run_metric(run: str) -> str:
     """The run's selection metric (``train.metric`` of its saved config; ``rsum`` if unknown)."""
-    import torch
-
-    from xmodal.models import checkpoint_file
+    from xmodal.models.io import run_config
 
     try:
-        payload = torch.load(checkpoint_file(run), map_location="cpu", weights_only=True)
-        return str(payload["config"]["train"]["metric"])
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError):
+        return str(run_config(run)["train"]["metric"])
+    except (KeyError, TypeError):
         return "rsum"
 
 
@@ -139,7 +142,8 @@ class SearchIndex:
         if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
         self.index = BiasedIndex.load(self.path / "index.faiss")
-        self.model = _load(str(self.path / "model.pt"), "--index")
+        self.model = _load(str(self.path if (self.path / "config.json").is_file() else self.path / "model.pt"),
+                           "--index")
         shift_path = self.path / "query_shift.npy"
         try:
             shift = np.load(shift_path, allow_pickle=False)

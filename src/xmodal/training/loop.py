@@ -331,6 +331,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                   enabled=is_main, echo=verbose)
     data_files = [] if in_memory else provenance.data_files(cfg)
     prov = provenance.start(out, data_files, command=command, resumed=resumed) if is_main else {}
+    logs.describe(to_dict(cfg), prov)  # TensorBoard text / tracker params (rank 0; a no-op elsewhere)
     if is_main:  # after the resume check: a refused resume leaves the run's config.yaml alone
         save_config(cfg, out / "config.yaml")
 

@@ -1,5 +1,5 @@
-"""What a training run reports while it runs: the epoch line, ``log.jsonl``, ``log.csv``
-and TensorBoard scalars (``train.log_to``).
+"""What a training run reports while it runs: the epoch line, ``log.jsonl``, ``log.csv``,
+TensorBoard scalars and the MLflow / W&B trackers (``train.log_to``).
 
 - stdout: one line per epoch (loss, val R@1 both ways, the selection metric, time per
   epoch, ETA), flushed at once, whether or not stdout is a terminal, so a run under
@@ -15,7 +15,10 @@ and TensorBoard scalars (``train.log_to``).
   ``val/<selection metric>``; at the end ``final/<split>/<normaliser>/<direction>/<metric>``
   for every fitted test-time normaliser. A resumed run opens a new event file with
   ``purge_step`` at its first step, so TensorBoard drops what the killed process wrote
-  after its last checkpoint, and writes the last checkpointed epoch's scalars again.
+  after its last checkpoint, and writes the last checkpointed epoch's scalars again. The config and the
+  provenance are text summaries ``config`` / ``provenance`` at a fresh start.
+- ``mlflow`` / ``wandb``: the same scalars under the same tags at the same steps, the config, the
+  provenance and the final tables, sent after each epoch's checkpoint (:mod:`xmodal.training.trackers`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from xmodal.config import LOG_TARGETS  # noqa: F401,E402  (re-exported; the list lives beside the config)
+from xmodal.training.trackers import TRACKERS_FILE, Trackers
 TB_DIR = "tensorboard"
 
 
@@ -100,7 +104,7 @@ class RunLog:
 
     Args:
         out: the run directory.
-        log_to: ``train.log_to`` (a subset of ``("csv", "tensorboard")``).
+        log_to: ``train.log_to`` (a subset of ``("csv", "tensorboard", "mlflow", "wandb")``).
         metric: the selection metric (``train.metric``).
         epochs: ``train.epochs`` (for the ETA).
         history: the checkpointed epoch records (a resumed run's; empty on a fresh start).
@@ -115,31 +119,48 @@ class RunLog:
         self.csv = enabled and "csv" in log_to
         self.writer = None
         first_step = history[-1]["step"] if history else 0
+        if enabled and first_step == 0:  # a fresh start: logs of an overwritten run go
+            for name in ("log.jsonl", "log.csv", TRACKERS_FILE):
+                (self.out / name).unlink(missing_ok=True)
         if enabled and "tensorboard" in log_to:
             self.writer = _summary_writer(self.out / TB_DIR, first_step)
             if history:
                 self._epoch_scalars(history[-1])
-        if enabled and first_step == 0:  # a fresh start: logs of an overwritten run go
-            for name in ("log.jsonl", "log.csv"):
-                (self.out / name).unlink(missing_ok=True)
+        self.trackers = Trackers(self.out, tuple(log_to) if enabled else (), history=history or [])
+        if history and self.trackers and self.trackers.epochs_sent < len(history):
+            # killed between the checkpoint and the send: that epoch's scalars were never sent
+            self.trackers.add(self._finite(epoch_scalars(history[-1], self.metric)), history[-1]["step"])
+            self.trackers.flush(len(history))
 
     @property
     def per_step(self) -> bool:
         """Whether :meth:`step` records anything (the loop skips its host syncs otherwise)."""
-        return self.writer is not None
+        return self.writer is not None or bool(self.trackers)
+
+    def describe(self, config: dict, provenance: dict) -> None:
+        """The run's config and provenance (at the start): TensorBoard text summaries on a fresh start,
+        the trackers' params / config / artifacts."""
+        if not self.enabled:
+            return
+        if self.writer is not None and not self.trackers.resumed:
+            self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
+            self.writer.add_text("provenance", "```\n" + json.dumps(provenance, indent=1) + "\n```", 0)
+        self.trackers.describe(config, provenance)
 
     def step(self, step: int, *, loss: float, lr: float, temperature: float | None = None,
              terms: dict | None = None) -> None:
         """Per-step scalars of the step with 0-based index ``step``."""
-        if self.writer is None:
+        if not self.per_step:
             return
-        s = step
-        self.writer.add_scalar("train/loss", loss, s)
-        self.writer.add_scalar("train/lr", lr, s)
+        values = {"train/loss": loss, "train/lr": lr}
         if temperature is not None:
-            self.writer.add_scalar("train/temperature", temperature, s)
+            values["train/temperature"] = temperature
         for k, v in (terms or {}).items():
-            self.writer.add_scalar(f"train/terms/{k}", float(v), s)
+            values[f"train/terms/{k}"] = float(v)
+        if self.writer is not None:
+            for tag, v in values.items():
+                self.writer.add_scalar(tag, v, step)
+        self.trackers.add(self._finite(values), step)
 
     def epoch(self, history: list[dict], *, improved: bool) -> None:
         """After the checkpoint of an epoch: rewrite the files, add its scalars, print its line."""
@@ -153,9 +174,16 @@ class RunLog:
             atomic_write_text(self.out / "log.csv", csv_text(history))
         if self.writer is not None:
             self._epoch_scalars(record)
+        if self.trackers:  # after the checkpoint: a killed run never sent steps past it
+            self.trackers.add(self._finite(epoch_scalars(record, self.metric)), record["step"])
+            self.trackers.flush(len(history))
         if self.echo:
             print(epoch_line(record, epochs=self.epochs, metric=self.metric, improved=improved,
                              history=history), flush=True)
+
+    @staticmethod
+    def _finite(values: dict) -> dict[str, float]:
+        return {k: float(v) for k, v in values.items() if math.isfinite(float(v))}
 
     def _epoch_scalars(self, record: dict) -> None:
         for tag, v in epoch_scalars(record, self.metric).items():
@@ -165,17 +193,22 @@ class RunLog:
 
     def final(self, summary: dict, step: int) -> None:
         """The per-normaliser val/test metrics of the selected model, at the last step."""
+        values = {tag: float(v) for split in ("val", "test")
+                  for tag, v in _flat(f"final/{split}", summary.get(split) or {}, {}).items()
+                  if math.isfinite(float(v))}
         if self.writer is not None:
-            for split in ("val", "test"):
-                for tag, v in _flat(f"final/{split}", summary.get(split) or {}, {}).items():
-                    if math.isfinite(float(v)):
-                        self.writer.add_scalar(tag, v, step)
-        self.close()
+            for tag, v in values.items():
+                self.writer.add_scalar(tag, v, step)
+        if self.trackers:
+            self.trackers.final(summary, values, step)
+        self.close(finished=True)
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """Close the event file and the trackers (``finished``: the run ended, not stopped to resume later)."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        self.trackers.close(finished)
 
 
 def _summary_writer(folder: Path, first_step: int):
