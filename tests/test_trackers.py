@@ -175,7 +175,9 @@ def test_a_resumed_run_continues_the_same_tracker_runs_without_duplicated_steps(
     assert len(client.search_runs([client.get_run(run_id).info.experiment_id])) == 1
     _same_curves(tb, curves, mlflow_key)
     wb = wandb_run(tmp_path)
-    assert len(wb["streams"]) == 2  # the killed process's stream and the resumed one, one W&B run id
+    # the killed process's stream and the resumed one, one W&B run id (W&B names a stream folder by the second
+    # it started: a resume within the same second waits for the next, or it would overwrite the first stream)
+    assert len(wb["streams"]) == 2
     _same_curves(tb, wb["curves"], final=False)
 
 
@@ -259,3 +261,23 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"^train.log_to: mlflow could not start \(") as err:
         train(from_dict(tiny(train={"log_to": ["mlflow"], "epochs": 1})), tmp_path / "run", verbose=False)
     assert "\n" not in str(err.value)
+
+
+def test_a_resume_in_the_same_second_gets_its_own_wandb_stream_folder(tmp_path):
+    """W&B names a stream folder by its start second; a resume must not start in the second of the last stream
+    (seen: a fast resume overwrote the first stream and lost its steps)."""
+    import time
+    from datetime import datetime
+
+    from xmodal.training.trackers import _free_stream_second
+
+    def stamp():
+        return datetime.fromtimestamp(time.time()).strftime("%Y%m%d_%H%M%S")
+
+    taken = stamp()
+    (tmp_path / f"offline-run-{taken}-abcd1234").mkdir()
+    _free_stream_second(tmp_path, "abcd1234")
+    assert stamp() != taken
+    before = stamp()
+    _free_stream_second(tmp_path, "other000")  # another id's folder never makes it wait
+    assert stamp() in (before, stamp())

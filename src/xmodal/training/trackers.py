@@ -169,6 +169,7 @@ class WandbTracker:
         previous = previous or {}
         mode = os.environ.get("WANDB_MODE") or "offline"
         run_id = previous.get("id") or secrets.token_hex(4)  # W&B's own ids: 8 lower-case characters
+        _free_stream_second(out / "wandb", run_id)
         with _quiet("wandb"):
             self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "xmodal", dir=str(out), mode=mode,
                                   id=run_id, resume="allow", name=out.resolve().name, reinit="create_new",
@@ -192,6 +193,23 @@ class WandbTracker:
     def close(self, finished: bool) -> None:
         with _quiet("wandb"):
             self.run.finish(exit_code=0 if finished else 1)
+
+
+def _free_stream_second(folder: Path, run_id: str) -> None:
+    """Wait (at most about a second) until this second names no stream of ``run_id`` yet.
+
+    W&B names an offline stream folder by the local second its process started
+    (``offline-run-YYYYMMDD_HHMMSS-ID``, ``Settings._start_datetime``): a resume started within the same second
+    as the stream before it would write that folder's file again and lose the earlier steps.
+    """
+    import time
+    from datetime import datetime
+
+    for _ in range(40):
+        stamp = datetime.fromtimestamp(time.time()).strftime("%Y%m%d_%H%M%S")
+        if not any((folder / f"{kind}-{stamp}-{run_id}").exists() for kind in ("offline-run", "run")):
+            return
+        time.sleep(0.05)
 
 
 _CLASSES = {"mlflow": MlflowTracker, "wandb": WandbTracker}
