@@ -278,6 +278,3 @@ def test_a_resume_in_the_same_second_gets_its_own_wandb_stream_folder(tmp_path):
     (tmp_path / f"offline-run-{taken}-abcd1234").mkdir()
     _free_stream_second(tmp_path, "abcd1234")
     assert stamp() != taken
-    before = stamp()
-    _free_stream_second(tmp_path, "other000")  # another id's folder never makes it wait
-    assert stamp() in (before, stamp())
