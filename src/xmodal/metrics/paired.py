@@ -44,7 +44,7 @@ import numpy as np
 
 from xmodal._validate import short_repr
 
-__all__ = ["paired_test", "paired_strata_test", "holm", "query_values", "LOWER_IS_BETTER"]
+__all__ = ["paired_test", "paired_strata_test", "holm", "query_values", "format_p", "LOWER_IS_BETTER"]
 
 #: Metrics where a smaller value is better (a negative difference B - A is a gain).
 LOWER_IS_BETTER = ("MdR", "MnR")
@@ -150,8 +150,7 @@ def _bootstrap(fa: np.ndarray, fb: np.ndarray, median: bool, n_boot: int, rng: n
                 out.append((drawn * g).sum(1) / n)
             return np.concatenate(out)
         if ka == 1 and kb == 1:
-            d = fb[0] - fa[0]
-            return np.concatenate([d[rng.integers(0, n, size=(c, n))].mean(1) for c in _chunks(n_boot, n)])
+            return _boot_mean(fb[0] - fa[0], n_boot, rng)
     out = []
     for c in _chunks(n_boot, n * max(ka, kb, 2)):
         sa, sb = seeds(ka, c), seeds(kb, c)
@@ -167,6 +166,41 @@ def _bootstrap(fa: np.ndarray, fb: np.ndarray, median: bool, n_boot: int, rng: n
     return np.concatenate(out)
 
 
+def _flip_sum(c: np.ndarray, observed: float, n_perm: int, rng: np.random.Generator) -> tuple[float, bool]:
+    """``(two-sided p, exact)`` of ``observed = sum(c)`` under independent random signs of the
+    non-zero contributions ``c``: every pattern when ``2^m <= n_perm``, else ``n_perm`` random
+    ones (binomial counts per distinct magnitude when there are few, as for R@K)."""
+    c = c[c != 0]
+    m = c.size
+    if m == 0:
+        return 1.0, True
+    tol = 1e-9 * max(1.0, abs(observed))  # the observed pattern itself counts, despite rounding
+    if m <= 20 and (1 << m) <= n_perm:
+        signs = 1.0 - 2.0 * ((np.arange(1 << m)[:, None] >> np.arange(m)[None, :]) & 1)
+        return float(np.mean(np.abs(signs @ c) >= abs(observed) - tol)), True
+    sizes, counts = np.unique(np.abs(c), return_counts=True)
+    hits = 0
+    if sizes.size <= 256:  # the flipped sum only needs how many of each magnitude turn positive
+        for k in _chunks(n_perm, sizes.size):
+            up = rng.binomial(counts, 0.5, size=(k, sizes.size))
+            hits += int(np.count_nonzero(np.abs((2 * up - counts) @ sizes) >= abs(observed) - tol))
+    else:
+        for k in _chunks(n_perm, m):
+            signs = rng.integers(0, 2, size=(k, m), dtype=np.int8) * 2 - 1
+            hits += int(np.count_nonzero(np.abs(signs @ c) >= abs(observed) - tol))
+    return (1 + hits) / (1 + n_perm), False
+
+
+def _boot_mean(d: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_boot`` bootstrap means of ``d`` (multinomial counts of its distinct values when few)."""
+    n = d.size
+    values, counts = np.unique(d, return_counts=True)
+    if values.size <= n // 4:
+        return np.concatenate([rng.multinomial(n, counts / n, size=k) @ values / n
+                               for k in _chunks(n_boot, values.size)])
+    return np.concatenate([d[rng.integers(0, n, size=(k, n))].mean(1) for k in _chunks(n_boot, n)])
+
+
 def _sign_flip(a: np.ndarray, b: np.ndarray, median: bool, n_perm: int, rng: np.random.Generator
                ) -> tuple[float, float, bool]:
     """``(observed statistic, two-sided p-value, exact)`` of the paired swap test on per-query
@@ -179,23 +213,8 @@ def _sign_flip(a: np.ndarray, b: np.ndarray, median: bool, n_perm: int, rng: np.
     tol = 1e-9 * max(1.0, abs(observed))  # the observed pattern itself counts, despite rounding
     exact = m <= 20 and (1 << m) <= n_perm
     if not median:
-        d = (b - a)[differ]
-        n = a.size
-        if exact:
-            signs = 1.0 - 2.0 * ((np.arange(1 << m)[:, None] >> np.arange(m)[None, :]) & 1)
-            null = signs @ d / n
-            return observed, float(np.mean(np.abs(null) >= abs(observed) - tol)), True
-        sizes, counts = np.unique(np.abs(d), return_counts=True)
-        hits = 0
-        if sizes.size <= 256:  # the flipped sum only needs how many of each magnitude turn positive
-            for c in _chunks(n_perm, sizes.size):
-                up = rng.binomial(counts, 0.5, size=(c, sizes.size))
-                hits += int(np.count_nonzero(np.abs((2 * up - counts) @ sizes / n) >= abs(observed) - tol))
-            return observed, (1 + hits) / (1 + n_perm), False
-        for c in _chunks(n_perm, m):
-            signs = rng.integers(0, 2, size=(c, m), dtype=np.int8) * 2 - 1
-            hits += int(np.count_nonzero(np.abs(signs @ d / n) >= abs(observed) - tol))
-        return observed, (1 + hits) / (1 + n_perm), False
+        p, exact = _flip_sum((b - a)[differ] / a.size, observed, n_perm, rng)
+        return observed, p, exact
     if exact:
         swap = ((np.arange(1 << m)[:, None] >> np.arange(m)[None, :]) & 1).astype(bool)
         parts = [swap]
@@ -335,29 +354,10 @@ def paired_strata_test(strata: Sequence[tuple[Any, Any, float]], *, n_boot: int 
         parts.append((a, b, float(s[2])))
     rng = np.random.default_rng(int(seed))
     diff = sum(w * float((b - a).mean()) for a, b, w in parts)
-    boot = np.zeros(n_boot)
-    for a, b, w in parts:
-        d, done = b - a, 0
-        for c in _chunks(n_boot, d.size):
-            boot[done:done + c] += w * d[rng.integers(0, d.size, size=(c, d.size))].mean(1)
-            done += c
+    boot = sum(w * _boot_mean(b - a, n_boot, rng) for a, b, w in parts)
     tail = (1.0 - level) / 2.0
     lo, hi = np.quantile(boot, [tail, 1.0 - tail])
-    m = sum(int(np.count_nonzero(a != b)) for a, b, _ in parts)
-    tol = 1e-9 * max(1.0, abs(diff))
-    if m == 0:
-        p = 1.0
-    elif m <= 20 and (1 << m) <= n_perm:  # every sign pattern of the differing queries
-        d = np.concatenate([w * (b - a)[a != b] / a.size for a, b, w in parts])
-        signs = 1.0 - 2.0 * ((np.arange(1 << m)[:, None] >> np.arange(m)[None, :]) & 1)
-        p = float(np.mean(np.abs(signs @ d) >= abs(diff) - tol))
-    else:
-        d = np.concatenate([w * (b - a)[a != b] / a.size for a, b, w in parts])
-        hits = 0
-        for c in _chunks(n_perm, m):
-            signs = rng.integers(0, 2, size=(c, m), dtype=np.int8) * 2 - 1
-            hits += int(np.count_nonzero(np.abs(signs @ d) >= abs(diff) - tol))
-        p = (1 + hits) / (1 + n_perm)
+    p, _ = _flip_sum(np.concatenate([w * (b - a) / a.size for a, b, w in parts]), diff, n_perm, rng)
     return {"diff": float(diff), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(p),
             "a": sum(w * float(a.mean()) for a, _, w in parts), "b": sum(w * float(b.mean()) for _, b, w in parts),
             "level": float(level)}
@@ -378,3 +378,13 @@ def holm(p_values: Sequence[float]) -> list[float]:
     out = np.empty(m)
     out[order] = np.minimum(adj, 1.0)
     return [round(float(x), 12) for x in out]
+
+
+def format_p(p: float) -> str:
+    """A p-value as the tables print it: three decimals, or two significant digits below 0.001.
+
+    >>> format_p(0.04321), format_p(0.0001), format_p(1.0)
+    ('0.043', '1.0e-04', '1.000')
+    """
+    p = float(p)
+    return f"{p:.3f}" if p >= 0.001 or p == 0 else f"{p:.1e}"

@@ -167,7 +167,8 @@ class RunLog:
         """The per-normaliser val/test metrics of the selected model, at the last step."""
         if self.writer is not None:
             for split in ("val", "test"):
-                for tag, v in _flat(f"final/{split}", summary.get(split) or {}, {}).items():
+                res = {k: v for k, v in (summary.get(split) or {}).items() if k != "protocol"}
+                for tag, v in _flat(f"final/{split}", res, {}).items():
                     if math.isfinite(float(v)):
                         self.writer.add_scalar(tag, v, step)
         self.close()
