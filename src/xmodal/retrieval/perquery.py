@@ -128,7 +128,7 @@ def protocol_card(split: Any, test_time: Any, names: list[str], *, selected: str
     card = {"num_queries": {"t2v": int(t2v.size), "v2t": n_videos},
             "gallery_size": {"t2v": n_videos, "v2t": int(t2v.size)},
             "chance_r1": {"t2v": round(100.0 / n_videos, 6),
-                          "v2t": round(float(100.0 * (queried / t2v.size).mean()), 6) if v2t == "all-captions"
+                          "v2t": round(float(100.0 * (queried / t2v.size).mean()), 6) if v2t.startswith("all-captions")
                           else round(100.0 / n_videos, 6)},
             "caption_policy": "one-per-video" if bool((counts == 1).all()) else "all",
             "captions_per_video": round(float(t2v.size / max(1, n_videos)), 4),
