@@ -165,6 +165,11 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
     if not dirs:
         raise ValueError(f"--normalizer: no direction has per-query ranks for {normalizer!r} / {norm_b!r} "
                          f"in every run ({split})")
+    for d in dirs:
+        missing = [r.path for rs, n in ((a, normalizer), (b, norm_b)) for r in rs if r.values(split, n, d, "R@1") is None]
+        if missing:
+            raise ValueError(f"--directions: {d} has no per-query ranks under this normaliser in {missing[0]} ({split}; "
+                             f"p2v / v2p exist only on a split with groups)")
     rows = []
     for d in dirs:
         for m in metrics:
