@@ -76,6 +76,16 @@ def test_per_query_file_reproduces_metrics_json_and_the_card_is_right(runs):
             "video": data.video, "text": data.text, "text_to_video": data.text_to_video,
             "relevancy": data.mir_relevancy()})
         assert "git_revision" in card
+    assert "protocol" not in xmodal.load_model(runs / "a").test_time.val  # the card lives in metrics.json only
+
+
+def test_report_shows_the_card_the_selection_and_the_intervals(runs):
+    from xmodal.reporting.report import build_report
+
+    page = build_report(runs / "a", out=runs / "a_report.html", num_examples=1).read_text()
+    for needle in ("Protocol card", "split sha256", "Normaliser selection on val", "Intervals (per-query bootstrap)",
+                   "95% CI"):
+        assert needle in page, needle
 
 
 def test_compare_identical_runs_gives_zero_and_json(runs, capsys):

@@ -11,7 +11,7 @@ from xmodal.metrics.formatting import format_metric, markdown_table, metric_digi
 from xmodal.metrics.groups import epic_tail_classes, head_tail_groups, mir_by_group, retrieval_by_group
 from xmodal.metrics.mass import fn_fp_by_mass, item_error_counts, retrieval_mass
 from xmodal.metrics.multi_instance import mir, mir_per_query
-from xmodal.metrics.paired import holm, paired_strata_test, paired_test
+from xmodal.metrics.paired import bootstrap_interval, holm, paired_strata_test, paired_test
 from xmodal.metrics.probe import label_retrieval, linear_probe, zero_shot
 from xmodal.metrics.ranking import query_ranks, retrieval, text_video, text_video_ranks
 from xmodal.metrics.streaming import streaming_retrieval, streaming_text_video
@@ -22,4 +22,4 @@ __all__ = ["retrieval", "text_video", "mir", "normalization_error", "modality_ga
            "retrieval_mass", "item_error_counts", "fn_fp_by_mass",
            "linear_probe", "zero_shot", "label_retrieval", "caption_score", "kendall_tau",
            "format_metric", "metric_digits", "markdown_table", "query_ranks", "text_video_ranks",
-           "mir_per_query", "paired_test", "paired_strata_test", "holm"]
+           "mir_per_query", "paired_test", "paired_strata_test", "bootstrap_interval", "holm"]

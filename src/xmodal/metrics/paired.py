@@ -44,7 +44,8 @@ import numpy as np
 
 from xmodal._validate import short_repr
 
-__all__ = ["paired_test", "paired_strata_test", "holm", "query_values", "format_p", "LOWER_IS_BETTER"]
+__all__ = ["paired_test", "paired_strata_test", "bootstrap_interval", "holm", "query_values", "format_p",
+           "LOWER_IS_BETTER"]
 
 #: Metrics where a smaller value is better (a negative difference B - A is a gain).
 LOWER_IS_BETTER = ("MdR", "MnR")
@@ -361,6 +362,35 @@ def paired_strata_test(strata: Sequence[tuple[Any, Any, float]], *, n_boot: int 
     return {"diff": float(diff), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(p),
             "a": sum(w * float(a.mean()) for a, _, w in parts), "b": sum(w * float(b.mean()) for _, b, w in parts),
             "level": float(level)}
+
+
+def bootstrap_interval(x: Any, *, metric: str = "R@1", n_boot: int = 10000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float, float]:
+    """``(value, low, high)``: one result's ``metric`` and its percentile bootstrap interval over
+    the queries (one run; ``x`` as one side of :func:`paired_test`).
+
+    >>> bootstrap_interval(np.array([1, 1, 1, 1]), metric="R@1")
+    (100.0, 100.0, 100.0)
+    """
+    metric = _metric(metric)
+    n_boot = _check_count(n_boot, "n_boot")
+    f = _runs(x, "x", metric)
+    if f.shape[0] != 1:
+        raise ValueError("x: one run's per-query values (for seeds, compare them with paired_test)")
+    v = query_values(f[0], metric)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        raise ValueError(f"x: no query has a defined {metric}")
+    rng = np.random.default_rng(int(seed))
+    if metric == "MdR":
+        boot = np.concatenate([np.median(v[rng.integers(0, v.size, size=(k, v.size))], axis=1)
+                               for k in _chunks(n_boot, v.size)])
+        value = float(np.median(v))
+    else:
+        boot, value = _boot_mean(v, n_boot, rng), float(v.mean())
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(boot, [tail, 1.0 - tail])
+    return value, float(lo), float(hi)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

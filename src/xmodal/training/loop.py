@@ -487,8 +487,8 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         cards = {s: protocol_card(splits[s], test_time, list(per_query[s]), selected=best,
                                   sha256=split_sha256(splits[s]), git=git, per_query=per_query[s])
                  for s in evaluated}
-        for s in evaluated:
-            summary[s]["protocol"] = cards[s]
+        for s in evaluated:  # a copy: test_time.val (model.pt) stays {normaliser: metrics}
+            summary[s] = {**summary[s], "protocol": cards[s]}
         atomic_save({"config": to_dict(cfg), "model": model_payload(model), "summary": summary}, out / "model.pt")
         write_per_query(out / PER_QUERY, per_query, cards)
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=1))
