@@ -161,6 +161,13 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
         raise ValueError("--per-query: only with --run and its features (--data or --video-features/--text-features)")
     if args.per_query is not None and args.ties == "average":
         raise ValueError("--per-query: stores one integer rank per query; use --ties pessimistic or optimistic")
+    if args.per_query is not None:
+        out = Path(args.per_query)
+        if out.is_dir() or out.is_symlink():
+            raise ValueError(f"--per-query: {out} is a {'directory' if out.is_dir() else 'symbolic link'}; "
+                             f"give a new .npz file name")
+        if out.suffix != ".npz":
+            raise ValueError(f"--per-query: expected a file name ending in .npz, got {args.per_query!r}")
     if mode == "labels":
         return _evaluate_labels(args, ks)
     if mode in ("run", "run-data"):
@@ -266,8 +273,6 @@ def _write_per_query(args: argparse.Namespace, model, name: str, split, sims: tu
     from xmodal.retrieval.perquery import protocol_card, write_per_query
     from xmodal.training.provenance import git_revision
 
-    if not str(args.per_query).endswith(".npz"):
-        raise ValueError(f"--per-query: expected a file name ending in .npz, got {args.per_query!r}")
     results = query_results(*sims, t2v, relevancy, ties=args.ties, v2t=args.v2t)
     if split is not None:
         results.update(group_ranks(model, split))
