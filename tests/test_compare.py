@@ -130,6 +130,7 @@ def test_compare_seed_groups_by_glob(runs, tmp_path, capsys):
     for side, src in (("x", "a"), ("y", "b")):
         for s in range(3):
             shutil.copytree(runs / src, tmp_path / f"{side}_s{s}")
+            (tmp_path / f"{side}_s{s}.log").write_text("a sweep's log beside the run: not a run\n")
     assert main(["compare", "--a", str(tmp_path / "x_s*"), "--b", str(tmp_path / "y_s*"), "--normalizer", "none",
                  "--metrics", "R@1,MnR", "--json", "--n-boot", "300"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -149,7 +150,7 @@ def test_compare_bad_input_is_one_line(runs, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     for argv, needle in [([], "required"), ([str(empty), str(runs / "a")], "per_query.npz"),
-                         ([str(runs / "a"), str(tmp_path / "nope_*")], "no run matches"),
+                         ([str(runs / "a"), str(tmp_path / "nope_*")], "no run directory or .npz matches"),
                          ([str(runs / "a"), str(runs / "a"), "--metrics", "R@x"], "--metrics"),
                          ([str(runs / "a"), str(runs / "a"), "--split", "train"], "--split"),
                          ([str(runs / "a"), str(runs / "a"), "--directions", "p2v"], "--directions"),

@@ -85,12 +85,13 @@ def load_result(path: str | Path) -> Result:
 
 
 def expand(pattern: str, flag: str) -> list[str]:
-    """Paths a run argument names: itself when it exists, else its glob matches (sorted)."""
+    """Paths a run argument names: itself when it exists, else its glob matches (sorted) that are
+    run directories or ``.npz`` files (``runs/x_s*`` also matches a sweep's ``x_s0.log``)."""
     if Path(pattern).exists():
         return [pattern]
-    found = sorted(glob.glob(pattern))
+    found = [p for p in sorted(glob.glob(pattern)) if Path(p).is_dir() or p.endswith(".npz")]
     if not found:
-        raise ValueError(f"{flag}: no run matches {pattern!r}")
+        raise ValueError(f"{flag}: no run directory or .npz matches {pattern!r}")
     return found
 
 
