@@ -66,7 +66,7 @@ def load_result(path: str | Path) -> Result:
     if p.is_dir():
         f = p / PER_QUERY
         if not f.is_file():
-            raise ValueError(f"{path}: has no {PER_QUERY} (a run trained before per-query results were written: "
+            raise ValueError(f"{path}: has no {PER_QUERY} (a run not finished, or trained before per-query results were written: "
                              f"re-run it, or write one with 'xmodal eval --run {path} --data DIR --split S "
                              f"--per-query FILE.npz')")
         results, cards = read_per_query(f)
