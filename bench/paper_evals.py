@@ -177,7 +177,9 @@ def per_query_ranks(model, img_dev, img_cls: dict, class_emb, raw_img_dev, raw_c
     sim = sim.masked_fill(eye, -1e9)  # the query itself: below every cosine, so never ahead of a positive
     pos = (lab[:, None] == lab[None, :]) & ~eye
     keep = pos.any(1)
-    zs = lambda x, c: F.normalize(torch.as_tensor(x).double(), dim=1) @ F.normalize(torch.as_tensor(c).double(), dim=1).T  # noqa: E731
+    def zs(x, c):  # zero_shot's scores: cosine in float64
+        return F.normalize(torch.as_tensor(x).double(), dim=1) @ F.normalize(torch.as_tensor(c).double(), dim=1).T
+
     video, mask = dev.video_input()
     return {"retrieval": query_ranks(sim[keep], pos[keep]),
             "zs_none": query_ranks(zs(img_dev, class_emb), img_cls["dev"]),

@@ -66,9 +66,9 @@ def load_result(path: str | Path) -> Result:
     if p.is_dir():
         f = p / PER_QUERY
         if not f.is_file():
-            raise ValueError(f"{path}: has no {PER_QUERY} (a run not finished, or trained before per-query results were written: "
-                             f"re-run it, or write one with 'xmodal eval --run {path} --data DIR --split S "
-                             f"--per-query FILE.npz')")
+            raise ValueError(f"{path}: has no {PER_QUERY} (a run not finished, or trained before per-query "
+                             f"results were written: re-run it, or write one with 'xmodal eval --run {path} "
+                             f"--data DIR --split S --per-query FILE.npz')")
         results, cards = read_per_query(f)
         selected = None
         metrics = p / "metrics.json"
@@ -100,7 +100,8 @@ def _split(a: Sequence[Result], b: Sequence[Result], split: str | None) -> str:
     if split is not None:
         for r, s in zip((*a, *b), have):
             if split not in s:
-                raise ValueError(f"--split: {r.path} has no {split!r} results (it has {', '.join(sorted(s)) or 'none'})")
+                raise ValueError(f"--split: {r.path} has no {split!r} results "
+                                 f"(it has {', '.join(sorted(s)) or 'none'})")
         return split
     for s in ("test", "val"):
         if all(s in h for h in have):
@@ -116,7 +117,8 @@ def _differences(a: Sequence[Result], b: Sequence[Result], split: str, norm_a: s
             if r is ref:
                 continue
             for d in card_differences(ref.cards.get(split), r.cards.get(split),
-                                      normalizer_a=ref.normalizer(split, norm_a), normalizer_b=r.normalizer(split, name)):
+                                      normalizer_a=ref.normalizer(split, norm_a),
+                                      normalizer_b=r.normalizer(split, name)):
                 out.append(f"{r.path} ({side}) vs {ref.path}: {_short(d)}")
     return out
 
@@ -167,9 +169,11 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
         raise ValueError(f"--normalizer: no direction has per-query ranks for {normalizer!r} / {norm_b!r} "
                          f"in every run ({split})")
     for d in dirs:
-        missing = [r.path for rs, n in ((a, normalizer), (b, norm_b)) for r in rs if r.values(split, n, d, "R@1") is None]
+        missing = [r.path for rs, n in ((a, normalizer), (b, norm_b)) for r in rs
+                   if r.values(split, n, d, "R@1") is None]
         if missing:
-            raise ValueError(f"--directions: {d} has no per-query ranks under this normaliser in {missing[0]} ({split}; "
+            raise ValueError(f"--directions: {d} has no per-query ranks under this normaliser in {missing[0]} "
+                             f"({split}; "
                              f"p2v / v2p exist only on a split with groups)")
     rows = []
     for d in dirs:
@@ -182,7 +186,8 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
                 raise ValueError(f"--metrics: {m} of {d} is missing from some run's per-query results ({split})")
             sizes = {v.shape[0] for v in (*va, *vb)}
             if len(sizes) != 1:
-                raise ValueError(f"the runs have different numbers of {d} queries ({', '.join(map(str, sorted(sizes)))}) "
+                raise ValueError(f"the runs have different numbers of {d} queries "
+                                 f"({', '.join(map(str, sorted(sizes)))}) "
                                  f"on {split}: they cannot be paired, even with --force")
             t = paired_test(va if len(va) > 1 else va[0], vb if len(vb) > 1 else vb[0], metric=m, n_boot=n_boot,
                             seed=seed, level=level)
