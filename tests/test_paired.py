@@ -237,3 +237,15 @@ def test_query_results_reproduce_retrieval_metrics_with_directional_scores():
             assert 100 * np.mean(q[d]["rank"] <= 1) == pytest.approx(m[d]["R@1"])
             assert np.mean(q[d]["rank"]) == pytest.approx(m[d]["MnR"])
             assert np.nanmean(q[d]["ap"]) == pytest.approx(m[d]["mAP"], rel=1e-6)
+
+
+@pytest.mark.parametrize("which", ["query_results", "retrieval_metrics"])
+def test_directional_scores_with_a_scalar_map_are_one_line_errors(which):
+    """Found by tests/test_fuzz_public.py: a 0-d sim_v2t / text_to_video raised IndexError."""
+    import xmodal.retrieval.evaluate as ev
+
+    f = getattr(ev, which)
+    with pytest.raises(ValueError, match="text_to_video"):
+        f(torch.ones(3, 2), torch.ones(2, 3), torch.tensor(1))
+    with pytest.raises(ValueError, match="sim_v2t"):
+        f(torch.ones(3, 2), torch.tensor(1.0), np.array([0, 1, 1]))

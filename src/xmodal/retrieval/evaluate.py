@@ -69,6 +69,8 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
         out = text_video(sim_t2v, text_to_video, v2t=v2t, **opts)
     elif v2t == "all-captions":
         t2v = as_tensor(text_to_video, "text_to_video")
+        if t2v.ndim != 1:
+            raise ValueError(f"text_to_video: expected one video index per text [M], got shape {tuple(t2v.shape)}")
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
         out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
     else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
@@ -109,7 +111,11 @@ def query_results(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_v
         ranks = text_video_ranks(sim_t2v, text_to_video, ties=ties, v2t=v2t)
     else:
         sim_v2t = as_tensor(sim_v2t, "sim_v2t")
+        if sim_v2t.ndim != 2:
+            raise ValueError(f"sim_v2t: expected 2 dimensions [videos, texts], got shape {tuple(sim_v2t.shape)}")
         t2v = as_tensor(text_to_video, "text_to_video")
+        if t2v.ndim != 1:
+            raise ValueError(f"text_to_video: expected one video index per text [M], got shape {tuple(t2v.shape)}")
         if v2t == "all-captions":
             own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
             ranks = {"t2v": query_ranks(sim_t2v, t2v, ties), "v2t": query_ranks(sim_v2t, own.to(sim_v2t.device), ties)}
