@@ -115,12 +115,18 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("report", "--data"): "data folder",
     ("serve", "--index"): "index",
     ("serve", "--images"): "folder",
+    ("compare", "A"): "per-query",
+    ("compare", "B"): "per-query",
+    ("compare", "--a"): "per-query",
+    ("compare", "--b"): "per-query",
 }
 #: Outputs (checked to be left untouched by a refused command) and arguments that name no file.
 OUTPUT_ARGS = {("bench", "--out"), ("demo", "--out"), ("train", "--out"), ("data import", "--out"),
                ("encode", "--out"), ("encode", "--mask-out"), ("index", "--out"), ("normalize", "--save-bias"),
-               ("query", "--out"), ("report", "--out"), ("export", "--out")}
+               ("query", "--out"), ("report", "--out"), ("export", "--out"), ("eval", "--per-query")}
 OTHER_ARGS = {
+    "compare": {"--split", "--normalizer", "--normalizer-b", "--metrics", "--directions", "--n-boot", "--seed",
+                "--level"},
     "bench": {"--datasets", "--objectives", "--seeds", "--ts", "--noise", "--epochs", "--ncl-queue-sizes",
               "--threads"},
     "config": {"--set"},
@@ -155,6 +161,7 @@ JUNK: dict[str, tuple[str, ...]] = {
     "folder or list": ("missing", "empty", "random bytes", "non-UTF-8 text", "an empty directory"),
     "run": ("missing", "empty", "random bytes", "npz for npy", "an empty directory"),
     "run folder": ("missing", "empty", "random bytes", "an empty directory"),
+    "per-query": ("missing", "empty", "random bytes", "npz for npy", "an empty directory"),
     "index": ("missing", "empty", "random bytes", "an empty directory", "index: junk meta.json",
               "index: junk query_shift.npy", "index: names.txt a directory"),
     "data folder": ("missing", "empty", "random bytes", "an empty directory", "layout: optional file a directory",
@@ -303,7 +310,12 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
             return ["eval", *run_feats, "--video-features", s["v3.npy"], "--video-mask", s["vmask.npy"]]
         if arg in ("--expert", "--expert-mask"):
             return ["eval", *run_feats, arg, f"audio={s['v.npy']}"]
+        if arg == "--per-query":
+            return ["eval", *run_feats, "--per-query", str(out)]
         return ["eval", *run_feats]
+    if cmd == "compare":
+        return ["compare", s["run"], s["run"], "--n-boot", "200"] if arg in ("A", "B") else \
+            ["compare", "--a", s["run"], "--b", s["run"], "--n-boot", "200"]
     if cmd == "index":
         base = ["index", "--run", s["run"], "--video-features", s["v.npy"], "--out", str(out), "--names",
                 s["names.txt"]]
@@ -354,8 +366,9 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
 
 
 #: index in the base argv of each positional file argument
-POSITION = {("config", "items"): 1, ("train", "config"): 1, ("data check", "root"): 2,
-            ("data import", "pairs"): 2, ("encode", "source"): 2, ("report", "path"): 1, ("export", "run"): 1}
+POSITION = {("compare", "A"): 1, ("compare", "B"): 2, ("config", "items"): 1, ("train", "config"): 1,
+            ("data check", "root"): 2, ("data import", "pairs"): 2, ("encode", "source"): 2, ("report", "path"): 1,
+            ("export", "run"): 1}
 
 
 #: the name a junk file gets (the suffix the argument expects, so that the junk is read, not refused by name)
@@ -467,7 +480,8 @@ GOOD = [("eval", "--queries"), ("eval", "--text"), ("eval", "--sim"), ("eval", "
         ("normalize", "--queries"), ("index", "--run"), ("index", "--data"), ("index", "--video-mask"),
         ("index", "--texts"),
         ("query", "--index"), ("query", "--text-mask"), ("config", "items"), ("data import", "pairs"),
-        ("encode", "--captions"), ("encode", "--dir"), ("data check", "root"), ("export", "run")]
+        ("encode", "--captions"), ("encode", "--dir"), ("data check", "root"), ("export", "run"), ("compare", "A"),
+        ("compare", "--a")]
 
 
 @pytest.mark.parametrize("cmd, arg", GOOD, ids=[f"{c}|{a}" for c, a in GOOD])
@@ -483,8 +497,9 @@ def test_the_good_command_lines_are_good(world, tmp_path, capsys, cmd, arg):
 OUTPUTS = {("encode", "--out", "--captions"): "file", ("encode", "--out", "--dir"): "file",
            ("encode", "--out", "source"): "folder", ("normalize", "--save-bias", "--queries"): "file",
            ("query", "--out", "--index"): "file", ("report", "--out", "path"): "file",
-           ("index", "--out", "--run"): "folder", ("data import", "--out", "pairs"): "folder",
-           ("train", "--out", "config"): "folder", ("export", "--out", "run"): "folder"}
+           ("index", "--out", "--run"): "folder", ("eval", "--per-query", "--per-query"): "file",
+           ("data import", "--out", "pairs"): "folder", ("train", "--out", "config"): "folder",
+           ("export", "--out", "run"): "folder"}
 
 
 def test_every_output_is_fuzzed():

@@ -195,7 +195,9 @@ def test_padding_content_never_changes_training(hierarchy):
     (m0, s0), (m1, s1) = runs
     for (k, a), (_, b) in zip(m0.state_dict().items(), m1.state_dict().items()):
         assert torch.equal(a, b), k
-    assert json.dumps(s0["val"], sort_keys=True) == json.dumps(s1["val"], sort_keys=True)
+    # the protocol card's split_sha256 hashes the arrays as given, padding included: the metrics are compared
+    drop = lambda s: {k: v for k, v in s["val"].items() if k != "protocol"}  # noqa: E731
+    assert json.dumps(drop(s0), sort_keys=True) == json.dumps(drop(s1), sort_keys=True)
     assert ("p2v" in s0["val"]["none"]) is True
 
 

@@ -97,7 +97,9 @@ def test_training_improves_over_chance_and_writes_run_dir(tmp_path):
     # chance t2v R@1 on 60 videos is 1.7 %
     assert summary["val"]["none"]["t2v"]["R@1"] > 10
     assert summary["normalizer"] in ("none", "dn", "sinkhorn", "qbnorm")
-    assert set(summary["test"]) == {"none", "dn", "sinkhorn", "qbnorm"}
+    assert set(summary["test"]) == {"none", "dn", "sinkhorn", "qbnorm", "protocol"}  # + the split's card
+    for name in ("per_query.npz",):
+        assert (tmp_path / name).is_file(), name
 
 
 def test_same_seed_same_weights_different_seed_different(tmp_path):

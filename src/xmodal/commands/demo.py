@@ -102,6 +102,8 @@ def format_table(results: dict[str, dict]) -> str:
     for loss, summary in results.items():
         split = summary.get("test", summary["val"])
         for norm, m in split.items():
+            if norm == "protocol":  # the split's protocol card
+                continue
             cells = [format_metric(k, m[d][k]) for d in ("t2v", "v2t") for k in ("R@1", "R@5", "R@10", "MdR", "MnR")]
             mark = " *" if norm == summary["normalizer"] else ""
             rows.append(f"| {loss} | {norm}{mark} | " + " | ".join(cells) + " |")

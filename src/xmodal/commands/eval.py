@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--normalizer", default="selected", metavar="NAME",
                    help="test-time normaliser of the run: selected (default, chosen on val), none, "
                         "or any fitted name (dn, sinkhorn, ncl, qbnorm, is, dsl)")
+    r.add_argument("--per-query", metavar="NPZ", default=None,
+                   help="also write each query's rank (and AP / nDCG with a relevancy) and the protocol card to "
+                        "this .npz, the layout of RUN/per_query.npz, for 'xmodal compare' (with --run)")
     r.add_argument("--v2t-scores", default="normalized", choices=("normalized", "transpose"),
                    help="video -> text scores: normalized (default: the normaliser fitted for that "
                         "direction, exactly the trainer's metrics.json) or transpose (the t2v scores "
@@ -155,6 +158,17 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
         raise ValueError(f"{run_only[0]}: only with --run")
     if args.v2t_scores != "normalized" and mode not in ("run", "run-data"):
         raise ValueError("--v2t-scores: only with --run")
+    if args.per_query is not None and mode not in ("run", "run-data"):
+        raise ValueError("--per-query: only with --run and its features (--data or --video-features/--text-features)")
+    if args.per_query is not None and args.ties == "average":
+        raise ValueError("--per-query: stores one integer rank per query; use --ties pessimistic or optimistic")
+    if args.per_query is not None:
+        out = Path(args.per_query)
+        if out.is_dir() or out.is_symlink():
+            raise ValueError(f"--per-query: {out} is a {'directory' if out.is_dir() else 'symbolic link'}; "
+                             f"give a new .npz file name")
+        if out.suffix != ".npz":
+            raise ValueError(f"--per-query: expected a file name ending in .npz, got {args.per_query!r}")
     if mode == "labels":
         return _evaluate_labels(args, ks)
     if mode in ("run", "run-data"):
@@ -241,10 +255,38 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
         from xmodal.retrieval.evaluate import group_metrics
 
         res.update(group_metrics(model, split, ks=ks, ties=args.ties))
+    if args.per_query is not None:
+        _write_per_query(args, model, name, split if mode == "run-data" else None, (sim_t2v, sim_v2t), t2v,
+                         relevancy, (tf, tmask), (vf, vmask))
     v2t_how = ("v2t ranks the t2v scores transposed (--v2t-scores transpose)" if sim_v2t is None and
                args.v2t_scores == "transpose" else "v2t scores normalised for that direction, as metrics.json")
     return res, "retrieval", {"texts": sim_t2v.shape[0], "videos": sim_t2v.shape[1], "v2t": args.v2t,
                               "scores": f"run {args.run}: heads -> cosine -> normaliser {name} ({v2t_how})"}
+
+
+def _write_per_query(args: argparse.Namespace, model, name: str, split, sims: tuple, t2v, relevancy,
+                     text: tuple, video: tuple) -> None:
+    """``--per-query``: the evaluated split's per-query results and protocol card (the layout of
+    ``RUN/per_query.npz``, :mod:`xmodal.retrieval.perquery`), written atomically."""
+    from types import SimpleNamespace
+
+    from xmodal.retrieval.evaluate import group_ranks, query_results
+    from xmodal.retrieval.perquery import protocol_card, write_per_query
+    from xmodal.training.provenance import git_revision
+
+    results = query_results(*sims, t2v, relevancy, ties=args.ties, v2t=args.v2t)
+    if split is not None:
+        results.update(group_ranks(model, split))
+    else:  # the arrays given by flags, hashed as the trainer hashes a split (xmodal.retrieval.perquery)
+        t2v_arr = np.asarray(t2v)
+        split = SimpleNamespace(text_to_video=t2v_arr, num_videos=int(sims[0].shape[1]),
+                                video_input=lambda: video, text_input=lambda: text)
+    key = args.split if args.data is not None else "eval"
+    per_query = {key: {name: results}}
+    v2t = args.v2t + (" (t2v scores transposed)" if args.v2t_scores == "transpose" and sims[1] is None else "")
+    card = protocol_card(split, model.test_time, [name], selected=name, ties=args.ties, v2t=v2t,
+                         git=git_revision(), per_query=per_query[key])
+    write_per_query(args.per_query, per_query, {key: card})
 
 
 def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dict, str, dict]:

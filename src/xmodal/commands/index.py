@@ -26,10 +26,11 @@ by -lam mu_x), NCL / Sinkhorn as the per-video bias b_j fitted on the run's stor
 query bank against this gallery. QB-Norm, IS and DSL depend on each query's scores
 against the whole gallery and cannot be folded: choose --normalizer none, dn,
 sinkhorn or ncl for such runs; with --normalizer selected on such a run the
-best foldable one on val is used, and a note says so. DIR holds index.faiss, query_shift.npy, meta.json
-and a copy of the run's checkpoint (for the text head), and for 'xmodal serve' videos.npy (the
-gallery's video embeddings: "more like this") and, with --data (the layout's captions, S_texts.tsv)
-or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search)."""
+one the run's summary names for an index is used (metrics.json "index_normalizer": the
+best foldable one clear of none on val, else none), and a note says why. DIR holds index.faiss,
+query_shift.npy, meta.json and a copy of the run's checkpoint (for the text head), and for 'xmodal serve'
+videos.npy (the gallery's video embeddings: "more like this") and, with --data (the layout's captions,
+S_texts.tsv) or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search)."""
 
 
 
@@ -119,7 +120,10 @@ def run(args: argparse.Namespace) -> int:
         if sep and name in flags:
             raise type(exc)(f"{flags[name]}:{rest}") from None
         raise
-    if "fallback_from" in meta:
+    recorded = (getattr(getattr(model, "test_time", None), "selection", None) or {}).get("index_note")
+    if "fallback_from" in meta and recorded:  # the words of the run's own summary (metrics.json index_note)
+        print(f"note: {recorded}", file=sys.stderr)
+    elif "fallback_from" in meta:
         print(f"note: the run selected {meta['fallback_from']}, which depends on each query's scores against "
               f"the whole gallery and cannot be folded into an index; using {meta['normalizer']}, the best "
               f"foldable normaliser on val (--normalizer NAME to choose another)", file=sys.stderr)

@@ -153,11 +153,24 @@ def format_summary(summary: dict) -> str:
     lines = [f"best epoch {summary['best_epoch']} of {summary['epochs_run']}, train time "
              f"{summary['train_time_s']:.1f} s, temperature {summary['temperature']:.4f}, "
              f"selected normaliser: {summary['normalizer']}"]
+    sel = summary.get("selection") or {}
+    if sel.get("tests"):
+        from xmodal.retrieval.selection import describe
+
+        lines.append(f"selection ({sel['rule']}: a normaliser replaces none only when the lower end of its "
+                     f"{100 * sel['level']:.0f}% paired bootstrap interval is above 0):" if sel["rule"] == "paired"
+                     else f"selection ({sel['rule']}: the highest val score):")
+        lines += [f"  {line}" for line in describe(sel)]
+    if "index_normalizer" in summary:
+        lines.append(f"index: {summary['index_note']}" if summary.get("index_note") else
+                     f"index: 'xmodal index --normalizer selected' folds {summary['index_normalizer']}, the same")
     for split in ("val", "test"):
         if split not in summary:
             continue
         lines.append(f"{split:5s} {'normaliser':16s} | {_HEAD.format('t2v')} | {_HEAD.format('v2t')}")
         for name, m in summary[split].items():
+            if name == "protocol":  # the split's protocol card, not a normaliser
+                continue
             cells = [_row(m[d]) for d in ("t2v", "v2t")]
             mark = "*" if name == summary["normalizer"] else (
                 "+" if name in summary.get("uses_test_queries", ()) else " ")
@@ -166,7 +179,7 @@ def format_summary(summary: dict) -> str:
             cells = [_row(m[d]) for d in ("t2v", "v2t")]
             lines.append(f"      {name + '+':16s} | {cells[0]} | {cells[1]}")
     for split in ("val", "test"):  # a hierarchical run on groups: paragraph <-> video (same under every normaliser)
-        m = next(iter(summary.get(split, {}).values()), {})
+        m = next((v for k, v in summary.get(split, {}).items() if k != "protocol"), {})
         if "p2v" in m:
             cells = [_row(m[d]) for d in ("p2v", "v2p")]
             lines.append(f"{split:5s} {'paragraphs':16s} | {_HEAD.format('p2v')} | {_HEAD.format('v2p')}")

@@ -185,7 +185,8 @@ class ScheduleConfig:
 @dataclass(frozen=True)
 class TestTimeConfig:
     """Test-time normalisers fitted once at the end of training and tried on the
-    validation split; the best (by ``train.metric``) is selected (``xmodal.retrieval.testtime``).
+    validation split; one replaces ``none`` only when its gain by ``train.metric`` is clear of
+    the per-query bootstrap spread (``selection: paired``, :mod:`xmodal.retrieval.selection`).
     ``sinkhorn`` uses a bank of ``bank_size`` training queries, ``ncl`` the NCL loss's own
     query queues (dropped for losses without one). ``oracle``: also report Sinkhorn
     biases fitted on the evaluated queries themselves (``sinkhorn_oracle``; never selected).
@@ -212,6 +213,9 @@ class TestTimeConfig:
     qb_beta: float = key(20.0, "QB-Norm's inverse temperature beta")
     sinkhorn_iters: int = key(4, "Sinkhorn iterations of the sinkhorn / ncl biases")
     oracle: bool = key(True, "also report Sinkhorn fitted on the evaluated queries (an oracle, never selected)")
+    selection: str = key("paired", "how the run's normaliser is chosen on val: paired (a candidate replaces none only "
+                                   "when the lower end of its 95% paired bootstrap interval over the val queries is "
+                                   "above none's score) | best (the highest val score, however small the gain)")
 
 
 @dataclass(frozen=True)
@@ -490,6 +494,7 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"test_time.bank_size: must be >= 1, got {t.bank_size}")
     _nonneg(t.dn_lam, "test_time.dn_lam")
     _one_of(t.dn_source, "test_time.dn_source", ("train", "val"))
+    _one_of(t.selection, "test_time.selection", ("paired", "best"))
     for name in ("dn_num_samples", "dn_seeds"):
         if getattr(t, name) < 1:
             raise ValueError(f"test_time.{name}: must be >= 1, got {getattr(t, name)}")

@@ -445,6 +445,13 @@ def _mean(values: np.ndarray, defined: np.ndarray, empty: str, what: str) -> flo
 
 def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
                    block_size: int | None) -> tuple[float, float]:
+    ap, ndcg, has_ap, has_ndcg = _per_query(s, r, ties, block_size)
+    return _mean(ap, has_ap, empty, "mAP (relevancy == 1)"), _mean(ndcg, has_ndcg, empty, "nDCG (relevancy > 0)")
+
+
+def _per_query(s: torch.Tensor, r: np.ndarray, ties: str, block_size: int | None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-query AP and nDCG in [0, 1] (0 where undefined) and whether each is defined."""
     q, g = s.shape
     optimistic = ties == "optimistic"
     sn = np.ascontiguousarray(s.detach().cpu().numpy())  # row blocks must be contiguous
@@ -473,7 +480,27 @@ def _one_direction(s: torch.Tensor, r: np.ndarray, ties: str, empty: str,
         parts = [one(start) for start in starts]
     ap, dcg, idcg, n1 = (np.concatenate(x) for x in zip(*parts))
     ndcg = np.divide(dcg, idcg, out=np.zeros_like(dcg), where=idcg > 0)
-    return _mean(ap, n1 > 0, empty, "mAP (relevancy == 1)"), _mean(ndcg, idcg > 0, empty, "nDCG (relevancy > 0)")
+    return ap, ndcg, n1 > 0, idcg > 0
+
+
+@torch.no_grad()
+def mir_per_query(sim: Any, relevancy: Any, *, ties: str = "pessimistic", block_size: int | None = None
+                  ) -> dict[str, np.ndarray]:
+    """Each query's AP and nDCG (percent; NaN for a query without an item of relevancy 1 /
+    above 0): ``{"ap": [Q], "ndcg": [Q]}``, whose NaN-skipping means are :func:`mir`'s
+    ``mAP`` / ``nDCG`` (``empty="skip"``, rows as queries).
+
+    >>> out = mir_per_query(np.array([[0.9, 0.1], [0.2, 0.8]]), np.array([[1.0, 0.0], [1.0, 0.0]]))
+    >>> out["ap"].tolist(), out["ndcg"].tolist()
+    ([100.0, 50.0], [100.0, 0.0])
+    """
+    s = similarity(sim, "sim")
+    r = _relevancy(relevancy, tuple(s.shape))
+    ties = choice(ties, "ties", ("pessimistic", "optimistic"))
+    if block_size is not None:
+        block_size = check_block_size(block_size)
+    ap, ndcg, has_ap, has_ndcg = _per_query(s, r, ties, block_size)
+    return {"ap": np.where(has_ap, 100.0 * ap, np.nan), "ndcg": np.where(has_ndcg, 100.0 * ndcg, np.nan)}
 
 
 @torch.no_grad()
@@ -514,4 +541,4 @@ def mir(sim: Any, relevancy: Any, *, ties: str = "pessimistic", empty: str = "sk
             "nDCG_rows": n_r, "nDCG_cols": n_c}
 
 
-__all__ = ["mir"]
+__all__ = ["mir", "mir_per_query"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from xmodal._validate import as_tensor, choice
@@ -141,6 +142,74 @@ def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 5
     return out
 
 
+def _as_ranks(lo: torch.Tensor, n: torch.Tensor, p: torch.Tensor, ties: str) -> np.ndarray:
+    """1-based ranks from :func:`~xmodal.metrics._common.block_counts`: int64 for the deterministic
+    tie rules, the expected rank ``lo + n / (p + 1)`` (float64) for ``"average"``."""
+    if ties == "average":
+        return (lo.double() + n.double() / (p.double() + 1.0)).cpu().numpy()
+    return (lo + n).cpu().numpy().astype(np.int64)
+
+
+@torch.no_grad()
+def query_ranks(sim: Any, positives: Any, ties: str = "pessimistic", *, block_size: int | None = None
+                ) -> np.ndarray:
+    """Each query's 1-based rank of its best-ranked correct item: the per-query values behind
+    :func:`retrieval` (its R@K is ``100 * mean(rank <= K)``, MdR / MnR the median / mean rank
+    for ``"pessimistic"`` and ``"optimistic"``; ``"average"`` gives expected ranks, whose
+    mean is MnR).
+
+    Args:
+        sim, positives, ties, block_size: as :func:`retrieval`.
+
+    Returns:
+        int64 ``[Q]`` (float64 for ``ties="average"``).
+
+    Shape:
+        sim: [Q, G]; positives: [Q] or [Q, G] -> [Q].
+
+    >>> query_ranks(np.array([[0.9, 0.1], [0.8, 0.8]]), np.array([0, 1])).tolist()
+    [1, 2]
+    """
+    s = similarity(sim, "sim")
+    ties = check_ties(ties)
+    if block_size is not None:
+        block_size = check_block_size(block_size)
+    pos = positives_of(positives, s.shape[0], s.shape[1], s.device)
+    return _as_ranks(*_ranks(s, pos, ties, block_size), ties)
+
+
+@torch.no_grad()
+def text_video_ranks(sim_tv: Any, text_to_video: Any, ties: str = "pessimistic", v2t: str = "all-captions", *,
+                     block_size: int | None = None) -> dict[str, np.ndarray]:
+    """Per-query ranks of :func:`text_video`: ``{"t2v": [num_texts], "v2t": [num_videos]}``
+    (each direction's metrics are those of :func:`query_ranks`' values).
+
+    >>> r = text_video_ranks(np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]]), np.array([0, 1, 1]))
+    >>> r["t2v"].tolist(), r["v2t"].tolist()
+    ([1, 1, 2], [1, 1])
+    """
+    s = similarity(sim_tv, "sim_tv")
+    v2t = choice(v2t, "v2t", V2T)
+    ties = check_ties(ties)
+    if block_size is not None:
+        block_size = check_block_size(block_size)
+    num_t, num_v = s.shape
+    t2v = caption_groups(text_to_video, num_t, num_v)
+    out = {"t2v": _as_ranks(*_ranks(s, t2v.to(s.device), ties, block_size), ties)}
+    st = s.t()
+    b = default_block(num_t) if block_size is None else block_size
+    parts = []
+    for start in range(0, num_v, b):
+        blk = st[start:start + b].contiguous()
+        vids = torch.arange(start, start + blk.shape[0], device=s.device)
+        if v2t == "all-captions":
+            parts.append(block_counts(blk, mask=t2v.to(s.device)[None, :] == vids[:, None], ties=ties))
+        else:
+            parts.append(block_counts(group_max(blk, t2v, num_v), index=vids, ties=ties))
+    out["v2t"] = _as_ranks(*(torch.cat(x) for x in zip(*parts)), ties)
+    return out
+
+
 @torch.no_grad()
 def label_retrieval_from_sim(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 10, 50),
                     ties: str = "pessimistic", *, block_size: int | None = None) -> dict:
@@ -203,4 +272,5 @@ def label_retrieval_from_sim(sim: Any, labels: Any, ks: Sequence[int] = (1, 5, 1
     return out
 
 
-__all__ = ["retrieval", "text_video", "label_retrieval_from_sim", "caption_groups", "group_max"]
+__all__ = ["retrieval", "text_video", "query_ranks", "text_video_ranks", "label_retrieval_from_sim",
+           "caption_groups", "group_max"]

@@ -198,6 +198,8 @@ def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Itera
     for (ds, nz, label), summaries in results.items():
         split = "test" if "test" in summaries[0] else "val"
         for norm in summaries[0][split]:
+            if norm == "protocol":  # the split's protocol card (metrics.json[split]["protocol"])
+                continue
             rows.append({"dataset": ds, "noise": nz, "objective": label, "normalizer": norm,
                          **aggregate(summaries, norm)})
     write_tables(rows, root, elapsed=time.perf_counter() - t0)

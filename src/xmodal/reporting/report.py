@@ -28,6 +28,7 @@ import numpy as np
 from xmodal._validate import duck, positive_int, short_repr, whole_number
 from xmodal.features.media import find_media
 from xmodal.metrics.formatting import format_metric
+from xmodal.metrics.paired import format_p
 
 LOWER_IS_BETTER = ("MdR", "MnR", "train s")
 CSS = """
@@ -189,7 +190,7 @@ def results_tables(metrics: dict, sizes: dict | None = None) -> list[str]:
         raise TypeError(f"sizes: expected a dict or None, got {type(sizes).__name__}")
     parts = []
     for split in ("val", "test"):
-        res = metrics.get(split)
+        res = {k: v for k, v in (metrics.get(split) or {}).items() if k != "protocol"}  # the card: its own section
         if not res:
             continue
         if not isinstance(res, dict) or not all(isinstance(r, dict) and all(isinstance(v, dict) for v in r.values())
@@ -210,6 +211,85 @@ def results_tables(metrics: dict, sizes: dict | None = None) -> list[str]:
                          f'chance R@1: t2v {c["t2v"]:.2f}%, v2t {c["v2t"]:.2f}%.</p>')
         parts.append(table(header, rows, best_cols=range(1, len(header)),
                            selected=[i for i, n in enumerate(names) if n == metrics.get("normalizer")]))
+    return parts
+
+
+_CARD_ROWS = (("queries", "num_queries"), ("gallery", "gallery_size"), ("chance R@1 (%)", "chance_r1"),
+              ("caption policy", "caption_policy"), ("captions per video", "captions_per_video"),
+              ("video -> text protocol", "v2t"), ("tie rule", "tie_rule"), ("selected normaliser", "normalizer"),
+              ("its bank", "bank_source"), ("uses the test queries", "uses_test_queries"),
+              ("split sha256", "split_sha256"), ("git revision", "git_revision"), ("uncommitted changes", "git_dirty"))
+
+
+def protocol_section(metrics: dict) -> list[str]:
+    """The protocol card of each split (``metrics.json[split]["protocol"]``), as a table."""
+    cards = {s: (metrics.get(s) or {}).get("protocol") for s in ("val", "test")}
+    cards = {s: c for s, c in cards.items() if isinstance(c, dict)}
+    if not cards:
+        return []
+
+    def cell(v: Any) -> str:
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {format_metric('chance', x) if isinstance(x, float) else x}" for k, x in v.items())
+        return "–" if v is None else str(v)
+
+    rows = [[label] + [cell(c.get(key)) for c in cards.values()] for label, key in _CARD_ROWS]
+    return ["<h2>Protocol card</h2>",
+            '<p class="muted">How the numbers were made (<code>metrics.json[split]["protocol"]</code>); '
+            "<code>xmodal compare</code> pairs two results only when these agree.</p>",
+            table([""] + list(cards), rows, left_cols=len(cards) + 1)]
+
+
+def selection_section(metrics: dict) -> list[str]:
+    """How the run chose its normaliser on val (the paired test of each candidate against none)."""
+    sel = metrics.get("selection") or {}
+    if not sel.get("tests"):
+        return []
+    level = f"{100 * sel.get('level', 0.95):.0f}%"
+    rows = [[n, t["diff"], f"[{t['ci_low']:.2f}, {t['ci_high']:.2f}]", format_p(t["p_value"]),
+             "clear" if t["clear"] else "not clear"] for n, t in sel["tests"].items()]
+    note = sel.get("index_note") or (f"'xmodal index --normalizer selected' folds {sel.get('index_normalizer')}, "
+                                     f"the selected normaliser.")
+    return ["<h2>Normaliser selection on val</h2>",
+            f'<p class="muted">Rule <b>{_e(sel["rule"])}</b>: a normaliser replaces none only when the lower end of '
+            f"the {level} paired bootstrap interval of its val {_e(sel['metric'])} minus none's is above 0. "
+            f"Selected: <b>{_e(sel['selected'])}</b>. {_e(note)}</p>",
+            table(["normaliser", f"val {sel['metric']} − none", f"{level} CI", "p", "verdict"], rows, left_cols=1,
+                  digits=2)]
+
+
+def intervals_section(path: Path, n_boot: int = 2000) -> list[str]:
+    """R@1 of every normaliser with its bootstrap interval over the queries, and its paired
+    difference to none (interval, p-value), from ``per_query.npz``."""
+    from xmodal.metrics.paired import bootstrap_interval, paired_test
+    from xmodal.retrieval.perquery import read_per_query
+
+    if not path.is_file():
+        return []
+    results, _ = read_per_query(path)
+    parts = ["<h2>Intervals (per-query bootstrap)</h2>",
+             f'<p class="muted">R@1 with its 95% percentile bootstrap interval over the queries ({n_boot} '
+             "resamples), and the paired difference to none with its interval and sign-flip p-value "
+             "(<code>xmodal.metrics.paired_test</code>; <code>xmodal compare</code> does the same between runs).</p>"]
+    for split in ("val", "test"):
+        res = results.get(split)
+        if not res or "none" not in res:
+            continue
+        dirs = [d for d in ("t2v", "v2t", "p2v", "v2p") if d in res["none"]][:2]
+        header = ["normaliser"] + [f"{d} {h}" for d in dirs for h in ("R@1", "95% CI", "− none", "CI", "p")]
+        rows = []
+        for name, by_dir in res.items():
+            row: list[Any] = [name]
+            for d in dirs:
+                value, lo, hi = bootstrap_interval(by_dir[d]["rank"], n_boot=n_boot)
+                row += [value, f"[{lo:.2f}, {hi:.2f}]"]
+                if name == "none":
+                    row += ["–", "–", "–"]
+                else:
+                    t = paired_test(res["none"][d]["rank"], by_dir[d]["rank"], n_boot=n_boot)
+                    row += [f"{t['diff']:+.2f}", f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", format_p(t["p_value"])]
+            rows.append(row)
+        parts += [f"<h3>{_e(split)}</h3>", table(header, rows, left_cols=1)]
     return parts
 
 
@@ -379,7 +459,7 @@ def _read_metrics(path: Path) -> dict:
             continue
         if not (isinstance(res, dict) and all(isinstance(m, dict) and all(isinstance(m.get(d, {}), dict)
                                                                           for d in ("t2v", "v2t"))
-                                              for m in res.values())):
+                                              for k, m in res.items() if k != "protocol")):
             raise ValueError(f"{path}: '{split}' is not a table of metrics per normaliser")
     return metrics
 
@@ -447,6 +527,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     body += ["<h2>Results per test-time normaliser</h2>",
              '<p class="muted">Recall in %, ranks 1-based. Yellow row: the normaliser selected on val; '
              "bold green: best per column.</p>"] + results_tables(metrics, sizes)
+    body += protocol_section(metrics) + selection_section(metrics) + intervals_section(run / "per_query.npz")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         log = _read_log(run / "log.jsonl") if (run / "log.jsonl").is_file() else []

@@ -1,5 +1,7 @@
 """Applying a trained run: embeddings and metrics of a split (:mod:`~xmodal.retrieval.evaluate`), the
-stored test-time normalisers (:mod:`~xmodal.retrieval.testtime`) and FAISS indexes (:mod:`~xmodal.retrieval.index`).
+stored test-time normalisers (:mod:`~xmodal.retrieval.testtime`), the choice among them
+(:mod:`~xmodal.retrieval.selection`), per-query results and protocol cards (:mod:`~xmodal.retrieval.perquery`)
+and FAISS indexes (:mod:`~xmodal.retrieval.index`).
 
 May import: metrics, normalize, models, data, ``xmodal._validate`` and ``xmodal.runs``; never training,
 reporting or the CLI.
@@ -15,6 +17,8 @@ _EXPORTS = {
     "TestTime": "testtime", "fit_test_time": "testtime", "fit_normalizer": "testtime",
     "BiasedIndex": "index", "SearchIndex": "index", "write_index": "index",
     "fold_run_normalizer": "index", "selected_normalizer": "index",
+    "query_results": "evaluate", "protocol_card": "perquery", "read_per_query": "perquery",
+    "write_per_query": "perquery", "select_normalizer": "selection",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -23,6 +27,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"xmodal.retrieval.{_EXPORTS[name]}"), name)
-    if name in ("evaluate", "testtime", "index"):
+    if name in ("evaluate", "testtime", "index", "perquery", "selection"):
         return importlib.import_module(f"xmodal.retrieval.{name}")
     raise AttributeError(f"module 'xmodal.retrieval' has no attribute {name!r}")

@@ -13,8 +13,8 @@ import torch
 
 from xmodal._validate import as_tensor, duck, option, positive_int
 
-__all__ = ["embed_split", "retrieval_metrics", "score", "evaluate", "evaluate_normalizers", "group_metrics",
-           "mean_pooled_groups"]
+__all__ = ["embed_split", "retrieval_metrics", "query_results", "score", "score_terms", "evaluate",
+           "evaluate_normalizers", "group_metrics", "group_ranks", "mean_pooled_groups"]
 
 
 def _check_inputs(model, split, batch_size) -> int:
@@ -69,6 +69,8 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
         out = text_video(sim_t2v, text_to_video, v2t=v2t, **opts)
     elif v2t == "all-captions":
         t2v = as_tensor(text_to_video, "text_to_video")
+        if t2v.ndim != 1:
+            raise ValueError(f"text_to_video: expected one video index per text [M], got shape {tuple(t2v.shape)}")
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
         out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
     else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
@@ -81,6 +83,52 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
         v2t_sim = sim_t2v.T if sim_v2t is None else sim_v2t
         for direction, sim, r in (("t2v", sim_t2v, rel), ("v2t", v2t_sim, rel.T)):
             out[direction].update(mir(sim, r.contiguous().to(sim.device), ties=ties))
+    return out
+
+
+def query_results(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_to_video: np.ndarray,
+                  relevancy: np.ndarray | None = None, *, ties: str = "pessimistic",
+                  v2t: str = "all-captions") -> dict:
+    """The per-query values behind :func:`retrieval_metrics` (same arguments, same protocol):
+    ``{"t2v": {"rank": int32 [M]}, "v2t": {"rank": int32 [N]}}``, each rank 1-based (the rank of
+    the query's best-ranked correct item under ``ties``), and with ``relevancy`` each direction's
+    ``"ap"`` / ``"ndcg"`` (float32, percent, NaN for a query without one). ``R@K`` of
+    :func:`retrieval_metrics` is ``100 * mean(rank <= K)``, ``MnR`` / ``MdR`` the mean / median
+    rank, ``mAP`` / ``nDCG`` the NaN-skipping mean: what ``RUN/per_query.npz`` stores and
+    :func:`xmodal.metrics.paired_test` compares.
+
+    >>> sim = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.7, 0.6]])
+    >>> r = query_results(sim, None, np.array([0, 1, 1]))
+    >>> r["t2v"]["rank"].tolist(), r["v2t"]["rank"].tolist()
+    ([1, 1, 2], [1, 1])
+    """
+    from xmodal.metrics import mir_per_query, query_ranks, text_video_ranks
+
+    sim_t2v = as_tensor(sim_t2v, "sim_t2v")
+    v2t = option(v2t, "v2t", ("all-captions", "max-over-captions"))
+    ties = option(ties, "ties", ("pessimistic", "optimistic"))  # one integer rank per query
+    if sim_v2t is None:
+        ranks = text_video_ranks(sim_t2v, text_to_video, ties=ties, v2t=v2t)
+    else:
+        sim_v2t = as_tensor(sim_v2t, "sim_v2t")
+        if sim_v2t.ndim != 2:
+            raise ValueError(f"sim_v2t: expected 2 dimensions [videos, texts], got shape {tuple(sim_v2t.shape)}")
+        t2v = as_tensor(text_to_video, "text_to_video")
+        if t2v.ndim != 1:
+            raise ValueError(f"text_to_video: expected one video index per text [M], got shape {tuple(t2v.shape)}")
+        if v2t == "all-captions":
+            own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
+            ranks = {"t2v": query_ranks(sim_t2v, t2v, ties), "v2t": query_ranks(sim_v2t, own.to(sim_v2t.device), ties)}
+        else:
+            ranks = {"t2v": query_ranks(sim_t2v, t2v, ties),
+                     "v2t": text_video_ranks(sim_v2t.T, text_to_video, ties=ties, v2t=v2t)["v2t"]}
+    out = {d: {"rank": r.astype(np.int32)} for d, r in ranks.items()}
+    if relevancy is not None:
+        rel = np.asarray(relevancy, dtype=np.float32)
+        v2t_sim = sim_t2v.T if sim_v2t is None else sim_v2t
+        for direction, sim, r in (("t2v", sim_t2v, rel), ("v2t", v2t_sim, rel.T)):
+            for key, values in mir_per_query(sim, np.ascontiguousarray(r), ties=ties).items():
+                out[direction][key] = values.astype(np.float32)
     return out
 
 
@@ -111,13 +159,49 @@ def score(metrics: dict, metric: str) -> float:
     return sum(metrics[d][f"R@{k}"] for d in ("t2v", "v2t") for k in (1, 5, 10))
 
 
-def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_size: int = 8192
-                         ) -> dict[str, dict]:
+def score_terms(per_query: dict, metric: str) -> list[tuple[np.ndarray, float]]:
+    """:func:`score` as per-query terms: ``[(values [Q_s], weight), ...]`` with
+    ``score == sum(weight * values.mean())`` (each direction's queries one stratum), the
+    input of :func:`xmodal.metrics.paired_strata_test` (normaliser selection).
+
+    Args:
+        per_query: one normaliser's :func:`query_results` (``{"t2v": {"rank": ...}, ...}``).
+        metric: as :func:`score`.
+
+    >>> pq = {"t2v": {"rank": np.array([1, 11])}, "v2t": {"rank": np.array([2])}}
+    >>> [(v.tolist(), w) for v, w in score_terms(pq, "rsum")]
+    [([300.0, 0.0], 1.0), ([200.0], 1.0)]
+    """
+    from xmodal._validate import short_repr
+
+    if not isinstance(metric, str) or metric not in METRICS:
+        raise ValueError(f"metric: unknown value {short_repr(metric)}; expected one of {', '.join(METRICS)}")
+
+    def hits(direction: str) -> np.ndarray:
+        if direction not in per_query:
+            raise ValueError(f"metric: {metric!r} needs per-query {direction} ranks")
+        r = np.asarray(per_query[direction]["rank"])
+        return 100.0 * sum((r <= k).astype(np.float64) for k in (1, 5, 10))
+
+    if metric == "map":
+        ap = per_query.get("t2v", {}).get("ap")
+        if ap is None:
+            raise ValueError("metric: 'map' needs per-query AP, i.e. a split with relevancy")
+        ap = np.asarray(ap, dtype=np.float64)
+        return [(ap[~np.isnan(ap)], 1.0)]
+    if metric == "r1":
+        return [(100.0 * (np.asarray(per_query[d]["rank"]) <= 1), 0.5) for d in ("t2v", "v2t")]
+    return [(hits(d), 1.0) for d in (("p2v", "v2p") if metric == "p2v_rsum" else ("t2v", "v2t"))]
+
+
+def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_size: int = 8192,
+                         per_query: dict | None = None) -> dict[str, dict]:
     """Metrics of ``split`` under each normaliser: ``{name: {"t2v": ..., "v2t": ...}}``.
 
     ``test_time``: a :class:`~xmodal.retrieval.testtime.TestTime` (or the dict form of older runs).
     With a relevancy (``split.mir_relevancy()``: a relevancy file or video labels) each
-    direction also holds ``mAP`` and ``nDCG``.
+    direction also holds ``mAP`` and ``nDCG``. ``per_query``: a dict filled with each name's
+    per-query values (:func:`query_results`, plus ``p2v`` / ``v2p`` ranks on a split with groups).
     """
     from xmodal._validate import short_repr
     from xmodal.retrieval.testtime import TestTime
@@ -128,9 +212,18 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
     tt = test_time if isinstance(test_time, TestTime) else TestTime.from_state_dict(test_time)
     text, video = embed_split(model, split, batch_size)
     rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
-    groups = group_metrics(model, split, batch_size)  # the same under every normaliser (see group_metrics)
-    return {name: {**retrieval_metrics(*tt.similarities(text, video, name), split.text_to_video, rel), **groups}
-            for name in names}
+    if per_query is not None and not isinstance(per_query, dict):
+        raise TypeError(f"per_query: expected a dict to fill or None, got {type(per_query).__name__}")
+    # p2v / v2p: the same under every normaliser (see group_metrics)
+    groups = group_metrics(model, split, batch_size)
+    pooled = group_ranks(model, split, batch_size) if per_query is not None else {}
+    out = {}
+    for name in names:
+        sims = tt.similarities(text, video, name)
+        out[name] = {**retrieval_metrics(*sims, split.text_to_video, rel), **groups}
+        if per_query is not None:
+            per_query[name] = {**query_results(*sims, split.text_to_video, rel), **pooled}
+    return out
 
 
 @torch.no_grad()
@@ -159,6 +252,24 @@ def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
         paragraph, video = mean_pooled_groups(model, split, batch_size)
     out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
     return {"p2v": out["t2v"], "v2p": out["v2t"]}
+
+
+@torch.no_grad()
+def group_ranks(model, split, batch_size: int = 8192) -> dict:
+    """Per-query ranks of :func:`group_metrics` (same embeddings, pessimistic ties):
+    ``{"p2v": {"rank": int32 [P]}, "v2p": {"rank": int32 [P]}}``, ``{}`` without groups."""
+    from xmodal.metrics import text_video_ranks
+
+    if getattr(split, "video_to_group", None) is None:
+        return {}
+    if hasattr(model, "encode_groups"):
+        paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
+                                                  split.video_to_group, batch_size=batch_size,
+                                                  text_mask=getattr(split, "text_mask", None))
+    else:
+        paragraph, video = mean_pooled_groups(model, split, batch_size)
+    ranks = text_video_ranks(paragraph @ video.T, np.arange(paragraph.shape[0]))
+    return {"p2v": {"rank": ranks["t2v"].astype(np.int32)}, "v2p": {"rank": ranks["v2t"].astype(np.int32)}}
 
 
 @torch.no_grad()

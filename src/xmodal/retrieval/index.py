@@ -188,11 +188,17 @@ def selected_normalizer(model: Any, normalizer: str = "selected") -> str:
 
 
 def best_foldable(model: Any, metric: str = "rsum") -> str:
-    """The run's best normaliser on val (by ``metric``, as the trainer selects) among those
-    an index can hold (:data:`FOLDABLE`); ``"none"`` when no other was fitted."""
+    """The normaliser an index folds for a run whose selected one cannot be folded: the one the
+    trainer recorded (``test_time.selection["index_normalizer"]``, the rule of
+    :mod:`xmodal.retrieval.selection`, which the run's summary names too); for older runs the
+    best on val (by ``metric``) among those an index can hold (:data:`FOLDABLE`), ``"none"``
+    when no other was fitted."""
     from xmodal.retrieval.evaluate import score
 
     tt = _test_time(model)
+    recorded = (getattr(tt, "selection", None) or {}).get("index_normalizer")
+    if recorded in FOLDABLE and (recorded == "none" or recorded in tt.names):
+        return recorded
     val = tt.val or {}
     names = [n for n in dict.fromkeys(["none", *tt.names]) if n in FOLDABLE and n in val]
     if not names:

@@ -133,6 +133,8 @@ class TestTime:
         names: the fitted candidates, in selection order.
         selected: the name chosen on validation (never one that uses test queries).
         val: validation metrics per name, ``{name: {"t2v": ..., "v2t": ...}}``.
+        selection: how ``selected`` was chosen (:func:`xmodal.retrieval.selection.select_normalizer`:
+            the rule, each candidate's paired test against ``none``, the normaliser an index folds).
     """
 
     __test__ = False  # not a pytest class
@@ -144,6 +146,7 @@ class TestTime:
     names: tuple = ("none",)
     selected: str = "none"
     val: dict = field(default_factory=dict)
+    selection: dict = field(default_factory=dict)
 
     def _hp(self) -> dict:
         return {"temperature": self.temperature, **{k: v for k, v in self.hparams.items() if k != "dn_source"}}
@@ -200,7 +203,8 @@ class TestTime:
     def state_dict(self) -> dict:
         return {"version": 1, "temperature": float(self.temperature), "hparams": dict(self.hparams),
                 "banks": {k: [t.detach().cpu(), v.detach().cpu()] for k, (t, v) in self.banks.items()},
-                "dn": self.dn, "names": list(self.names), "selected": self.selected, "val": self.val}
+                "dn": self.dn, "names": list(self.names), "selected": self.selected, "val": self.val,
+                "selection": dict(self.selection)}
 
     @classmethod
     def from_state_dict(cls, state: dict | None) -> "TestTime":
@@ -215,7 +219,8 @@ class TestTime:
         return _check_state(cls(temperature=float(state["temperature"]), hparams=dict(state.get("hparams", {})),
                                 banks={k: (v[0], v[1]) for k, v in state.get("banks", {}).items()},
                                 dn=state.get("dn"), names=tuple(state.get("names", ("none",))),
-                                selected=state.get("selected", "none"), val=dict(state.get("val", {}))))
+                                selected=state.get("selected", "none"), val=dict(state.get("val", {})),
+                                selection=dict(state.get("selection") or {})))
 
     # -- read access of the former dict form ---------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -351,7 +356,9 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
 
 def select(test_time: TestTime, val: dict[str, dict], score) -> str:
     """The best name on validation by ``score(metrics)`` among those not using test queries
-    (ties prefer ``none``, then the earlier name)."""
+    (ties prefer ``none``, then the earlier name): the ``best`` rule. The trainer's default rule
+    (a candidate must beat ``none`` by more than the per-query spread) is
+    :func:`xmodal.retrieval.selection.select_normalizer`."""
     ok = [n for n in test_time.names if not uses_test_queries(n) and n in val]
     order = {n: i for i, n in enumerate(ok)}
     return max(ok, key=lambda n: (score(val[n]), n == "none", -order[n])) if ok else "none"

@@ -11,8 +11,9 @@ object per epoch; ``log.csv`` and ``tensorboard/`` with ``train.log_to``, see
 sha256 of the data files, :mod:`xmodal.training.provenance`), ``checkpoint.pt`` (everything needed to resume exactly: model,
 loss state incl. queues, optimiser, RNG, early-stopping state; rewritten atomically
 every epoch), ``model.pt`` (the selected model with its fitted test-time normalisers,
-what :func:`xmodal.load_model` reads), ``metrics.json``, PNG plots, and ``.lock`` (one
-writer at a time). Every checkpoint read is weights-only.
+what :func:`xmodal.load_model` reads), ``metrics.json`` (with each split's protocol card),
+``per_query.npz`` (each query's rank per split, normaliser and direction: what ``xmodal
+compare`` tests), PNG plots, and ``.lock`` (one writer at a time). Every checkpoint read is weights-only.
 
 Exact resume: batches of epoch ``e`` come from a generator seeded with ``(seed, e)``,
 the global torch RNG (dropout) is checkpointed, the LR is a function of the step,
@@ -58,7 +59,7 @@ from xmodal.training.runlog import RunLog
 from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
 from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
                                   text_classes)
-from xmodal.retrieval.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries
+from xmodal.retrieval.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries  # noqa: F401
 from xmodal.training.parts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
                                generator_states, init_distributed_from_env, load_module_state, loss_extras,
                                make_ema, make_optimizer, make_plateau, resolve_device, set_generator_states)
@@ -444,7 +445,12 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
 
 def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: dict, state: dict,
            *, show: bool = False) -> dict:
-    """Restore the best epoch, fit the test-time normalisers once, select one on val, write ``model.pt``."""
+    """Restore the best epoch, fit the test-time normalisers once, select one on val (a candidate
+    replaces ``none`` only when its gain is clear, :mod:`xmodal.retrieval.selection`), write
+    ``model.pt``, ``metrics.json`` (with each split's protocol card) and ``per_query.npz``."""
+    from xmodal.retrieval.perquery import NAME as PER_QUERY, protocol_card, split_sha256, write_per_query
+    from xmodal.retrieval.selection import select_normalizer
+
     if state["best_model"] is not None:
         model.load_state_dict(state["best_model"])
         load_module_state(loss_fn, state["best_loss"])
@@ -452,27 +458,44 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
     bs, metric = cfg.train.eval_batch_size, cfg.train.metric
     test_time = build_test_time(cfg, model, loss_fn, splits["train"], seed=cfg.train.seed, val=splits["val"])
     names = list(test_time.names)
-    val = evaluate_normalizers(names, test_time, model, splits["val"], bs)
+    per_query: dict[str, dict] = {"val": {}}
+    val = evaluate_normalizers(names, test_time, model, splits["val"], bs, per_query=per_query["val"])
     test_time.val = val
-    test_time.selected = best = select(test_time, val, lambda m: score(m, metric))
+    selection = select_normalizer(names, val, per_query["val"], metric, rule=cfg.test_time.selection,
+                                  seed=cfg.train.seed)
+    test_time.selected = best = selection["selected"]
+    test_time.selection = selection
     model.test_time = test_time
     summary: dict[str, Any] = {
         "best_epoch": state["best_epoch"] + 1, "epochs_run": state["epoch"], "metric": metric,
         "val_score": state["best_score"], "train_time_s": state["train_time"], "temperature": model.temperature,
         "normalizer": best, "val": val, "uses_test_queries": [n for n in names if uses_test_queries(n)],
+        "index_normalizer": selection["index_normalizer"], "selection": selection,
     }
     dropped = [n for n in cfg.test_time.normalizers if n not in names]
     if dropped:  # e.g. ncl listed in the config, but only an NCL loss keeps the query queue it is fitted on
         summary["dropped_normalizers"] = {n: "needs the NCL loss's query queue (loss.name: ncl)" if n == "ncl"
                                           else "not fitted for this run" for n in dropped}
+    if selection.get("index_note"):
+        summary["index_note"] = selection["index_note"]
     evaluated = [s for s in ("val", "test") if s in splits]
     if "test" in splits:
-        summary["test"] = evaluate_normalizers(names, test_time, model, splits["test"], bs)
+        per_query["test"] = {}
+        summary["test"] = evaluate_normalizers(names, test_time, model, splits["test"], bs,
+                                               per_query=per_query["test"])
     if cfg.test_time.oracle:  # reported beside the table, never selected
-        summary["oracle"] = {s: evaluate_normalizers(list(ORACLE_NAMES), test_time, model, splits[s], bs)
+        summary["oracle"] = {s: evaluate_normalizers(list(ORACLE_NAMES), test_time, model, splits[s], bs,
+                                                     per_query=per_query[s])
                              for s in evaluated}
     if dist.rank() == 0:
+        git = provenance.git_revision()
+        cards = {s: protocol_card(splits[s], test_time, list(per_query[s]), selected=best,
+                                  sha256=split_sha256(splits[s]), git=git, per_query=per_query[s])
+                 for s in evaluated}
+        for s in evaluated:  # a copy: test_time.val (model.pt) stays {normaliser: metrics}
+            summary[s] = {**summary[s], "protocol": cards[s]}
         atomic_save({"config": to_dict(cfg), "model": model_payload(model), "summary": summary}, out / "model.pt")
+        write_per_query(out / PER_QUERY, per_query, cards)
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=1))
         if show:
             print(f"best epoch {summary['best_epoch']}, selected test-time normaliser: {best}", flush=True)

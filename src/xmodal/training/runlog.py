@@ -194,7 +194,8 @@ class RunLog:
     def final(self, summary: dict, step: int) -> None:
         """The per-normaliser val/test metrics of the selected model, at the last step."""
         values = {tag: float(v) for split in ("val", "test")
-                  for tag, v in _flat(f"final/{split}", summary.get(split) or {}, {}).items()
+                  for tag, v in _flat(f"final/{split}", {k: r for k, r in (summary.get(split) or {}).items()
+                                                         if k != "protocol"}, {}).items()
                   if math.isfinite(float(v))}
         if self.writer is not None:
             for tag, v in values.items():

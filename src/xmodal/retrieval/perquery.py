@@ -1,0 +1,217 @@
+"""Per-query results and the protocol card of an evaluation: what ``xmodal compare`` reads.
+
+``RUN/per_query.npz`` (written by ``xmodal train``, ``xmodal eval --run --per-query`` and
+``xmodal bench``'s runs) holds plain arrays, no pickle:
+
+* ``"{split}/{normalizer}/{direction}/rank"``: int32, each query's 1-based rank of its
+  best-ranked correct item (pessimistic ties), ``direction`` in ``t2v``, ``v2t`` and, on a
+  split with groups, ``p2v``, ``v2p``;
+* ``"{split}/{normalizer}/{direction}/ap"`` and ``.../ndcg``: float32, percent, NaN for a
+  query without one, where the split has a relevancy;
+* ``"{split}/protocol"``: the split's protocol card as JSON text (a 0-d unicode array), the
+  same dict as ``metrics.json[split]["protocol"]``.
+
+The **protocol card** (:func:`protocol_card`) says how a split's numbers were made:
+``num_queries`` and ``gallery_size`` per direction, ``chance_r1`` (the R@1 in percent of a
+random ranking), ``caption_policy`` (``all`` captions as queries, or ``one-per-video`` when
+every video has one), ``v2t`` (the video -> text protocol), ``tie_rule``, the selected
+``normalizer`` with its ``bank_source`` and ``uses_test_queries`` (and both for every
+normaliser of the split under ``normalizers``), ``split_sha256`` (:func:`split_sha256`)
+and the code's ``git_revision`` / ``git_dirty``. Two results are comparable when the fields
+of :data:`PROTOCOL_FIELDS` agree (:func:`card_differences`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xmodal._validate import short_repr
+
+__all__ = ["PROTOCOL_FIELDS", "split_sha256", "arrays_sha256", "protocol_card", "bank_source",
+           "write_per_query", "read_per_query", "card_differences", "normalizer_card"]
+
+NAME = "per_query.npz"
+#: Fields of two protocol cards that must agree for a paired comparison.
+PROTOCOL_FIELDS = ("num_queries", "gallery_size", "chance_r1", "caption_policy", "v2t", "tie_rule",
+                   "split_sha256", "uses_test_queries")
+_ROW_BYTES = 1 << 24
+
+
+def arrays_sha256(arrays: dict[str, Any]) -> str:
+    """SHA-256 over named arrays (name, dtype, shape and bytes of each, in sorted name order;
+    ``None`` entries skipped; a dict value is hashed as ``name:key`` entries). Memory-mapped
+    arrays are read in blocks of rows, never copied whole.
+
+    >>> arrays_sha256({"a": np.arange(3)}) == arrays_sha256({"a": np.arange(3), "b": None})
+    True
+    """
+    flat: dict[str, np.ndarray] = {}
+    for name, x in arrays.items():
+        if isinstance(x, dict):
+            flat.update({f"{name}:{k}": v for k, v in x.items() if v is not None})
+        elif x is not None:
+            flat[name] = x
+    h = hashlib.sha256()
+    for name in sorted(flat):
+        x = flat[name]
+        x = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+        h.update(f"{name}|{x.dtype.str}|{x.shape}\n".encode())
+        rows = max(1, _ROW_BYTES // max(1, x[:1].nbytes)) if x.ndim else 1
+        for start in range(0, max(1, x.shape[0] if x.ndim else 1), rows):
+            h.update(np.ascontiguousarray(x[start:start + rows] if x.ndim else x).tobytes())
+    return h.hexdigest()
+
+
+def split_sha256(split: Any) -> str:
+    """SHA-256 of what a split's evaluation depends on: video features (every expert) and their
+    masks, text features and token mask, the text -> video map, the relevancy used for mAP /
+    nDCG and the groups. The same arrays read from a layout or given by flags hash alike."""
+    video, mask = split.video_input()
+    text, text_mask = split.text_input() if hasattr(split, "text_input") else (split.text, None)
+    rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
+    return arrays_sha256({"video": video, "video_mask": mask, "text": text, "text_mask": text_mask,
+                          "text_to_video": np.asarray(split.text_to_video), "relevancy": rel,
+                          "video_to_group": getattr(split, "video_to_group", None)})
+
+
+def bank_source(test_time: Any, name: str) -> str:
+    """Where normaliser ``name``'s statistics come from, in words (for the card)."""
+    from xmodal.retrieval.testtime import _METHODS, _canonical
+
+    key = _canonical(name)
+    bank = _METHODS[key][1]
+    if bank is None:
+        return "none"
+    if bank == "queries":
+        return "the evaluated queries themselves"
+    if key == "dn":
+        return "validation split" if test_time.hparams.get("dn_source") == "val" else "training query banks"
+    pair = test_time.banks.get(bank)
+    sizes = f" ({len(pair[0])} texts / {len(pair[1])} videos)" if pair is not None else ""
+    return ("the NCL loss's query queues" if bank == "ncl" else "random training queries") + sizes
+
+
+def normalizer_card(test_time: Any, name: str) -> dict:
+    """``{"bank_source", "uses_test_queries"}`` of one normaliser."""
+    from xmodal.retrieval.testtime import uses_test_queries
+
+    return {"bank_source": bank_source(test_time, name), "uses_test_queries": bool(uses_test_queries(name))}
+
+
+def protocol_card(split: Any, test_time: Any, names: list[str], *, selected: str, ties: str = "pessimistic",
+                  v2t: str = "all-captions", sha256: str | None = None, git: tuple = (None, None),
+                  per_query: dict | None = None) -> dict:
+    """The protocol card of one split (see the module docstring).
+
+    Args:
+        split: the evaluated :class:`~xmodal.data.PairedSplit` (or anything with ``text_to_video``,
+            ``num_videos``, ``video_input``, ``text_input``).
+        test_time: the run's :class:`~xmodal.retrieval.testtime.TestTime`.
+        names: the normalisers evaluated on this split.
+        selected: the normaliser the card's top-level ``normalizer`` names (the run's headline).
+        ties, v2t: the rank protocol.
+        sha256: :func:`split_sha256` when already known.
+        git: ``(revision, dirty)`` of the code (``xmodal.training.provenance.git_revision()``).
+        per_query: the split's per-query results (adds ``p2v`` / ``v2p`` query counts).
+    """
+    t2v = np.asarray(split.text_to_video)
+    n_videos = int(split.num_videos)
+    counts = np.bincount(t2v, minlength=n_videos)
+    rev, dirty = git
+    queried = counts[counts > 0]
+    card = {"num_queries": {"t2v": int(t2v.size), "v2t": n_videos},
+            "gallery_size": {"t2v": n_videos, "v2t": int(t2v.size)},
+            "chance_r1": {"t2v": round(100.0 / n_videos, 6),
+                          "v2t": round(float(100.0 * (queried / t2v.size).mean()), 6) if v2t.startswith("all-captions")
+                          else round(100.0 / n_videos, 6)},
+            "caption_policy": "one-per-video" if bool((counts == 1).all()) else "all",
+            "captions_per_video": round(float(t2v.size / max(1, n_videos)), 4),
+            "v2t": v2t, "tie_rule": ties, "normalizer": selected,
+            **normalizer_card(test_time, selected),
+            "normalizers": {n: normalizer_card(test_time, n) for n in names},
+            "split_sha256": sha256 if sha256 is not None else split_sha256(split),
+            "git_revision": rev, "git_dirty": dirty}
+    groups = next((r for r in (per_query or {}).values() if "p2v" in r), None)
+    if groups is not None:
+        p = int(np.asarray(groups["p2v"]["rank"]).size)
+        card["num_queries"].update(p2v=p, v2p=p)
+        card["gallery_size"].update(p2v=p, v2p=p)
+        card["chance_r1"].update(p2v=round(100.0 / p, 6), v2p=round(100.0 / p, 6))
+    return card
+
+
+def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None = None) -> Path:
+    """Write ``{split: {normalizer: {direction: {"rank" | "ap" | "ndcg": array}}}}`` (and each
+    split's card) to ``path`` as an ``.npz`` of plain arrays, atomically."""
+    from xmodal.runs import atomic_write
+
+    arrays: dict[str, np.ndarray] = {}
+    for split, by_name in results.items():
+        for name, by_dir in by_name.items():
+            for direction, values in by_dir.items():
+                for key, x in values.items():
+                    dtype = np.int32 if key == "rank" else np.float32
+                    arrays[f"{split}/{name}/{direction}/{key}"] = np.asarray(x).astype(dtype)
+    for split, card in (cards or {}).items():
+        arrays[f"{split}/protocol"] = np.array(json.dumps(card, sort_keys=True))
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+    atomic_write(Path(path), write)
+    return Path(path)
+
+
+def read_per_query(path: str | os.PathLike) -> tuple[dict, dict]:
+    """``(results, cards)`` of a ``per_query.npz`` (the inverse of :func:`write_per_query`); a file
+    that is not one is a one-line ValueError naming it."""
+    path = Path(path)
+    results: dict = {}
+    cards: dict = {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            for key in z.files:
+                parts = key.split("/")
+                if len(parts) == 2 and parts[1] == "protocol":
+                    cards[parts[0]] = json.loads(str(z[key]))
+                elif len(parts) == 4:
+                    split, name, direction, what = parts
+                    results.setdefault(split, {}).setdefault(name, {}).setdefault(direction, {})[what] = z[key]
+                else:
+                    raise ValueError(f"unexpected entry {key!r}")
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(f"{path}: not a per-query file written by xmodal ({str(exc).splitlines()[0]})") from None
+    return results, cards
+
+
+def card_differences(a: dict | None, b: dict | None, *, normalizer_a: str | None = None,
+                     normalizer_b: str | None = None) -> list[str]:
+    """The :data:`PROTOCOL_FIELDS` on which two cards disagree, as ``"field: A vs B"`` lines
+    (``uses_test_queries`` of the compared normalisers when given). A missing card is one line.
+
+    >>> card_differences({"tie_rule": "pessimistic"}, {"tie_rule": "optimistic"})
+    ["tie_rule: 'pessimistic' vs 'optimistic'"]
+    """
+    if a is None or b is None:
+        return ["protocol: " + ("A" if a is None else "B") + " has no protocol card (written before cards existed)"]
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        raise TypeError(f"cards: expected dicts, got {short_repr(a)} and {short_repr(b)}")
+
+    def field(card: dict, key: str, name: str | None) -> Any:
+        if key == "uses_test_queries" and name is not None and name in card.get("normalizers", {}):
+            return card["normalizers"][name]["uses_test_queries"]
+        return card.get(key)
+
+    out = []
+    for key in PROTOCOL_FIELDS:
+        va, vb = field(a, key, normalizer_a), field(b, key, normalizer_b)
+        if va != vb:
+            out.append(f"{key}: {va!r} vs {vb!r}")
+    return out
