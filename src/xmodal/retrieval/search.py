@@ -8,6 +8,7 @@ opens one and searches it with text features or raw captions. ``xmodal index`` /
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,10 @@ def _run_metric(run: str) -> str:
 def check_out(out: Path, run: str, *, overwrite: bool) -> None:
     """Refuse, before anything is written: an --out that is a file, the run directory
     itself, a folder holding files that are not an index's, or an index without --overwrite."""
+    for value, name in ((out, "out"), (run, "run")):
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{name}: expected a path, got {type(value).__name__}")
+    out = Path(out)
     run_dir = Path(run) if Path(run).is_dir() else Path(run).parent
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} exists and is not a directory")
@@ -135,7 +140,7 @@ class SearchIndex:
             raise ValueError(f"--index: {names} is not a file")
         if names.is_file():
             try:
-                self.names = names.read_text(encoding="utf-8").splitlines()
+                self.names = _lines(names.read_text(encoding="utf-8"))
             except UnicodeDecodeError:
                 raise ValueError(f"--index: {names} is not UTF-8 text") from None
             if len(self.names) != self.index.num_items:
@@ -175,6 +180,19 @@ class SearchIndex:
         return self.index.search(emb - self.shift[None, :], k)
 
 
+
+
+def _lines(text: str) -> list[str]:
+    r"""One name per ``\n`` line as :func:`write_index` writes them (``str.splitlines`` would also
+    split a name at U+2028, U+0085 or a form feed, and the count would no longer match).
+
+    >>> _lines("a\u2028b\nc\r\n")
+    ['a\u2028b', 'c']
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _load(path: str, flag: str):
