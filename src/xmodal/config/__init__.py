@@ -412,7 +412,7 @@ def from_dict(d: dict | None) -> Config:
     sections = {}
     for name, value in d.items():
         if name not in _SECTION_TYPES:
-            raise ValueError(f"config: unknown section {name!r}; expected one of {', '.join(_SECTION_TYPES)}")
+            raise ValueError(f"config: unknown section {_short(name)}; expected one of {', '.join(_SECTION_TYPES)}")
         if value is None:
             value = {}
         if not isinstance(value, dict):
@@ -476,7 +476,7 @@ def _nonneg(v: float, where: str) -> None:
 def _one_of(v: str, where: str, options: Iterable[str]) -> None:
     options = tuple(options)
     if v not in options:
-        raise ValueError(f"{where}: unknown value {v!r}; expected one of {', '.join(options)}")
+        raise ValueError(f"{where}: unknown value {_short(v)}; expected one of {', '.join(options)}")
 
 
 def _scheduled(loss: str) -> str | None:
@@ -555,7 +555,7 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"data.root: {getattr(exc, 'strerror', None) or exc} ({d.root[:80]!r}...)") from None
         if not found:
             where = "" if root.is_absolute() else f" (relative to {Path.cwd()})"
-            raise ValueError(f"data.root: directory {d.root!r} not found{where}")
+            raise ValueError(f"data.root: directory {_short(d.root, 200)} not found{where}")
         from xmodal.data.layout import missing_files  # h-data: the one list of layout names
 
         if d.val_from_train < 0:
@@ -595,7 +595,7 @@ def validate(cfg: Config) -> None:
     if lo.global_name:
         _one_of(lo.global_name, "loss.global_name", known_losses())
     if lo.global_kwargs is not None and not isinstance(lo.global_kwargs, dict):
-        raise ValueError(f"loss.global_kwargs: expected a mapping, got {lo.global_kwargs!r}")
+        raise ValueError(f"loss.global_kwargs: expected a mapping, got {_short(lo.global_kwargs)}")
     for key, value in lo.kwargs.items():
         if any(word in str(key) for word in ("temperature", "margin")) and value is not None and (
                 isinstance(value, (bool, str)) or not isinstance(value, (int, float))):
@@ -690,17 +690,17 @@ def parse_overrides(overrides: Iterable[str]) -> list[tuple[list[str], Any]]:
         if not isinstance(item, str):
             raise TypeError(f"overrides: expected 'section.key=value' strings, got {_short(item)}")
         if "=" not in item:
-            raise ValueError(f"override {item!r}: expected section.key=value")
+            raise ValueError(f"override {_short(item)}: expected section.key=value")
         key, raw = item.split("=", 1)
         path = [p for p in key.strip().lstrip("-").split(".") if p]
         if len(path) < 2:
-            raise ValueError(f"override {item!r}: expected section.key=value")
+            raise ValueError(f"override {_short(item)}: expected section.key=value")
         try:
             value = _yaml_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         except ValueError as exc:  # ConfigSyntaxError: parsed, but over a bound or a duplicate key
-            raise ValueError(f"override {item!r}: {exc}") from None
+            raise ValueError(f"override {_short(item)}: {exc}") from None
         out.append((path, value))
     return out
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from xmodal._validate import short_repr
 from xmodal.data import layout
-from xmodal.data.groups import shared_groups
+from xmodal.data.groups import group_problems, shared_groups
 
 #: the split names of the default config (``data.train_split`` / ``val_split`` / ``test_split``).
 DEFAULT_SPLITS = ("train", "val", "test")
@@ -258,7 +258,7 @@ def summarize(arrays: dict) -> list[str]:
             tokens = f"{text.shape[1]} (no mask)"
         lines.append(f"texts {text.shape[0]}, feature dim {text.shape[2]}, tokens per text: {tokens}")
     g = arrays.get("video_to_group")
-    if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and np.issubdtype(g.dtype, np.integer) and g.min() >= 0:
+    if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and not group_problems(g, None):  # numbered 0, 1, ...
         sizes = np.bincount(g)
         lines.append(f"groups (long videos) {int(g.max()) + 1}, clips per group: {_stats(sizes[sizes > 0])}")
     if isinstance(arrays.get("relevancy"), np.ndarray):
