@@ -47,7 +47,7 @@ def _number(v, name: str) -> float:
 def _step(step) -> float:
     s = _number(step, "step")
     if s < 0:
-        raise ValueError(f"step: must be >= 0, got {step!r}")
+        raise ValueError(f"step: must be >= 0, got {short_repr(step)}")
     return s
 
 
@@ -201,8 +201,14 @@ class ClassMargin(ClassTemperature):
 
 
 def counts_from_labels(labels, num_classes: int | None = None) -> np.ndarray:
-    """Class counts ``[C]`` from integer labels (``np.bincount``)."""
-    arr = np.asarray(labels)
+    """Class counts ``[C]`` from integer labels (:func:`xmodal.data.class_counts`: ids checked,
+    memory bounded by the largest id); ``num_classes`` None or 0: ``max(labels) + 1``."""
+    from xmodal.data.classes import class_counts
+
+    arr = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or (arr.size and arr.min() < 0):
         raise ValueError("labels: expected a 1-d array of non-negative integers")
-    return np.bincount(arr, minlength=num_classes or 0)
+    if num_classes is not None and (isinstance(num_classes, (bool, np.bool_))
+                                    or not isinstance(num_classes, (int, np.integer)) or num_classes < 0):
+        raise TypeError(f"num_classes: expected None or an integer >= 0, got {short_repr(num_classes)}")
+    return class_counts(arr, int(max(num_classes or 0, arr.max(initial=-1) + 1)))

@@ -27,6 +27,8 @@ import numpy as np
 
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg")
 
+__all__ = ["decode_frames", "middle_frame", "uniform_indices", "VIDEO_EXTENSIONS"]
+
 
 def _av():
     try:
