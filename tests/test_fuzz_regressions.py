@@ -136,3 +136,27 @@ def test_retrieval_and_reporting_name_junk():
               match="objectives: unknown 'bogus'")
     _one_line(lambda: run_grid(datasets=["synthetic"], objectives=["infonce"], seeds=[1.5], out="o"),
               match="seeds:")
+
+
+def test_epic_readers_name_a_junk_split():
+    from xmodal.data import epic_annotations, epic_relevancy
+
+    _one_line(lambda: epic_annotations("", split=ARRAY.astype(np.int64)), match="split: expected a split name")
+    _one_line(lambda: epic_relevancy("", split=ARRAY), match="split:")
+
+
+def test_losses_name_a_junk_normalize_switch():
+    from xmodal.functional import max_margin, ncl_loss
+
+    v = torch.randn(3, 4)
+    for fn in (max_margin, ncl_loss):
+        _one_line(lambda: fn(v, v, normalize=torch.ones(5)), match="normalize: expected True or False")
+
+
+def test_schedules_name_a_junk_switch():
+    from xmodal.schedules import Constant, Cosine, Linear
+
+    for make in (lambda z: Constant(0.1, allow_zero=z), lambda z: Cosine(0.1, 0.05, 10, allow_zero=z),
+                 lambda z: Linear(0.1, 0.05, 10, allow_zero=z)):
+        _one_line(lambda: make(torch.randn(3, 1, 5)), match="allow_zero: expected True or False")
+        assert make(True).allow_zero is True

@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, choice, positive_number, short_repr
+from xmodal._validate import as_tensor, choice, flag, positive_number, short_repr
 
 __all__ = ["Schedule", "Constant", "Cosine", "Linear", "ClassTemperature", "ClassMargin", "counts_from_labels"]
 
@@ -81,7 +81,7 @@ class Constant(Schedule):
     """``s(step) = v``."""
 
     def __init__(self, v: float, *, allow_zero: bool = False) -> None:
-        self.base, self.alpha, self.allow_zero = _number(v, "v"), 0.0, bool(allow_zero)
+        self.base, self.alpha, self.allow_zero = _number(v, "v"), 0.0, flag(allow_zero, "allow_zero")
         self._check_range()
 
 
@@ -91,7 +91,7 @@ class Cosine(Schedule):
     def __init__(self, base: float, alpha: float, period: int, *, allow_zero: bool = False) -> None:
         self.base, self.alpha = _number(base, "base"), _number(alpha, "alpha")
         self.period = positive_number(period, "period")
-        self.allow_zero = bool(allow_zero)
+        self.allow_zero = flag(allow_zero, "allow_zero")
         self._check_range()
 
     def correction(self, step) -> float:
@@ -105,7 +105,7 @@ class Linear(Schedule):
     def __init__(self, base: float, alpha: float, total_steps: int, *, allow_zero: bool = False) -> None:
         self.base, self.alpha = _number(base, "base"), _number(alpha, "alpha")
         self.total_steps = positive_number(total_steps, "total_steps")
-        self.allow_zero = bool(allow_zero)
+        self.allow_zero = flag(allow_zero, "allow_zero")
         self._check_range()
 
     def correction(self, step) -> float:
