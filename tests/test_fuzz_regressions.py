@@ -160,3 +160,11 @@ def test_schedules_name_a_junk_switch():
                  lambda z: Linear(0.1, 0.05, 10, allow_zero=z)):
         _one_line(lambda: make(torch.randn(3, 1, 5)), match="allow_zero: expected True or False")
         assert make(True).allow_zero is True
+
+
+def test_deep_seed_3643064420_findings():
+    from xmodal.data.importer import import_pairs
+    from xmodal.functional.sinkhorn import sinkhorn_plan
+
+    _one_line(lambda: import_pairs(None, features=False, out=False, max_frames=float("inf")), match="--max-frames:")
+    assert sinkhorn_plan(np.array([[4.0]]), gamma=1, iters=1).tolist() == [[1.0]]  # numpy in, as log_sinkhorn

@@ -108,6 +108,8 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     >>> read_pairs(p)
     [{'video': 'v1', 'caption': 'a dog runs'}]
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"pairs: expected a .csv or .jsonl file path, got {short_repr(path)}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"pairs: {path} is a directory, not a .csv or .jsonl file")
@@ -453,9 +455,14 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         "experts": {name: videos with it}, "notes": [...]}}`` (``notes``: split names the
         default config does not read, videos in several splits; the same for every split).
     """
-    if max_frames is not None and (isinstance(max_frames, bool) or int(max_frames) != max_frames
-                                   or max_frames < 1):
-        raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
+    if max_frames is not None:
+        whole = not isinstance(max_frames, (bool, np.bool_)) and (
+            isinstance(max_frames, (int, np.integer)) or (isinstance(max_frames, (float, np.floating))
+                                                         and np.isfinite(max_frames) and float(max_frames).is_integer()))
+        # inf / 2.5 / True: refused
+        if not whole or max_frames < 1:
+            raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
+        max_frames = int(max_frames)
     rows = read_pairs(pairs)
     by_split: dict[str, list[int]] = {}
     for i, r in enumerate(rows):

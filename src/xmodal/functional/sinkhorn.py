@@ -105,5 +105,5 @@ def sinkhorn_plan(scores: torch.Tensor, *, gamma: float, iters: int,
     """
     log_alpha, log_beta, _ = log_sinkhorn(scores, gamma=gamma, iters=iters,
                                           row_marginal=row_marginal, col_marginal=col_marginal)
-    s = scores.to(log_alpha.dtype)
+    s = as_tensor(scores, "scores").to(device=log_alpha.device, dtype=log_alpha.dtype)  # numpy in: as log_sinkhorn
     return torch.exp(log_alpha[:, None] + s / gamma + log_beta[None, :])
