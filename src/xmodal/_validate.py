@@ -208,3 +208,36 @@ def whole_number(v: Any, name: str, minimum: int = 0) -> int:
     if not np.isfinite(v) or float(v) != int(v) or v < minimum:
         raise ValueError(f"{name}: must be an integer >= {minimum}, got {short_repr(v)}")
     return int(v)
+
+
+def text_label(v: Any, name: str) -> str:
+    """A one-line string used inside messages (a label, a flag name, a split name)."""
+    if not isinstance(v, str):
+        raise TypeError(f"{name}: expected a string, got {short_repr(v)}")
+    if "\n" in v or "\r" in v:
+        raise ValueError(f"{name}: expected one line of text, got {short_repr(v)}")
+    return v
+
+
+def int_array(x: Any, name: str, *, ndim: int = 1) -> np.ndarray:
+    """An int64 numpy copy of an integer array / tensor / list with ``ndim`` dimensions (bools,
+    floats and anything not array-like refused: a float row index is a mistake, not a rounding).
+
+    >>> int_array([2, 0], "rows").tolist()
+    [2, 0]
+    """
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    elif isinstance(x, (list, tuple)):
+        try:
+            x = np.asarray(x)
+        except (ValueError, TypeError):
+            raise TypeError(f"{name}: expected an integer array, got {short_repr(x)}") from None
+        if x.size == 0:
+            x = x.astype(np.int64)
+    if not isinstance(x, np.ndarray) or x.dtype == np.bool_ or not np.issubdtype(x.dtype, np.integer):
+        what = f"dtype {x.dtype}" if isinstance(x, np.ndarray) else short_repr(x)
+        raise TypeError(f"{name}: expected an integer array, got {what}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(x.shape)}")
+    return x.astype(np.int64)

@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # a full disk, an unwritable folder: one line, exit status 1
         print(f"xmodal {args.command}: error: {os_error_text(exc)}", file=sys.stderr)
         return 1
+    except MemoryError as exc:  # an input past this machine's memory: one line, exit status 1
+        what = one_line(exc) if str(exc) else "an allocation failed"
+        print(f"xmodal {args.command}: error: out of memory ({what})", file=sys.stderr)
+        return 1
 
 
 def _stdout_gone() -> int:

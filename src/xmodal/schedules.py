@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, choice, positive_number, short_repr
+from xmodal._validate import as_tensor, choice, flag, positive_number, short_repr
 
 __all__ = ["Schedule", "Constant", "Cosine", "Linear", "ClassTemperature", "ClassMargin", "counts_from_labels"]
 
@@ -47,7 +47,7 @@ def _number(v, name: str) -> float:
 def _step(step) -> float:
     s = _number(step, "step")
     if s < 0:
-        raise ValueError(f"step: must be >= 0, got {step!r}")
+        raise ValueError(f"step: must be >= 0, got {short_repr(step)}")
     return s
 
 
@@ -81,7 +81,7 @@ class Constant(Schedule):
     """``s(step) = v``."""
 
     def __init__(self, v: float, *, allow_zero: bool = False) -> None:
-        self.base, self.alpha, self.allow_zero = _number(v, "v"), 0.0, bool(allow_zero)
+        self.base, self.alpha, self.allow_zero = _number(v, "v"), 0.0, flag(allow_zero, "allow_zero")
         self._check_range()
 
 
@@ -91,7 +91,7 @@ class Cosine(Schedule):
     def __init__(self, base: float, alpha: float, period: int, *, allow_zero: bool = False) -> None:
         self.base, self.alpha = _number(base, "base"), _number(alpha, "alpha")
         self.period = positive_number(period, "period")
-        self.allow_zero = bool(allow_zero)
+        self.allow_zero = flag(allow_zero, "allow_zero")
         self._check_range()
 
     def correction(self, step) -> float:
@@ -105,7 +105,7 @@ class Linear(Schedule):
     def __init__(self, base: float, alpha: float, total_steps: int, *, allow_zero: bool = False) -> None:
         self.base, self.alpha = _number(base, "base"), _number(alpha, "alpha")
         self.total_steps = positive_number(total_steps, "total_steps")
-        self.allow_zero = bool(allow_zero)
+        self.allow_zero = flag(allow_zero, "allow_zero")
         self._check_range()
 
     def correction(self, step) -> float:
@@ -201,8 +201,14 @@ class ClassMargin(ClassTemperature):
 
 
 def counts_from_labels(labels, num_classes: int | None = None) -> np.ndarray:
-    """Class counts ``[C]`` from integer labels (``np.bincount``)."""
-    arr = np.asarray(labels)
+    """Class counts ``[C]`` from integer labels (:func:`xmodal.data.class_counts`: ids checked,
+    memory bounded by the largest id); ``num_classes`` None or 0: ``max(labels) + 1``."""
+    from xmodal.data.classes import class_counts
+
+    arr = np.asarray(labels.detach().cpu() if isinstance(labels, torch.Tensor) else labels)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer) or (arr.size and arr.min() < 0):
         raise ValueError("labels: expected a 1-d array of non-negative integers")
-    return np.bincount(arr, minlength=num_classes or 0)
+    if num_classes is not None and (isinstance(num_classes, (bool, np.bool_))
+                                    or not isinstance(num_classes, (int, np.integer)) or num_classes < 0):
+        raise TypeError(f"num_classes: expected None or an integer >= 0, got {short_repr(num_classes)}")
+    return class_counts(arr, int(max(num_classes or 0, arr.max(initial=-1) + 1)))

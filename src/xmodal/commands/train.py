@@ -18,7 +18,9 @@ Overrides are section.key=value (values parsed as YAML), given after the config,
   xmodal train configs/synthetic.yaml --out runs/x loss.name=ncl --optim.lr 3e-4 --set train.seed=1
 
 An interrupted run resumes from DIR/checkpoint.pt (same final weights as an
-uninterrupted run). Multi-process: torchrun --nproc_per_node N -m xmodal train ..."""
+uninterrupted run); a resume over data files that changed since the run started is
+refused (--accept-changed-data goes on and records both sets of hashes).
+Multi-process: torchrun --nproc_per_node N -m xmodal train ..."""
 
 
 def _options(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -26,6 +28,9 @@ def _options(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument("--set", dest="set_", action="append", default=[], metavar="section.key=value",
                         help="config override (repeatable)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if DIR has a checkpoint")
+    parser.add_argument("--accept-changed-data", action="store_true",
+                        help="resume even though a data file changed since the run started (refused by "
+                             "default, naming the file); provenance.json then records both sets of hashes")
     add_common_args(parser, threads=None, progress=True)
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                         help="write PNG plots into the run directory (default: on)")
@@ -70,6 +75,7 @@ def _parse_rest(args: argparse.Namespace) -> argparse.Namespace:
     merged.out = rest.out or args.out
     merged.set_ = list(args.set_) + list(rest.set_)
     merged.no_resume = args.no_resume or rest.no_resume
+    merged.accept_changed_data = args.accept_changed_data or rest.accept_changed_data
     merged.progress = rest.progress if rest.progress is not None else args.progress
     merged.quiet = bool(getattr(args, "quiet", False) or getattr(rest, "quiet", False))
     merged.threads = rest.threads if rest.threads is not None else args.threads
@@ -95,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     _check_config_outside(args.config, args.out, cfg)
     try:  # OSError (a full disk) becomes one line in xmodal.cli.main
         summary = train(cfg, args.out, resume=not args.no_resume, progress=_progress(args, cfg),
-                        verbose=not args.quiet)  # --quiet: no line per epoch, only the summary
+                        verbose=not args.quiet,  # --quiet: no line per epoch, only the summary
+                        accept_changed_data=args.accept_changed_data)
     finally:
         if started:
             dist.shutdown()

@@ -31,18 +31,143 @@ SAMPLINGS = ("captions", "videos", "k_captions")
 LOG_TARGETS = ("csv", "tensorboard", "mlflow", "wandb")
 
 
+#: Bounds of a config's YAML (issue 25.6): a 1 KB alias bomb ("billion laughs") expanded to ~3.5
+#: billion elements and ran out of memory, a recursive alias or 10,000 nesting levels overflowed
+#: the stack. A whole config is ~60 keys, 3 levels deep; these limits are far above any real one.
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 10_000
+
+
+class ConfigSyntaxError(ValueError):
+    """YAML that parses but is refused: over a size bound, a recursive alias, a duplicate key."""
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that also reads ``3e-4`` (no dot, YAML 1.2 style) as a float, so a
-    quoted ``"0.05"`` is the only way to get a string and can be refused."""
+    quoted ``"0.05"`` is the only way to get a string and can be refused; that bounds the
+    nesting depth while composing (before Python's stack can overflow) and refuses a key
+    given twice in one mapping (PyYAML would keep the last one silently)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise ConfigSyntaxError(f"nested deeper than {MAX_YAML_DEPTH} levels "
+                                        f"({_where(self.peek_event().start_mark)})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:  # the mapping's own keys; merged (<<) ones may be overridden
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    k = (key_node.tag, key_node.value)
+                    if k in seen:
+                        raise ConfigSyntaxError(f"key {key_node.value!r} given twice in one mapping "
+                                                f"({_where(seen[k])} and {_where(key_node.start_mark)})")
+                    seen[k] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
 
 
+def _bounded_int(loader: _Loader, node: yaml.ScalarNode) -> int:
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:  # over Python's 4300-digit limit for int(str)
+        raise ConfigSyntaxError(f"integer of {len(str(node.value))} digits ({_where(node.start_mark)})") from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
+def _where(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown position"
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a node graph whose aliases expand beyond :data:`MAX_YAML_NODES` nodes or
+    :data:`MAX_YAML_DEPTH` levels, or that refers to itself (a recursive alias).
+
+    Each distinct node is visited once (iterative depth-first search, sizes memoised), so the
+    check costs the size of the file, not of its expansion.
+    """
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    open_: set[int] = set()  # the current path (started, not finished): a child there is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+
+    def children(node: yaml.Node) -> list[yaml.Node]:
+        if isinstance(node, yaml.SequenceNode):
+            return list(node.value)
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return []
+
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            open_.discard(key)
+            kids = children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            height[key] = 1 + max((height[id(k)] for k in kids), default=0)
+            if size[key] > MAX_YAML_NODES:
+                raise ConfigSyntaxError(f"aliases expand to more than {MAX_YAML_NODES} values "
+                                        f"({_where(node.start_mark)}); a config needs far fewer")
+            if height[key] > MAX_YAML_DEPTH:
+                raise ConfigSyntaxError(f"aliases nest deeper than {MAX_YAML_DEPTH} levels "
+                                        f"({_where(node.start_mark)})")
+            continue
+        if key in size:
+            continue
+        open_.add(key)
+        stack.append((node, True))
+        for child in children(node):
+            if id(child) in open_:
+                raise ConfigSyntaxError(f"recursive alias: a value contains itself ({_where(child.start_mark)})")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    """YAML text -> Python values, bounded (:data:`MAX_YAML_DEPTH`, :data:`MAX_YAML_NODES`).
+
+    Raises:
+        yaml.YAMLError: not YAML (or a tag outside the safe set: no code runs).
+        ConfigSyntaxError: over a bound, a recursive alias or a duplicate key (a ValueError).
+    """
+    loader = _Loader(text)  # a SafeLoader subclass: no Python tags
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _yaml_error_text(exc: yaml.YAMLError) -> str:
+    """One line: PyYAML's problem and where it is (its ``str`` spreads over several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        what = exc.problem or exc.context or type(exc).__name__
+        mark = exc.problem_mark or exc.context_mark
+        return f"{what} ({_where(mark)})" if mark is not None else what
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["Config", "load_config", "from_dict", "to_dict", "validate", "parse_overrides", "apply_overrides",
+           "config_text", "save_config", "replace", "known_losses"]
 
 
 def key(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None) -> Any:
@@ -257,8 +382,23 @@ _SECTION_TYPES = {"data": DataConfig, "model": ModelConfig, "loss": LossConfig, 
                   "schedule": ScheduleConfig, "test_time": TestTimeConfig, "train": TrainConfig}
 
 
+def _short(v: Any, limit: int = 60) -> str:
+    """One line for an error message: arrays by shape, anything else by a truncated repr."""
+    shape = getattr(v, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return f"an array of shape {tuple(shape)}"
+    text = " ".join(repr(v).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_config(cfg: Any, name: str = "cfg") -> None:
+    if not isinstance(cfg, Config):
+        raise TypeError(f"{name}: expected an xmodal.config.Config (load_config / from_dict), got {_short(cfg)}")
+
+
 def to_dict(cfg: Config) -> dict:
     """Plain nested dict (tuples become lists), the form saved as YAML."""
+    _check_config(cfg)
     def plain(v: Any) -> Any:
         if isinstance(v, (tuple, list)):
             return [plain(x) for x in v]
@@ -271,17 +411,18 @@ def to_dict(cfg: Config) -> dict:
 
 def from_dict(d: dict | None) -> Config:
     """Build and validate a :class:`Config`; unknown sections/keys raise ``ValueError``."""
-    d = d or {}
+    if d is None:
+        d = {}
     if not isinstance(d, dict):
         raise ValueError(f"config: expected a mapping at the top level, got {type(d).__name__}")
     sections = {}
     for name, value in d.items():
         if name not in _SECTION_TYPES:
-            raise ValueError(f"config: unknown section {name!r}; expected one of {', '.join(_SECTION_TYPES)}")
+            raise ValueError(f"config: unknown section {_short(name)}; expected one of {', '.join(_SECTION_TYPES)}")
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise ValueError(f"{name}: expected a mapping, got {value!r}")
+            raise ValueError(f"{name}: expected a mapping, got {_short(value)}")
         cls = _SECTION_TYPES[name]
         known = {f.name: f for f in fields(cls)}
         kw = {}
@@ -301,47 +442,47 @@ def _coerce(v: Any, f: dataclasses.Field, where: str) -> Any:
         if isinstance(v, str):
             v = [v]
         if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{where}: expected a list, got {v!r}")
+            raise ValueError(f"{where}: expected a list, got {_short(v)}")
         return tuple(v)
     if isinstance(default, dict):
         if not isinstance(v, dict):
-            raise ValueError(f"{where}: expected a mapping, got {v!r}")
+            raise ValueError(f"{where}: expected a mapping, got {_short(v)}")
         return dict(v)
     if isinstance(default, bool):
         if not isinstance(v, bool):
-            raise ValueError(f"{where}: expected true/false, got {v!r}")
+            raise ValueError(f"{where}: expected true/false, got {_short(v)}")
         return v
     if isinstance(default, int):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{where}: expected an integer, got {v!r}")
+            raise ValueError(f"{where}: expected an integer, got {_short(v)}")
         return v
     if isinstance(default, float) or (default is None and where.split(".")[-1] in ("temperature", "margin")):
         if v is None and where in _OPTIONAL_NUMBERS:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{where}: expected a number, got {v!r}")
+            raise ValueError(f"{where}: expected a number, got {_short(v)}")
         return float(v)
     if isinstance(default, str):
         if not isinstance(v, str):
-            raise ValueError(f"{where}: expected a string, got {v!r}")
+            raise ValueError(f"{where}: expected a string, got {_short(v)}")
         return v
     return v
 
 
 def _positive(v: float, where: str) -> None:
     if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-        raise ValueError(f"{where}: must be a positive number, got {v!r}")
+        raise ValueError(f"{where}: must be a positive number, got {_short(v)}")
 
 
 def _nonneg(v: float, where: str) -> None:
     if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-        raise ValueError(f"{where}: must be a non-negative number, got {v!r}")
+        raise ValueError(f"{where}: must be a non-negative number, got {_short(v)}")
 
 
 def _one_of(v: str, where: str, options: Iterable[str]) -> None:
     options = tuple(options)
     if v not in options:
-        raise ValueError(f"{where}: unknown value {v!r}; expected one of {', '.join(options)}")
+        raise ValueError(f"{where}: unknown value {_short(v)}; expected one of {', '.join(options)}")
 
 
 def _scheduled(loss: str) -> str | None:
@@ -384,21 +525,43 @@ def _test_time_values(t: TestTimeConfig) -> None:
             raise ValueError(f"test_time.{name}: {msg}") from None
 
 
+def _synthetic_keys(knobs: dict) -> None:
+    """``data.synthetic`` holds keyword arguments of :func:`xmodal.data.synthetic` (not ``seed``:
+    ``train.seed`` is passed); an unknown key is refused here, not after the run started."""
+    import inspect
+
+    from xmodal.data.synthetic import synthetic
+
+    allowed = [p for p in inspect.signature(synthetic).parameters if p != "seed"]
+    for name in knobs:
+        if name == "seed":
+            raise ValueError("data.synthetic.seed: the synthetic data's seed is train.seed")
+        if name not in allowed:
+            raise ValueError(f"data.synthetic.{name}: unknown key; expected one of {', '.join(allowed)}")
+
+
 def validate(cfg: Config) -> None:
     """Raise a one-line ``ValueError`` naming the first bad field."""
+    _check_config(cfg)
     d = cfg.data
     _one_of(d.name, "data.name", ("synthetic", "paired"))
     if not 0 <= d.noise < 1:
         raise ValueError(f"data.noise: must lie in [0, 1), got {d.noise!r}")
     if d.max_train_texts < 0:
         raise ValueError(f"data.max_train_texts: must be >= 0, got {d.max_train_texts}")
+    if d.name == "synthetic":
+        _synthetic_keys(d.synthetic)
     if d.name == "paired":
         if not d.root:
             raise ValueError("data.root: required when data.name is 'paired'")
         root = Path(d.root)
-        if not root.is_dir():
+        try:
+            found = root.is_dir()
+        except (OSError, ValueError) as exc:  # a name too long for the file system, a NUL byte
+            raise ValueError(f"data.root: {getattr(exc, 'strerror', None) or exc} ({d.root[:80]!r}...)") from None
+        if not found:
             where = "" if root.is_absolute() else f" (relative to {Path.cwd()})"
-            raise ValueError(f"data.root: directory {d.root!r} not found{where}")
+            raise ValueError(f"data.root: directory {_short(d.root, 200)} not found{where}")
         from xmodal.data.layout import missing_files  # h-data: the one list of layout names
 
         if d.val_from_train < 0:
@@ -438,11 +601,11 @@ def validate(cfg: Config) -> None:
     if lo.global_name:
         _one_of(lo.global_name, "loss.global_name", known_losses())
     if lo.global_kwargs is not None and not isinstance(lo.global_kwargs, dict):
-        raise ValueError(f"loss.global_kwargs: expected a mapping, got {lo.global_kwargs!r}")
+        raise ValueError(f"loss.global_kwargs: expected a mapping, got {_short(lo.global_kwargs)}")
     for key, value in lo.kwargs.items():
         if any(word in str(key) for word in ("temperature", "margin")) and value is not None and (
                 isinstance(value, (bool, str)) or not isinstance(value, (int, float))):
-            raise ValueError(f"loss.kwargs.{key}: expected a number, got {value!r}")
+            raise ValueError(f"loss.kwargs.{key}: expected a number, got {_short(value)}")
     o = cfg.optim
     _one_of(o.name, "optim.name", ("adam", "adamw", "radam"))
     _positive(o.lr, "optim.lr")
@@ -501,6 +664,8 @@ def validate(cfg: Config) -> None:
     _positive(t.qb_beta, "test_time.qb_beta")
     _test_time_values(t)
     tr = cfg.train
+    if not 0 <= tr.seed < 2 ** 32:  # numpy's and torch's generators take any seed in this range
+        raise ValueError(f"train.seed: must lie in [0, 2**32), got {tr.seed}")
     for name in ("epochs", "batch_size", "eval_batch_size"):
         if getattr(tr, name) < 1:
             raise ValueError(f"train.{name}: must be >= 1, got {getattr(tr, name)}")
@@ -525,25 +690,36 @@ def validate(cfg: Config) -> None:
 
 def parse_overrides(overrides: Iterable[str]) -> list[tuple[list[str], Any]]:
     """``["loss.name=ncl", ...]`` -> ``[(["loss", "name"], "ncl"), ...]`` (values parsed as YAML)."""
+    if isinstance(overrides, (str, bytes)) or hasattr(overrides, "shape") or not hasattr(overrides, "__iter__"):
+        raise TypeError(f"overrides: expected a list of 'section.key=value' strings, got {_short(overrides)}")
     out = []
     for item in overrides:
+        if not isinstance(item, str):
+            raise TypeError(f"overrides: expected 'section.key=value' strings, got {_short(item)}")
         if "=" not in item:
-            raise ValueError(f"override {item!r}: expected section.key=value")
+            raise ValueError(f"override {_short(item)}: expected section.key=value")
         key, raw = item.split("=", 1)
         path = [p for p in key.strip().lstrip("-").split(".") if p]
         if len(path) < 2:
-            raise ValueError(f"override {item!r}: expected section.key=value")
+            raise ValueError(f"override {_short(item)}: expected section.key=value")
         try:
             value = _yaml_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except ValueError as exc:  # ConfigSyntaxError: parsed, but over a bound or a duplicate key
+            raise ValueError(f"override {_short(item)}: {exc}") from None
         out.append((path, value))
     return out
 
 
 def apply_overrides(d: dict, overrides: Iterable[str]) -> dict:
     """A copy of the nested dict ``d`` with ``section.key=value`` overrides applied."""
-    d = _yaml_load(yaml.safe_dump(d)) or {}
+    if not isinstance(d, dict):
+        raise TypeError(f"d: expected a nested dict of config sections, got {_short(d)}")
+    try:
+        d = _yaml_load(yaml.safe_dump(d)) or {}
+    except yaml.YAMLError as exc:  # a value YAML cannot hold (an array, an object)
+        raise TypeError(f"d: holds a value that is not plain YAML data ({_yaml_error_text(exc)})") from None
     for path, value in parse_overrides(overrides):
         node = d
         for p in path[:-1]:
@@ -568,6 +744,13 @@ def _get(d: dict, keys: tuple[str, ...]) -> Any:
     return d
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):  # a name too long for the file system: validate() names the key
+        return False
+
+
 def _resolve_paths(d: dict, base: Path | None, overridden: set[tuple[str, ...]]) -> dict:
     """Make the :data:`PATH_FIELDS` of ``d`` absolute (a new dict; ``d`` is not modified).
 
@@ -589,7 +772,7 @@ def _resolve_paths(d: dict, base: Path | None, overridden: set[tuple[str, ...]])
             continue
         from_file = base is not None and keys not in overridden
         path = Path(os.path.abspath(Path(base) / value)) if from_file else Path(os.path.abspath(value))
-        if from_file and not path.is_dir() and Path(value).is_dir():
+        if from_file and not _is_dir(path) and _is_dir(Path(value)):
             warnings.warn(f"{'.'.join(keys)}: {value!r} is not a directory relative to the config file's "
                           f"folder {base}; using it relative to the working directory. Paths in a config "
                           f"file are relative to the file: update the config.", FutureWarning, stacklevel=3)
@@ -632,6 +815,9 @@ def _read_config(p: Path) -> Any:
         raise ValueError(f"config: {p} is a directory, not a YAML file")
     if not p.is_file():
         raise FileNotFoundError(f"config: {p} not found")
+    size = p.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ValueError(f"config: {p} is {size} bytes; a config is a few KB (at most {MAX_YAML_BYTES} bytes)")
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -641,7 +827,9 @@ def _read_config(p: Path) -> Any:
     try:
         d = _yaml_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"config: {p} is not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise ValueError(f"config: {p} is not valid YAML ({_yaml_error_text(exc)})") from None
+    except ConfigSyntaxError as exc:
+        raise ValueError(f"config: {p}: {exc}") from None
     return {} if d is None else d  # only comments: the defaults, as written
 
 
@@ -671,5 +859,7 @@ def replace(cfg: Config, **sections: dict) -> Config:
     for name, values in sections.items():
         if name not in d:
             raise ValueError(f"config: unknown section {name!r}")
+        if not isinstance(values, dict):
+            raise TypeError(f"{name}: expected a dict of keys to change, got {_short(values)}")
         d[name].update(values)
     return from_dict(d)

@@ -4,7 +4,8 @@ Per split, :func:`xmodal.data.loaders.inspect_split` lists what the loader would
 Across splits this module adds what costs hours later: feature sizes (main features,
 experts, texts) that differ from the training split's (a run trained on one cannot embed
 the other), experts present in one split and not another, videos shared by two splits
-(leakage, by video name and by identical feature rows), split names the config does not
+(leakage, by video name and by identical feature rows), clips of one long video (group name,
+``S_groups.txt``) in two splits, split names the config does not
 read (``Train``, ``validation``), and splits whose frame axis is set by one long video.
 """
 
@@ -17,10 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from xmodal._validate import short_repr
 from xmodal.data import layout
+from xmodal.data.groups import group_problems, shared_groups
 
 #: the split names of the default config (``data.train_split`` / ``val_split`` / ``test_split``).
 DEFAULT_SPLITS = ("train", "val", "test")
+
+__all__ = ["check_directory", "cross_split_problems", "split_name_notes", "frames_note", "summarize",
+           "check_same_sizes"]
 
 
 def split_name_notes(names: list[str], configured: tuple[str, ...] = DEFAULT_SPLITS) -> list[str]:
@@ -29,6 +35,8 @@ def split_name_notes(names: list[str], configured: tuple[str, ...] = DEFAULT_SPL
     >>> split_name_notes(["train", "Train"])[0][:40]
     "split 'Train' differs from 'train' only "
     """
+    _strings(names, "names")
+    configured = _strings(configured, "configured")
     notes = []
     for name in names:
         if name in configured:
@@ -40,6 +48,18 @@ def split_name_notes(names: list[str], configured: tuple[str, ...] = DEFAULT_SPL
     return notes
 
 
+def _strings(v: Any, name: str) -> tuple[str, ...]:
+    if isinstance(v, str) or not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+        raise TypeError(f"{name}: expected a list of strings, got {short_repr(v)}")
+    return tuple(v)
+
+
+def _path(v: Any, name: str) -> str | os.PathLike:
+    if not isinstance(v, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a path, got {short_repr(v)}")
+    return v
+
+
 def frames_note(lengths: Any, names: list[str] | None = None) -> str | None:
     """A note when one video sets a split's frame axis: the longest video has at least twice
     the frames of the next longest and padding fills over half of the frame array.
@@ -47,13 +67,22 @@ def frames_note(lengths: Any, names: list[str] | None = None) -> str | None:
     >>> frames_note([1000, 40, 30, 20], ["long", "a", "b", "c"])[:52]
     "the longest video ('long', 1000 frames, row 0) is 25"
     """
-    lengths = np.asarray(lengths, dtype=np.int64).ravel()
+    from xmodal._validate import int_array
+
+    lengths = int_array(np.atleast_1d(np.asarray(lengths)) if not hasattr(lengths, "detach") else lengths,
+                        "lengths", ndim=1)
+    if lengths.size and lengths.min() < 0:
+        raise ValueError(f"lengths: frame counts must be >= 0, got {lengths.min()}")
+    if names is not None:
+        names = _strings(names, "names")
     if lengths.size < 2:
         return None
     order = np.argsort(-lengths, kind="stable")
     first, second = int(lengths[order[0]]), int(lengths[order[1]])
+    if first < 8 or first < 2 * max(second, 1):
+        return None
     padding = 1.0 - lengths.sum() / (first * lengths.size)
-    if first < 8 or first < 2 * max(second, 1) or padding <= 0.5:
+    if padding <= 0.5:
         return None
     who = repr(names[order[0]]) + ", " if names is not None and len(names) == lengths.size else ""
     return (f"the longest video ({who}{first} frames, row {int(order[0])}) is {first / max(second, 1):.0f}x the "
@@ -97,7 +126,11 @@ def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
                          reference: str | None = None) -> list[str]:
     """Problems between splits: feature sizes and experts against ``reference`` (the
     training split; default ``train`` when present, else the first), and shared videos."""
-    root = Path(root)
+    root = Path(_path(root, "root"))
+    if not isinstance(arrays, dict) or not all(isinstance(v, dict) for v in arrays.values()):
+        raise TypeError(f"arrays: expected {{split: inspected arrays (a dict)}}, got {short_repr(arrays)}")
+    if reference is not None and not isinstance(reference, str):
+        raise TypeError(f"reference: expected a split name, got {short_repr(reference)}")
     splits = list(arrays)
     if len(splits) < 2:
         return []
@@ -119,6 +152,7 @@ def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
             if what.startswith("expert ") and what not in dims:
                 problems.append(f"{split}_video_features.{what[7:]}.npy: file not found; split {ref!r} has "
                                 f"expert {what[7:]!r} ({fname}) and a run trained there needs it in every split")
+    problems += shared_groups({s: arrays[s].get("group_names") for s in splits})
     for i, a in enumerate(splits):
         for b in splits[i + 1:]:
             na, nb = arrays[a].get("video_names"), arrays[b].get("video_names")
@@ -157,11 +191,12 @@ def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
     """
     from xmodal.data.loaders import inspect_split
 
-    root = Path(root)
+    root = Path(_path(root, "root"))
     if not root.is_dir():
         raise ValueError(f"root: data directory {root} not found")
-    configured = tuple(configured or DEFAULT_SPLITS)
-    found = splits or layout.splits_in(root)
+    configured = DEFAULT_SPLITS if configured is None else _strings(configured, "configured") or DEFAULT_SPLITS
+    found = layout.splits_in(root) if splits is None else list(_strings(splits, "splits"))
+    found = found or layout.splits_in(root)
     if not found:
         raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see the README "
                          f"section 'Your data')")
@@ -191,6 +226,8 @@ def summarize(arrays: dict) -> list[str]:
     """Counts, frames per video and captions per video of one inspected split."""
     from xmodal.data.types import present_rows
 
+    if not isinstance(arrays, dict):
+        raise TypeError(f"arrays: expected the dict of one inspected split, got {short_repr(arrays)}")
     video, text, t2v = arrays.get("video"), arrays.get("text"), arrays.get("text_to_video")
     lines = []
     if isinstance(video, np.ndarray) and video.ndim in (2, 3):
@@ -221,7 +258,7 @@ def summarize(arrays: dict) -> list[str]:
             tokens = f"{text.shape[1]} (no mask)"
         lines.append(f"texts {text.shape[0]}, feature dim {text.shape[2]}, tokens per text: {tokens}")
     g = arrays.get("video_to_group")
-    if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and np.issubdtype(g.dtype, np.integer) and g.min() >= 0:
+    if isinstance(g, np.ndarray) and g.ndim == 1 and g.size and not group_problems(g, None):  # numbered 0, 1, ...
         sizes = np.bincount(g)
         lines.append(f"groups (long videos) {int(g.max()) + 1}, clips per group: {_stats(sizes[sizes > 0])}")
     if isinstance(arrays.get("relevancy"), np.ndarray):
@@ -235,6 +272,10 @@ def check_same_sizes(splits: dict[str, Any]) -> None:
     """Raise when a split's feature sizes or experts differ from ``splits["train"]``'s
     (:class:`~xmodal.data.PairedSplit` s; the trainer calls this before epoch 1, so a
     mismatched test split fails at once instead of after training)."""
+    from xmodal.data.types import PairedSplit
+
+    if not isinstance(splits, dict) or not all(v is None or isinstance(v, PairedSplit) for v in splits.values()):
+        raise TypeError(f"splits: expected {{role: PairedSplit}}, got {short_repr(splits)}")
     ref = splits.get("train")
     if ref is None:
         return

@@ -11,7 +11,7 @@ import logging
 
 import numpy as np
 
-from xmodal._validate import as_tensor
+from xmodal._validate import as_tensor, short_repr
 
 logger = logging.getLogger(__name__)
 # Exact (Lloyd) k-means up to this many embeddings; MiniBatchKMeans only above (TS++
@@ -41,8 +41,13 @@ def class_counts(labels, num_classes: int | None = None) -> np.ndarray:
     n = int(lab.max()) + 1 if lab.size else 0
     if num_classes is not None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < n:
-            raise ValueError(f"num_classes: must be an integer >= max(labels) + 1 = {n}, got {num_classes!r}")
+            raise ValueError(f"num_classes: must be an integer >= max(labels) + 1 = {n}, got {short_repr(num_classes)}")
         n = int(num_classes)
+    from xmodal.data.npyfile import memory_limit
+
+    if 8 * n > memory_limit():  # one int64 count per class id up to the largest
+        raise ValueError(f"labels: class id {n - 1} would need {n} counts ({8 * n / 2**30:.3g} GiB); "
+                         f"renumber the classes 0, 1, 2, ...")
     return np.bincount(lab, minlength=n).astype(np.int64)
 
 
@@ -77,7 +82,7 @@ def kmeans_classes(embeddings, k: int = 200, seed: int = 0, *, normalize: bool =
     if not np.isfinite(x).all():
         raise ValueError("embeddings: contains NaN/inf values")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= x.shape[0]:
-        raise ValueError(f"k: must be an integer in [1, {x.shape[0]}] (number of embeddings), got {k!r}")
+        raise ValueError(f"k: must be an integer in [1, {x.shape[0]}] (number of embeddings), got {short_repr(k)}")
     if normalize:
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     if minibatch is None:
@@ -91,6 +96,6 @@ def kmeans_classes(embeddings, k: int = 200, seed: int = 0, *, normalize: bool =
     else:
         km = KMeans(n_clusters=int(k), random_state=int(seed), n_init=1)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads: expected a positive integer or None, got {threads!r}")
+        raise ValueError(f"threads: expected a positive integer or None, got {short_repr(threads)}")
     with threadpool_limits(limits=threads):
         return km.fit_predict(x).astype(np.int64)

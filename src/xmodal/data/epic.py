@@ -139,6 +139,8 @@ def epic_annotations(root: str | os.PathLike, split: str = "test") -> dict:
         released text differs from the clip their ``narration_id`` names; that clip's
         narration is used, module docstring).
     """
+    if not isinstance(split, str) or not split or "\n" in split:
+        raise TypeError(f"split: expected a split name such as 'test', got {short_repr(split)}")
     root = Path(root)
     cpath, spath = root / _CLIPS.format(split=split), root / _SENTENCES.format(split=split)
     clips = _read_csv(cpath, ("narration_id", "narration", "verb_class", "all_noun_classes"))

@@ -16,8 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from xmodal._validate import int_array, short_repr, text_label
+
 CLIP_COLUMNS = ("clip_id", "clip")
 GROUP_COLUMNS = ("group", "video_id", "video")
+
+__all__ = ["group_problems", "check_groups", "group_rows", "paragraph_texts", "subset_groups", "order_clips",
+           "shared_groups"]
 
 
 def group_problems(video_to_group: Any, num_videos: int | None, label: str = "video_to_group") -> list[str]:
@@ -26,7 +31,17 @@ def group_problems(video_to_group: Any, num_videos: int | None, label: str = "vi
     >>> group_problems(np.array([0, 0, 1, 0]), 4)[0][:58]
     'video_to_group: groups are not monotone: row 3 has group 0'
     """
-    a = np.asarray(video_to_group)
+    label = text_label(label, "label")
+    if num_videos is not None and (isinstance(num_videos, (bool, np.bool_)) or not isinstance(num_videos, (int, np.integer))
+                                   or num_videos < 0):
+        raise TypeError(f"num_videos: expected None or an integer >= 0, got {short_repr(num_videos)}")
+    if isinstance(video_to_group, np.ndarray) and video_to_group.dtype == object:
+        a = np.asarray([], dtype=object)  # refused below by its dtype, never compared element-wise
+    else:
+        try:
+            a = np.asarray(video_to_group.detach().cpu() if hasattr(video_to_group, "detach") else video_to_group)
+        except (ValueError, TypeError):
+            a = np.asarray([], dtype=object)
     if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
         return [f"{label}: expected a 1-d integer array (the group of each clip row), "
                 f"got shape {list(a.shape)} dtype {a.dtype}"]
@@ -56,7 +71,7 @@ def check_groups(video_to_group: Any, num_videos: int, label: str = "video_to_gr
     problems = group_problems(video_to_group, num_videos, label)
     if problems:
         raise ValueError("; ".join(problems))
-    return np.asarray(video_to_group, dtype=np.int64).copy()
+    return int_array(video_to_group, label)
 
 
 def group_rows(video_to_group: np.ndarray) -> list[np.ndarray]:
@@ -65,7 +80,7 @@ def group_rows(video_to_group: np.ndarray) -> list[np.ndarray]:
     >>> [r.tolist() for r in group_rows(np.array([0, 0, 1, 2, 2]))]
     [[0, 1], [2], [3, 4]]
     """
-    g = np.asarray(video_to_group, dtype=np.int64)
+    g = check_groups(video_to_group, None)
     n = int(g.max()) + 1 if g.size else 0
     bounds = np.searchsorted(g, np.arange(n + 1))
     return [np.arange(bounds[i], bounds[i + 1]) for i in range(n)]
@@ -78,8 +93,10 @@ def paragraph_texts(text_to_video: np.ndarray, video_to_group: np.ndarray) -> li
     >>> [p.tolist() for p in paragraph_texts(np.array([1, 0, 2, 0]), np.array([0, 0, 1]))]
     [[1, 3, 0], [2]]
     """
-    t2v = np.asarray(text_to_video, dtype=np.int64)
-    g = np.asarray(video_to_group, dtype=np.int64)
+    g = check_groups(video_to_group, None)
+    t2v = int_array(text_to_video, "text_to_video")
+    if t2v.size and (t2v.min() < 0 or t2v.max() >= g.size):
+        raise ValueError(f"text_to_video: clip rows must lie in [0, {g.size}), got {t2v.min()}..{t2v.max()}")
     order = np.lexsort((np.arange(t2v.size), t2v))  # by clip row, then text index
     owner = g[t2v[order]]
     n = int(g.max()) + 1 if g.size else 0
@@ -92,7 +109,11 @@ def subset_groups(video_to_group: np.ndarray | None, rows: np.ndarray) -> np.nda
     kept rows no longer form consecutive groups (e.g. a shuffled subset)."""
     if video_to_group is None:
         return None
-    kept = np.asarray(video_to_group, dtype=np.int64)[rows]
+    g = check_groups(video_to_group, None)
+    rows = int_array(rows, "rows")
+    if rows.size and (rows.min() < -g.size or rows.max() >= g.size):
+        raise ValueError(f"rows: must index the {g.size} clip rows, got {rows.min()}..{rows.max()}")
+    kept = g[rows]
     if kept.size == 0:
         return None
     new = np.concatenate([[0], np.cumsum(np.diff(kept) != 0)]).astype(np.int64)
@@ -110,6 +131,10 @@ def order_clips(rows: list[dict[str, Any]], videos: list[str]) -> tuple[list[str
     Raises:
         ValueError: a clip listed under two groups.
     """
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"video", "group"} <= set(r) for r in rows):
+        raise TypeError(f"rows: expected a list of dicts with 'video' and 'group', got {short_repr(rows)}")
+    if not isinstance(videos, list) or not all(isinstance(v, str) for v in videos):
+        raise TypeError(f"videos: expected a list of clip ids (strings), got {short_repr(videos)}")
     group_of: dict[str, str] = {}
     start: dict[str, float | None] = {}
     for r in rows:
@@ -117,9 +142,13 @@ def order_clips(rows: list[dict[str, Any]], videos: list[str]) -> tuple[list[str
         if group_of.setdefault(clip, group) != group:
             raise ValueError(f"pairs: clip {clip!r} appears under two groups ({group_of[clip]!r} and {group!r})")
         try:
-            start.setdefault(clip, float(r["start"]) if r.get("start") not in (None, "") else None)
-        except ValueError:
+            value = float(r["start"]) if r.get("start") not in (None, "") else None
+            start.setdefault(clip, value if value is None or np.isfinite(value) else None)
+        except (ValueError, TypeError):
             start.setdefault(clip, None)
+    missing = [v for v in videos if v not in group_of]
+    if missing:
+        raise ValueError(f"videos: clip {missing[0]!r} is in no row of the table")
     groups = list(dict.fromkeys(group_of[v] for v in videos))
     members: dict[str, list[str]] = {g: [] for g in groups}
     for v in videos:
@@ -132,3 +161,37 @@ def order_clips(rows: list[dict[str, Any]], videos: list[str]) -> tuple[list[str
         clips += m
         owner += [gi] * len(m)
     return clips, np.asarray(owner, dtype=np.int64), groups
+
+
+def shared_groups(group_names: dict[str, Any]) -> list[str]:
+    """One message per pair of splits holding clips of the same long video (group name): the
+    clips of one video in train and in val or test leak it across the split (issue 25.4).
+
+    Args:
+        group_names: ``{split: group name of each group (or of each clip row)}``; a split
+            whose value is None (no ``S_groups.txt``) is left out.
+
+    >>> shared_groups({"train": ["g1", "g2"], "val": ["g2", "g3"], "test": None})[0][:61]
+    "1 long video(s) have clips in both 'train' and 'val' (leakage"
+    """
+    if not isinstance(group_names, dict):
+        raise TypeError(f"group_names: expected {{split: list of group names}}, got {short_repr(group_names)}")
+    named = {}
+    for split, names in group_names.items():
+        if names is None:
+            continue
+        if not isinstance(names, (list, tuple)) or not all(isinstance(g, str) for g in names):
+            raise TypeError(f"group_names[{split!r}]: expected a list of strings, got {short_repr(names)}")
+        named[str(split)] = list(dict.fromkeys(names))
+    splits, out = list(named), []
+    for i, a in enumerate(splits):
+        rows_a = {g: r for r, g in enumerate(named[a])}
+        for b in splits[i + 1:]:
+            rows_b = {g: r for r, g in enumerate(named[b])}
+            shared = [g for g in named[a] if g in rows_b]
+            if shared:
+                out.append(f"{len(shared)} long video(s) have clips in both {a!r} and {b!r} (leakage: a model "
+                           f"trained on one split has seen the other's video): {', '.join(map(repr, shared[:5]))}"
+                           f"{' ...' if len(shared) > 5 else ''} ({a} groups {[rows_a[g] for g in shared[:5]]}, "
+                           f"{b} groups {[rows_b[g] for g in shared[:5]]})")
+    return out

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from xmodal._validate import positive_int, short_repr, text_label
 from xmodal.data import groups, layout
 from xmodal.data.check import frames_note, split_name_notes
 from xmodal.data.npyfile import load_array
@@ -47,7 +48,12 @@ TEXT_COLUMNS = ("caption", "text")
 #: the layout roles an import writes (canonical names; experts too): the files it owns in ``out``.
 IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "text_names", "video_to_group",
                 "group_names")
-_BAD_ID = re.compile(r"[\x00-\x1f\x7f]")
+#: Control characters and every line boundary of ``str.splitlines`` (U+0085, U+2028, U+2029): an id
+#: or group name is one line of ``S_videos.txt`` / ``S_groups.txt`` / an index's ``names.txt``.
+_BAD_ID = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+__all__ = ["import_pairs", "read_pairs", "check_video_id", "check_group_name", "feature_files", "sample_frames", "read_features",
+           "pad_frames", "pad_expert", "parse_experts", "import_owns"]
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -68,12 +74,29 @@ def check_video_id(video: str, where: str) -> str:
     >>> check_video_id("P01/P01_11", "pairs: pairs.csv line 2")
     'P01/P01_11'
     """
+    if not isinstance(video, str):
+        raise TypeError(f"{text_label(where, 'where')}: video id {short_repr(video)} is not a string")
+    where = text_label(where, "where")
     parts = video.replace("\\", "/").split("/")
     if (_BAD_ID.search(video) or video.startswith(("/", "\\")) or os.path.isabs(video) or ".." in parts
             or re.match(r"^[A-Za-z]:[\\/]", video)):
         raise ValueError(f"{where}: video id {video!r} is not a file name inside --features "
-                         f"(no absolute path, '..' or control character)")
+                         f"(no absolute path, '..', control character or line break)")
     return video
+
+
+def check_group_name(group: str, where: str) -> str:
+    """A group (long video) name is one line of ``S_groups.txt``: no control character or line
+    break (U+2028 included), not blank.
+
+    >>> check_group_name("P01_11", "pairs: pairs.csv line 2")
+    'P01_11'
+    """
+    where = text_label(where, "where")
+    if not isinstance(group, str) or not group.strip() or _BAD_ID.search(group):
+        raise ValueError(f"{where}: group (long video) name {short_repr(group, 80)} must be one line of text "
+                         f"(no control character or line break)")
+    return group
 
 
 def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -85,6 +108,8 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     >>> read_pairs(p)
     [{'video': 'v1', 'caption': 'a dog runs'}]
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"pairs: expected a .csv or .jsonl file path, got {short_repr(path)}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"pairs: {path} is a directory, not a .csv or .jsonl file")
@@ -129,7 +154,7 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
     for i, r in enumerate(raw):
         video, caption = r.get(vcol), r.get(tcol)
         line = i + (2 if suffix == ".csv" else 1)
-        if video in (None, "") or caption is None or not str(caption).strip():
+        if video is None or not str(video).strip() or caption is None or not str(caption).strip():
             bad.append(line)
             continue
         row = {"video": check_video_id(str(video).strip(), f"pairs: {path} line {line}"),
@@ -137,13 +162,15 @@ def read_pairs(path: str | os.PathLike) -> list[dict[str, str]]:
         if r.get("split") and str(r["split"]).strip():
             row["split"] = str(r["split"]).strip()
         if gcol is not None:
-            if r.get(gcol) in (None, ""):
-                bad.append(i + (2 if suffix == ".csv" else 1))
+            if r.get(gcol) is None or not str(r[gcol]).strip():
+                bad.append(line)
                 continue
-            row.update(group=str(r[gcol]), start=str(r.get("start") or ""))
+            row.update(group=check_group_name(str(r[gcol]).strip(), f"pairs: {path} line {line}"),
+                       start=str(r.get("start") or ""))
         rows.append(row)
     if bad:
-        raise ValueError(f"pairs: {path}: {len(bad)} row(s) without a video id or caption (lines {bad[:5]})")
+        what = "a video id, caption or group" if gcol else "a video id or caption"
+        raise ValueError(f"pairs: {path}: {len(bad)} row(s) without {what} (lines {bad[:5]})")
     return rows
 
 
@@ -151,8 +178,17 @@ def feature_files(features: str | os.PathLike, videos: list[str], *, flag: str =
                   allow_missing: bool = False) -> dict[str, Path | None]:
     """``{video id: feature file}`` from a directory or a glob; every missing id is named
     (``allow_missing``: missing ids map to ``None``, e.g. an expert some videos lack)."""
+    flag = text_label(flag, "flag")
+    if not isinstance(features, (str, os.PathLike)):
+        raise TypeError(f"{flag}: expected a directory or a glob, got {short_repr(features)}")
+    if not isinstance(videos, list) or not all(isinstance(v, str) for v in videos):
+        raise TypeError(f"videos: expected a list of video ids, got {short_repr(videos)}")
     spec = str(features)
-    if Path(spec).is_dir():
+    try:
+        is_dir = Path(spec).is_dir()
+    except (OSError, ValueError) as exc:  # a name too long for the file system
+        raise ValueError(f"{flag}: {short_repr(spec)}: {getattr(exc, 'strerror', None) or exc}") from None
+    if is_dir:
         for v in videos:
             check_video_id(v, flag)
         lookup = lambda v: next((p for p in (Path(spec) / f"{v}.npy", Path(spec) / f"{v}.npz")  # noqa: E731
@@ -193,6 +229,10 @@ def sample_frames(arr: np.ndarray, max_frames: int | None) -> np.ndarray:
     >>> sample_frames(np.arange(10)[:, None], 4)[:, 0].tolist()
     [1, 3, 6, 8]
     """
+    if not isinstance(arr, np.ndarray) or arr.ndim < 1:
+        raise TypeError(f"arr: expected a numpy array [F, D], got {short_repr(arr)}")
+    if max_frames is not None:
+        max_frames = positive_int(max_frames, "max_frames")
     if max_frames is None or arr.shape[0] <= max_frames:
         return arr
     idx = np.floor((np.arange(max_frames) + 0.5) * arr.shape[0] / max_frames).astype(np.int64)
@@ -226,6 +266,23 @@ def _dim_culprits(dims: list[int | None], names: list[str], files: list[Path | N
                      f"{int(counts.max())} others: {listed}")
 
 
+def _frame_arrays(per_video: Any, names: Any, files: Any, *, missing: bool) -> None:
+    """``per_video``: a non-empty list of float ``[F_i, D]`` arrays (``None`` for a video without
+    the expert where ``missing``); ``names`` / ``files``: None or one entry per video."""
+    ok = isinstance(per_video, list) and per_video and all(
+        (a is None and missing) or (isinstance(a, np.ndarray) and a.ndim == 2 and 0 not in a.shape
+                                    and np.issubdtype(a.dtype, np.floating)) for a in per_video)
+    if not ok:
+        raise TypeError(f"per_video: expected a non-empty list of float [frames, D] arrays"
+                        f"{' (or None)' if missing else ''}, got {short_repr(per_video)}")
+    if names is not None and (not isinstance(names, list) or len(names) != len(per_video)
+                              or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"names: expected one video id per array ({len(per_video)}), got {short_repr(names)}")
+    if files is not None and (not isinstance(files, list) or len(files) != len(per_video)
+                              or not all(f is None or isinstance(f, (str, os.PathLike)) for f in files)):
+        raise TypeError(f"files: expected one path (or None) per array ({len(per_video)}), got {short_repr(files)}")
+
+
 def pad_frames(per_video: list[np.ndarray], names: list[str] | None = None,
                files: list[Path] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Stack ``[F_i, D]`` arrays into ``[N, max F, D]`` (zero padding) and a bool mask
@@ -235,6 +292,7 @@ def pad_frames(per_video: list[np.ndarray], names: list[str] | None = None,
     >>> v.shape, m.tolist()
     ((2, 2, 3), [[True, True], [True, False]])
     """
+    _frame_arrays(per_video, names, files, missing=False)
     if names is not None:
         _dim_culprits([a.shape[1] for a in per_video], names, files or [None] * len(names), "--features")
     dims = {a.shape[1] for a in per_video}
@@ -261,6 +319,8 @@ def pad_expert(per_video: list[np.ndarray | None], name: str = "expert", names: 
     >>> v.tolist(), m.tolist()
     ([[1.0, 1.0], [0.0, 0.0]], [True, False])
     """
+    _frame_arrays(per_video, names, files, missing=True)
+    name = text_label(name, "name")
     present = [a for a in per_video if a is not None]
     if not present:
         raise ValueError(f"--expert {name}: no video of the split has a feature file")
@@ -291,11 +351,15 @@ def parse_experts(specs: list[str] | None) -> dict[str, str]:
     >>> parse_experts(["audio=a/"])
     {'audio': 'a/'}
     """
+    if specs is not None and (isinstance(specs, (str, bytes)) or not isinstance(specs, (list, tuple))):
+        raise TypeError(f"specs: expected a list of NAME=DIR_OR_GLOB strings, got {short_repr(specs)}")
     out: dict[str, str] = {}
     for spec in specs or []:
+        if not isinstance(spec, str):
+            raise TypeError(f"--expert: expected NAME=DIR_OR_GLOB, got {short_repr(spec)}")
         name, sep, where = str(spec).partition("=")
         if not sep or not name or not where:
-            raise ValueError(f"--expert: expected NAME=DIR_OR_GLOB, got {spec!r}")
+            raise ValueError(f"--expert: expected NAME=DIR_OR_GLOB, got {short_repr(spec)}")
         try:
             layout.check_expert_name(name)
         except ValueError as exc:
@@ -514,9 +578,14 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         (``notes``: split names the default config does not read, videos in several splits;
         ``missing`` / ``dropped_rows``: what ``skip_missing`` left out; the same for every split).
     """
-    if max_frames is not None and (isinstance(max_frames, bool) or int(max_frames) != max_frames
-                                   or max_frames < 1):
-        raise ValueError(f"--max-frames: expected a positive integer, got {max_frames!r}")
+    if max_frames is not None:
+        whole = not isinstance(max_frames, (bool, np.bool_)) and (
+            isinstance(max_frames, (int, np.integer)) or (isinstance(max_frames, (float, np.floating))
+                                                         and np.isfinite(max_frames) and float(max_frames).is_integer()))
+        # inf / 2.5 / True: refused
+        if not whole or max_frames < 1:
+            raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
+        max_frames = int(max_frames)
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     rows = read_pairs(pairs)
@@ -588,6 +657,8 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
     if shared:
         notes.append(f"{len(shared)} video(s) appear in several splits ({', '.join(shared[:5])}"
                      f"{' ...' if len(shared) > 5 else ''}): test results would be inflated (leakage)")
+    notes += groups.shared_groups({name: [rows[i]["group"] for i in idx if "group" in rows[i]] or None
+                                   for name, idx in by_split.items()})
     for s in summary.values():
         s["notes"] = notes
         s["missing"] = missing

@@ -54,7 +54,9 @@ EXPERT_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def _check(split: str, role: str | None = None) -> None:
     if not isinstance(split, str) or not split or "/" in split or os.sep in split:
-        raise ValueError(f"split: expected a non-empty name without '/', got {split!r}")
+        from xmodal._validate import short_repr  # lazily: this module holds declarations only
+
+        raise ValueError(f"split: expected a non-empty name without '/', got {short_repr(split)}")
     if role is not None and role not in ROLES:
         raise ValueError(f"role: unknown role {role!r}; expected one of {', '.join(ROLES)}")
 

@@ -98,6 +98,10 @@ def load_array(path: str | os.PathLike, label: str | None = None, *, npz: str = 
             declared size the file does not hold or the machine cannot, object arrays,
             pickles, an ``.npz`` where one array is expected.
     """
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"label: expected a string or None, got {type(label).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a .npy file path, got {type(path).__name__}")
     path = Path(path)
     where = label or str(path)
     if not path.is_file():

@@ -149,6 +149,7 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
     frame_noise = _nonneg(frame_noise, "frame_noise")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an integer, got {short_repr(seed)}")
+    _check_memory(sizes, k=k, lat=lat, dv=dv, dt=dt, frames=n_frames)
 
     root = np.random.SeedSequence(int(seed))
     streams = dict(zip(_STREAMS, root.spawn(len(_STREAMS))))
@@ -218,6 +219,20 @@ def synthetic(*, num_train: int = 2000, num_val: int = 500, num_test: int = 500,
                                  text_labels=text_labels.astype(np.int64), name=f"synthetic/{split}",
                                  video_to_group=np.arange(n) // clips_per_group if clips_per_group else None)
     return out
+
+
+def _check_memory(sizes: dict[str, int], *, k: int, lat: int, dv: int, dt: int, frames: int) -> None:
+    """Refuse sizes whose float64 working arrays alone exceed the machine's memory (a
+    ``num_train: 1000000000000`` in a config was a MemoryError traceback; a merely too-large
+    size would thrash): one line naming the largest knob."""
+    from xmodal.data.npyfile import memory_limit
+
+    per_split = {s: 8 * n * (lat * (1 + k) + 2 * dv * max(frames, 1) + 2 * k * dt) for s, n in sizes.items()}
+    need, have = sum(per_split.values()), memory_limit()
+    if need > have:
+        split = max(per_split, key=per_split.get)
+        raise ValueError(f"num_{split}: {sizes[split]} videos (x {k} captions, {max(frames, 1)} frame(s)) need about "
+                         f"{need / 2**30:.3g} GiB of memory, more than this machine's {have / 2**30:.3g} GiB")
 
 
 def _shuffle_pairs(text: np.ndarray, text_labels: np.ndarray, t2v: np.ndarray, fraction: float,

@@ -15,7 +15,7 @@ _EXPORTS = {
     "encode_videos": "encoders", "iter_encode_videos": "encoders", "register_encoder": "encoders",
     "list_images": "encoders", "list_videos": "encoders", "IMAGE_EXTENSIONS": "encoders",
     "decode_frames": "video", "middle_frame": "video", "VIDEO_EXTENSIONS": "video",
-    "find_media": "media", "media_frame": "media",
+    "find_media": "media", "thumbnail": "media",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,6 +35,10 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
+__all__ = ["encode_text", "encode_text_tokens", "encode_images", "encode_videos", "iter_encode_videos",
+           "register_encoder", "get_encoder", "list_images", "list_videos", "preprocess_image", "load_image",
+           "IMAGE_EXTENSIONS"]
+
 
 @dataclass(frozen=True)
 class Encoder:

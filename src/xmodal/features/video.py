@@ -64,6 +64,8 @@ _SHORT_SECONDS, _SHORT_FRACTION = 0.5, 0.1
 class TruncatedVideo(ValueError):
     """A file whose decoded frames fall short of its declared length (refused by ``truncated="skip"``)."""
 
+__all__ = ["decode_frames", "middle_frame", "uniform_indices", "VIDEO_EXTENSIONS"]
+
 
 def _av():
     try:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from xmodal._validate import all_finite  # noqa: F401  (re-exported: its former home)
+from xmodal._validate import flag
 
 Temperature = float | torch.Tensor
 
@@ -70,7 +71,7 @@ def check_tensor(t: object, name: str, *, ndim: int = 2, floating: bool = True) 
 def prepare(x: torch.Tensor, dtype: torch.dtype, normalize: bool) -> torch.Tensor:
     """Cast to the compute dtype and optionally L2-normalise rows (never in place)."""
     x = x.to(dtype)
-    return l2_normalize(x) if normalize else x
+    return l2_normalize(x) if flag(normalize, "normalize") else x
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:

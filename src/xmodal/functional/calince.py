@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from xmodal._validate import float_matrix, integer, short_repr
 from xmodal.functional._common import (Temperature, check_embeddings, check_ids, check_tensor, compute_dtype,
                                        full_precision, l2_normalize, per_sample, prepare)
 from xmodal.functional.infonce import contrastive_terms
@@ -35,12 +36,20 @@ def derangement(n: int, *, generator: torch.Generator | None = None,
     text is paired with its own video. Drawn from ``generator`` (CPU) when given,
     otherwise from torch's global RNG (seed it with ``torch.manual_seed``).
     """
+    n = integer(n, "n")
     if n < 2:
         raise ValueError(f"n: a derangement needs at least 2 items, got {n}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: expected a torch.Generator or None, got {short_repr(generator)}")
     p = torch.randperm(n, generator=generator)
     sigma = torch.empty_like(p)
     sigma[p] = p.roll(-1)
-    return sigma.to(device) if device is not None else sigma
+    if device is None:
+        return sigma
+    try:
+        return sigma.to(device)
+    except (RuntimeError, TypeError, ValueError) as exc:  # an unknown name, a GPU this machine lacks
+        raise ValueError(f"device: cannot use {short_repr(device)} ({str(exc).splitlines()[0][:120]})") from None
 
 
 def correspondence_loss(match_logits: torch.Tensor, mismatch_logits: torch.Tensor,
@@ -112,6 +121,7 @@ def calibrated_nce(video: torch.Tensor, text: torch.Tensor, weights: torch.Tenso
     """
     check_embeddings(video, text)
     n = video.shape[0]
+    weights = float_matrix(weights, "weights", ndim=1, allow_empty=True, finite=False)
     if weights.shape != (n,):
         raise ValueError(f"weights: expected shape [{n}], got {tuple(weights.shape)}")
     dtype = compute_dtype(video, text)

@@ -82,7 +82,7 @@ import math
 
 import torch
 
-from xmodal._validate import choice, float_matrix, positive_number
+from xmodal._validate import choice, float_matrix, positive_number, short_repr
 from xmodal.functional._common import (Temperature, check_embeddings, check_ids, compute_dtype,
                                        full_precision, l2_normalize, per_sample, prepare,
                                        same_id_mask)
@@ -104,6 +104,11 @@ def connectivity(inputs: torch.Tensor, bank: torch.Tensor | None = None) -> torc
     >>> connectivity(x)
     tensor([0.5000, 0.5000, 0.0000])
     """
+    inputs = float_matrix(inputs, "inputs", finite=False)  # no host sync: the loss checks its inputs once
+    if bank is not None:
+        bank = float_matrix(bank, "bank", allow_empty=True, finite=False)
+        if bank.shape[1] != inputs.shape[1]:
+            raise ValueError(f"bank: {bank.shape[1]} features per row, inputs have {inputs.shape[1]}")
     s = l2_normalize(inputs if bank is None else torch.cat([inputs, bank.to(inputs)]))
     with full_precision(s.device):
         # sum_{j != k} <s_k, s_j> = <s_k, sum_j s_j> - |s_k|^2: O(|S| D), no |S| x |S| matrix
@@ -120,6 +125,7 @@ def influence_scores(conn: torch.Tensor, norm: str = "max") -> torch.Tensor:
     >>> influence_scores(torch.tensor([0.2, 0.4]))
     tensor([0.5000, 1.0000])
     """
+    conn = float_matrix(conn, "conn", ndim=1, finite=False)
     if choice(norm, "prune_norm", ("max", "none")) == "none":
         return conn
     return conn / conn.abs().max().clamp_min(torch.finfo(conn.dtype).tiny)
@@ -141,6 +147,9 @@ def connectivity_weights(conn: torch.Tensor, kappa: float | None, norm: str = "s
     tensor([1., 1.])
     """
     norm = choice(norm, "weight_norm", ("sum", "mean", "none"))
+    conn = float_matrix(conn, "conn", ndim=1, finite=False)
+    if kappa is not None:
+        kappa = positive_number(kappa, "kappa")
     if kappa is None:
         return torch.ones_like(conn)
     if norm == "sum":
@@ -243,13 +252,13 @@ def crossclr_loss(video: torch.Tensor, text: torch.Tensor, video_input: torch.Te
     n = video.shape[0]
     lam = float(intra_weight)
     if not math.isfinite(lam) or lam < 0:
-        raise ValueError(f"intra_weight: must be a finite number >= 0, got {intra_weight!r}")
+        raise ValueError(f"intra_weight: must be a finite number >= 0, got {short_repr(intra_weight)}")
     gamma = None if prune_threshold is None else float(prune_threshold)
     if gamma is not None and not math.isfinite(gamma):
-        raise ValueError(f"prune_threshold: must be finite or None, got {prune_threshold!r}")
+        raise ValueError(f"prune_threshold: must be finite or None, got {short_repr(prune_threshold)}")
     kappa = None if weight_scale is None else positive_number(weight_scale, "weight_scale")
     if isinstance(num_positives, bool) or not isinstance(num_positives, int) or num_positives < 0:
-        raise ValueError(f"num_positives: must be an integer >= 0, got {num_positives!r}")
+        raise ValueError(f"num_positives: must be an integer >= 0, got {short_repr(num_positives)}")
     log_beta = math.log(positive_number(positive_weight, "positive_weight"))
     choice(weight_norm, "weight_norm", ("sum", "mean", "none"))
     choice(prune_norm, "prune_norm", ("max", "none"))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from xmodal._validate import short_repr, text_label
 from xmodal.functional._common import (check_embeddings, check_ids, check_tensor, compute_dtype,
                                        full_precision, prepare, same_id_mask, similarity)
 from xmodal.functional.sinkhorn import log_sinkhorn
@@ -41,6 +42,7 @@ def scalar_temperature(value: float | torch.Tensor, name: str = "temperature") -
     NCL's Sinkhorn needs one ``gamma`` for the whole batch, so per-sample temperature
     tensors ``[B]`` are rejected with a ``ValueError``.
     """
+    name = text_label(name, "name")
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name}: NCL needs one temperature per batch (Sinkhorn gamma), "
@@ -49,7 +51,7 @@ def scalar_temperature(value: float | torch.Tensor, name: str = "temperature") -
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
     if not (value > 0 and value < float("inf")):
-        raise ValueError(f"{name}: must be a positive finite number, got {value!r}")
+        raise ValueError(f"{name}: must be a positive finite number, got {short_repr(value)}")
     return float(value)
 
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from xmodal._validate import as_tensor, check_finite, float_matrix, positive_number
+from xmodal._validate import as_tensor, check_finite, float_matrix, positive_number, short_repr
 
 __all__ = ["log_sinkhorn", "sinkhorn_plan"]
 
@@ -76,7 +76,7 @@ def log_sinkhorn(scores: torch.Tensor, *, gamma: float, iters: int,
     s = float_matrix(scores, "scores")
     gamma = positive_number(gamma, "gamma")
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters: must be an integer >= 1, got {iters!r}")
+        raise ValueError(f"iters: must be an integer >= 1, got {short_repr(iters)}")
     if s.dtype in (torch.float16, torch.bfloat16):
         s = s.float()
     k, n = s.shape
@@ -105,5 +105,5 @@ def sinkhorn_plan(scores: torch.Tensor, *, gamma: float, iters: int,
     """
     log_alpha, log_beta, _ = log_sinkhorn(scores, gamma=gamma, iters=iters,
                                           row_marginal=row_marginal, col_marginal=col_marginal)
-    s = scores.to(log_alpha.dtype)
+    s = as_tensor(scores, "scores").to(device=log_alpha.device, dtype=log_alpha.dtype)  # numpy in: as log_sinkhorn
     return torch.exp(log_alpha[:, None] + s / gamma + log_beta[None, :])

@@ -78,7 +78,7 @@ def _spec_of(name: str, cls: type, model_kwargs: tuple[str, ...]) -> LossSpec:
     keyword, _, scope = (scheduled or "").partition(":")
     if scheduled is not None and (keyword not in ("temperature", "margin") or scope not in ("", "per_step")):
         raise ValueError(f"{cls.__name__}.scheduled: expected 'temperature', 'margin', "
-                         f"'temperature:per_step' or None, got {scheduled!r}")
+                         f"'temperature:per_step' or None, got {short_repr(scheduled)}")
     return LossSpec(name, tuple(getattr(cls, "accepts", ())), keyword or None, scope != "per_step",
                     model_kwargs)
 

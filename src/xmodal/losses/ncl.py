@@ -25,6 +25,11 @@ def fifo_enqueue(queue: torch.Tensor, new: torch.Tensor, size: int) -> torch.Ten
     Shape:
         queue ``[Q, D]`` (``Q <= size``), new ``[b, D]`` -> ``[min(Q + b, size), D]``.
     """
+    from xmodal._validate import float_matrix, positive_int
+
+    size = positive_int(size, "size")
+    queue = float_matrix(queue, "queue", allow_empty=True, finite=False)
+    new = float_matrix(new, "new", allow_empty=True, finite=False)
     if queue.numel() == 0:
         return new.detach()[:size].clone()
     new = new.detach().to(queue.dtype)

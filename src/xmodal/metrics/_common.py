@@ -17,6 +17,9 @@ def check_finite(t: torch.Tensor, name: str) -> None:
     """``ValueError`` on NaN/inf. One fused min/max pass (``torch.aminmax``, multi-threaded;
     NaN propagates through both), much cheaper than materialising ``isfinite`` for a large
     matrix and than numpy's separate ``max`` and ``min`` passes."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a string, got {short_repr(name)}")
+    t = as_tensor(t, name)
     if t.numel() and t.is_floating_point():
         lo, hi = torch.aminmax(t.detach())
         ok = bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
@@ -202,9 +205,9 @@ def default_block(num_gallery: int, budget: int = 1 << 21) -> int:
 
 def check_block_size(block_size: Any, name: str = "block_size") -> int:
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-        raise TypeError(f"{name}: expected a positive integer, got {block_size!r}")
+        raise TypeError(f"{name}: expected a positive integer, got {short_repr(block_size)}")
     if block_size < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {block_size!r}")
+        raise ValueError(f"{name}: expected a positive integer, got {short_repr(block_size)}")
     return int(block_size)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xmodal._validate import positive_number
+from xmodal._validate import positive_number, short_repr
 from xmodal.metrics._common import check_finite, default_block, similarity
 
 
@@ -78,7 +78,7 @@ def k_occurrence(sim: Any, k: int = 10) -> np.ndarray:
     """
     s = similarity(sim, "sim")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k: expected a positive integer, got {k!r}")
+        raise TypeError(f"k: expected a positive integer, got {short_repr(k)}")
     q, g = s.shape
     if not 1 <= k <= g:
         raise ValueError(f"k: must lie in [1, {g}] (the gallery size), got {k}")

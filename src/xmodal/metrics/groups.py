@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, option
+from xmodal._validate import as_tensor, option, short_repr
 from xmodal.metrics._common import positives_of, similarity
 from xmodal.metrics.multi_instance import mir
 from xmodal.metrics.ranking import retrieval
@@ -107,6 +107,17 @@ def mir_by_group(sim: Any, relevancy: Any, groups: Any, *, ties: str = "pessimis
     return out
 
 
+def _class_id(c: Any, given: Any) -> int:
+    """One class id of ``tail_classes``: an integer (or a whole float) that fits int64."""
+    if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer, float, np.floating)):
+        raise TypeError(f"tail_classes: expected integer class ids, got {short_repr(given)}")
+    if isinstance(c, (float, np.floating)) and not (np.isfinite(c) and float(c).is_integer()):
+        raise ValueError(f"tail_classes: expected integer class ids, got {short_repr(given)}")
+    if not -(2 ** 63) <= int(c) < 2 ** 63:
+        raise ValueError(f"tail_classes: class id {int(c)} does not fit 64 bits")
+    return int(c)
+
+
 def head_tail_groups(class_ids: Any, *, class_counts: Any = None, tail_classes: Any = None,
                      head_mass: float = 0.8) -> np.ndarray:
     """``"head"`` / ``"tail"`` label of each sample from the frequency of its class.
@@ -135,10 +146,18 @@ def head_tail_groups(class_ids: Any, *, class_counts: Any = None, tail_classes: 
         raise TypeError(f"class_ids: expected a 1-d integer array, got {ids.dtype} {ids.shape}")
     ids = ids.astype(np.int64)
     if tail_classes is not None:
-        tail = np.isin(ids, np.fromiter((int(c) for c in tail_classes), np.int64)) | (ids < 0)
+        if isinstance(tail_classes, (str, bytes, dict)) or not hasattr(tail_classes, "__iter__"):
+            raise TypeError(f"tail_classes: expected an iterable of class ids, got {short_repr(tail_classes)}")
+        try:
+            listed = [c.item() if hasattr(c, "item") and getattr(c, "ndim", 0) == 0 else c
+                      for c in (tail_classes.reshape(-1) if hasattr(tail_classes, "reshape") else tail_classes)]
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"tail_classes: expected an iterable of class ids, got {short_repr(tail_classes)}") from None
+        listed = [_class_id(c, tail_classes) for c in listed]  # inf, 1.5, 1e30: refused
+        tail = np.isin(ids, np.asarray(listed, dtype=np.int64)) | (ids < 0)
         return np.where(tail, "tail", "head")
     if not 0.0 < float(head_mass) <= 1.0:
-        raise ValueError(f"head_mass: must lie in (0, 1], got {head_mass!r}")
+        raise ValueError(f"head_mass: must lie in (0, 1], got {short_repr(head_mass)}")
     if class_counts is None:
         counts = np.bincount(ids[ids >= 0], minlength=int(ids.max(initial=-1)) + 1)
     else:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmodal._validate import positive_number
+from xmodal._validate import positive_number, short_repr
 from xmodal.metrics._common import default_block, positives_of, similarity
 
 
@@ -64,7 +64,7 @@ def retrieval_mass(sim: Any, temperature: float) -> np.ndarray:
 
 def _check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k: expected a positive integer, got {k!r}")
+        raise ValueError(f"k: expected a positive integer, got {short_repr(k)}")
     return int(k)
 
 

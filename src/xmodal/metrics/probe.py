@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xmodal._validate import as_tensor, choice
+from xmodal._validate import as_tensor, choice, short_repr
 from xmodal.metrics._common import block_counts, check_ks, check_ties, similarity, summarize
 from xmodal.metrics.ranking import label_retrieval_from_sim
 
@@ -92,7 +92,7 @@ def linear_probe(train_features: Any, train_labels: Any, test_features: Any, tes
     if np.unique(ytr).size < 2:
         raise ValueError("train_labels: need at least two classes")
     if not 0.0 < holdout < 1.0:
-        raise ValueError(f"holdout: must lie in (0, 1), got {holdout!r}")
+        raise ValueError(f"holdout: must lie in (0, 1), got {short_repr(holdout)}")
 
     def make(c: float):
         if classifier == "svm":

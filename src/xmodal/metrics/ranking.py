@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, choice
+from xmodal._validate import as_tensor, choice, positive_int, text_label
 from xmodal.metrics._common import (block_counts, check_block_size, check_ks, check_ties,
                                     default_block, positives_of, similarity, summarize)
 
@@ -78,6 +78,8 @@ def retrieval(sim: Any, positives: Any, ks: Sequence[int] = (1, 5, 10, 50),
 def caption_groups(text_to_video: Any, num_texts: int, num_videos: int,
                    name: str = "text_to_video") -> torch.Tensor:
     """Validated caption -> video index map (int64 [T]); every video needs a caption."""
+    name = text_label(name, "name")
+    num_texts, num_videos = positive_int(num_texts, "num_texts"), positive_int(num_videos, "num_videos")
     t2v = positives_of(text_to_video, num_texts, num_videos, torch.device("cpu"), name)
     if t2v.dtype == torch.bool:
         raise TypeError(f"{name}: expected integer video indices [num_texts], got a boolean mask")
@@ -95,6 +97,17 @@ def group_max(sim_vt: torch.Tensor, t2v: torch.Tensor, num_videos: int) -> torch
     Shape:
         sim_vt: [b, T] (rows: queries, columns: captions); t2v: [T] -> [b, num_videos].
     """
+    num_videos = positive_int(num_videos, "num_videos")
+    sim_vt = as_tensor(sim_vt, "sim_vt")
+    t2v = as_tensor(t2v, "t2v")
+    if sim_vt.ndim != 2 or not sim_vt.is_floating_point():
+        raise TypeError(f"sim_vt: expected float scores [queries, captions], got {sim_vt.dtype} "
+                        f"of shape {tuple(sim_vt.shape)}")
+    if t2v.shape != (sim_vt.shape[1],) or t2v.dtype == torch.bool or t2v.is_floating_point() or t2v.is_complex():
+        raise TypeError(f"t2v: expected integer video indices [{sim_vt.shape[1]}], got {t2v.dtype} "
+                        f"of shape {tuple(t2v.shape)}")
+    if t2v.device.type == "cpu" and t2v.numel() and (int(t2v.min()) < 0 or int(t2v.max()) >= num_videos):
+        raise ValueError(f"t2v: video indices must lie in [0, {num_videos})")  # (a CPU map: no device sync)
     out = torch.full((sim_vt.shape[0], num_videos), float("-inf"), dtype=sim_vt.dtype,
                      device=sim_vt.device)
     idx = t2v.to(sim_vt.device)[None, :].expand_as(sim_vt)

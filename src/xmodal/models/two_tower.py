@@ -352,7 +352,7 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
                              ("heads", heads, 1), ("hidden", hidden, 1)):
         integer(value, name, minimum=low)
     if not 0.0 <= number(dropout, "dropout") <= 1.0:
-        raise ValueError(f"dropout: must lie in [0, 1], got {dropout!r}")
+        raise ValueError(f"dropout: must lie in [0, 1], got {short_repr(dropout)}")
     if experts is not None:
         if not isinstance(experts, dict):
             raise TypeError(f"experts: expected a dict {{expert name: input dim}}, got {short_repr(experts)}")
@@ -362,7 +362,7 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     choice(text_kind, "model.text_kind", TOWER_KINDS)
     if text_tokens is not None and (isinstance(text_tokens, bool) or not isinstance(text_tokens, (int, np.integer))
                                     or text_tokens < 1):
-        raise ValueError(f"text_tokens: expected a positive integer or None, got {text_tokens!r}")
+        raise ValueError(f"text_tokens: expected a positive integer or None, got {short_repr(text_tokens)}")
     common = dict(out_dim=dim, width=width, depth=depth, dropout=dropout, layers=layers, heads=heads,
                   hidden=hidden)
     return TwoTower(TowerSpec(kind=kind, in_dim=video_dim, **common),

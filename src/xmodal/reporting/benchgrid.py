@@ -179,9 +179,44 @@ def run_grid(*, datasets: Iterable[str], objectives: Iterable[str], seeds: Itera
              out: str | Path, epochs: int | None = None, synthetic: dict | None = None,
              progress: bool | None = True) -> list[dict]:
     """Run every cell, aggregate, write ``results.md``/``results.csv``; returns the rows.
-    ``progress``: a bar (True), a line every 30 s without a terminal (None) or nothing (False)."""
+    ``progress``: a bar (True), a line every 30 s without a terminal (None) or nothing (False).
+
+    Every argument is checked before the first run starts (a ValueError / TypeError naming it).
+    """
     from xmodal.progress import progress as progress_bar
 
+    from xmodal._validate import flag, integer, number, positive_int, short_repr
+    from xmodal.config import known_losses
+
+    def values(v: Any, name: str, check) -> list:
+        if isinstance(v, (str, bytes, dict)) or hasattr(v, "shape") or not hasattr(v, "__iter__"):
+            raise TypeError(f"{name}: expected a list, got {short_repr(v)}")
+        out = [check(x) for x in v]
+        if not out:
+            raise ValueError(f"{name}: empty")
+        return out
+
+    def one_of(options: Iterable[str], name: str):
+        options = tuple(options)
+
+        def check(x: Any) -> str:
+            if not isinstance(x, str) or x not in options:
+                raise ValueError(f"{name}: unknown {short_repr(x)}; expected one of {', '.join(options)}")
+            return x
+        return check
+
+    datasets = values(datasets, "datasets", one_of(DATASETS, "datasets"))
+    objectives = values(objectives, "objectives", one_of(known_losses(), "objectives"))
+    seeds = values(seeds, "seeds", lambda x: integer(x, "seeds", minimum=0, maximum=2 ** 32 - 1))
+    ts_variants = values(ts_variants, "ts_variants", lambda x: flag(x, "ts_variants"))
+    noise = values(noise, "noise", lambda x: number(x, "noise", minimum=0.0))
+    if not isinstance(out, (str, os.PathLike)) or not str(out):
+        raise TypeError(f"out: expected a folder path, got {short_repr(out)}")
+    if epochs is not None:
+        epochs = positive_int(epochs, "epochs")
+    if synthetic is not None and not isinstance(synthetic, dict):
+        raise TypeError(f"synthetic: expected a dict of xmodal.data.synthetic knobs, got {short_repr(synthetic)}")
+    progress = None if progress is None else flag(progress, "progress")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     cells = [Cell(ds, obj, ts, seed, nz) for ds in datasets for nz in noise for obj in objectives

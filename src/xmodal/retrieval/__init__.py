@@ -15,7 +15,7 @@ _EXPORTS = {
     "embed_split": "evaluate", "retrieval_metrics": "evaluate", "evaluate": "evaluate",
     "evaluate_normalizers": "evaluate", "group_metrics": "evaluate", "score": "evaluate",
     "TestTime": "testtime", "fit_test_time": "testtime", "fit_normalizer": "testtime",
-    "BiasedIndex": "index", "SearchIndex": "index", "write_index": "index",
+    "BiasedIndex": "index", "SearchIndex": "search", "write_index": "search",
     "fold_run_normalizer": "index", "selected_normalizer": "index",
     "query_results": "evaluate", "protocol_card": "perquery", "read_per_query": "perquery",
     "write_per_query": "perquery", "select_normalizer": "selection",
@@ -27,6 +27,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"xmodal.retrieval.{_EXPORTS[name]}"), name)
-    if name in ("evaluate", "testtime", "index", "perquery", "selection"):
+    if name in ("evaluate", "testtime", "index", "search", "perquery", "selection"):
         return importlib.import_module(f"xmodal.retrieval.{name}")
     raise AttributeError(f"module 'xmodal.retrieval' has no attribute {name!r}")

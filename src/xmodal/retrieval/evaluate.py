@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, duck, option, positive_int
+from xmodal._validate import as_tensor, duck, option, positive_int, short_repr
 
 __all__ = ["embed_split", "retrieval_metrics", "query_results", "score", "score_terms", "evaluate",
            "evaluate_normalizers", "group_metrics", "group_ranks", "mean_pooled_groups"]
@@ -69,8 +69,9 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
         out = text_video(sim_t2v, text_to_video, v2t=v2t, **opts)
     elif v2t == "all-captions":
         t2v = as_tensor(text_to_video, "text_to_video")
-        if t2v.ndim != 1:
-            raise ValueError(f"text_to_video: expected one video index per text [M], got shape {tuple(t2v.shape)}")
+        if t2v.ndim != 1 or t2v.dtype == torch.bool or t2v.is_floating_point() or t2v.is_complex():
+            raise TypeError(f"text_to_video: expected integer video indices [texts], got {t2v.dtype} "
+                            f"of shape {tuple(t2v.shape)}")
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
         out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
     else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
@@ -78,7 +79,7 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
                "v2t": text_video(sim_v2t.T, text_to_video, v2t=v2t, **opts)["v2t"]}
     if relevancy is not None:
         if ties not in ("pessimistic", "optimistic"):  # a string: retrieval checked it
-            raise ValueError(f"ties: mAP / nDCG support pessimistic or optimistic, got {ties!r}")
+            raise ValueError(f"ties: mAP / nDCG support pessimistic or optimistic, got {short_repr(ties)}")
         rel = torch.as_tensor(np.asarray(relevancy, dtype=np.float32))
         v2t_sim = sim_t2v.T if sim_v2t is None else sim_v2t
         for direction, sim, r in (("t2v", sim_t2v, rel), ("v2t", v2t_sim, rel.T)):

@@ -159,7 +159,7 @@ class SearchIndex:
             raise ValueError(f"--index: {names} is not a file")
         if names.is_file():
             try:
-                self.names = names.read_text(encoding="utf-8").splitlines()
+                self.names = _lines(names.read_text(encoding="utf-8"))
             except UnicodeDecodeError:
                 raise ValueError(f"--index: {names} is not UTF-8 text") from None
             if len(self.names) != self.index.num_items:
@@ -387,6 +387,19 @@ def top_k(matrix: np.ndarray, query: np.ndarray, k: int, *, exclude: int | None 
         best_s, best_i = s[order], idx[order]
     return best_s, best_i
 
+
+
+def _lines(text: str) -> list[str]:
+    r"""One name per ``\n`` line as :func:`write_index` writes them (``str.splitlines`` would also
+    split a name at U+2028, U+0085 or a form feed, and the count would no longer match).
+
+    >>> _lines("a\u2028b\nc\r\n")
+    ['a\u2028b', 'c']
+    """
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _load(path: str, flag: str):

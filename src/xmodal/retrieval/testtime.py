@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from xmodal._validate import short_repr
 from xmodal.normalize import Normalizer
 from xmodal.normalize import build_normalizer as _registry_build
 
@@ -193,7 +194,7 @@ class TestTime:
                    direction: str = "t2v") -> torch.Tensor:
         """Normalised scores of one retrieval direction: ``t2v`` ``[T, V]`` or ``v2t`` ``[V, T]``."""
         if direction not in ("t2v", "v2t"):
-            raise ValueError(f"direction: expected 't2v' or 'v2t', got {direction!r}")
+            raise ValueError(f"direction: expected 't2v' or 'v2t', got {short_repr(direction)}")
         t2v, v2t = self.similarities(text, video, normalizer)
         if direction == "t2v":
             return t2v

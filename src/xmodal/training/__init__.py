@@ -12,6 +12,8 @@
 May import: config, data, losses, models, retrieval, runs, dist (never commands or reporting).
 """
 
+__all__ = ["fit"]
+
 
 def __getattr__(name: str):
     if name == "fit":  # lazy: importing the package stays cheap

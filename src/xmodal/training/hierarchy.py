@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from xmodal._validate import short_repr
 from xmodal.config import Config
 from xmodal.data import inputs as video_inputs
 from xmodal.data.groups import paragraph_texts
@@ -46,7 +47,7 @@ def group_batches(epoch: int, *, seed: int, groups: np.ndarray, batch_size: int)
     ([2, 2], 4)
     """
     if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
-        raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+        raise ValueError(f"batch_size: must be a positive integer, got {short_repr(batch_size)}")
     order = np.random.default_rng([seed, epoch, 2]).permutation(np.asarray(groups, dtype=np.int64))
     n = len(order) // batch_size
     return [order[i * batch_size:(i + 1) * batch_size] for i in range(n)]

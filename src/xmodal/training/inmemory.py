@@ -48,9 +48,17 @@ def fit(config: Config, splits: dict, *, out: str | os.PathLike | None = None, *
     >>> summary["normalizer"], model.encode_text(s["val"].text).shape[0] == s["val"].num_texts
     ('none', True)
     """
+    from xmodal._validate import short_repr
     from xmodal.models import load_model
     from xmodal.training.loop import train
 
+    if not isinstance(config, Config):
+        raise TypeError(f"config: expected an xmodal.config.Config (xmodal.config.from_dict / load_config), "
+                        f"got {short_repr(config)}")
+    if not isinstance(splits, dict):
+        raise TypeError(f"splits: expected {{'train': PairedSplit, 'val': PairedSplit}}, got {short_repr(splits)}")
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out: expected a folder path or None, got {short_repr(out)}")
     if out is not None:
         summary = train(config, out, splits=splits, **kwargs)
         return load_model(out), summary

@@ -195,7 +195,7 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
 
 def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_after_epochs: int | None = None,
           progress: bool | None = None, verbose: bool = True, command: str | None = None,
-          splits: dict | None = None) -> dict:
+          splits: dict | None = None, accept_changed_data: bool = False) -> dict:
     """Train, select the test-time normaliser on validation, write the run directory.
 
     Args:
@@ -210,6 +210,9 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         command: the command line recorded in ``provenance.json`` (default ``sys.argv``).
         splits: in-memory ``{"train", "val"[, "test"]}`` PairedSplits used instead of the
             files of ``cfg.data`` (see :func:`xmodal.training.fit`).
+        accept_changed_data: resume even when a data file's content changed since the run
+            started (default: refused, naming the file); ``provenance.json`` then keeps the
+            earlier hashes in ``data_history`` (:func:`xmodal.training.provenance.check_resume`).
 
     Returns:
         A summary dict (also ``metrics.json``): best epoch, val/test metrics per
@@ -217,7 +220,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
 
     Raises:
         ValueError: bad config, a run directory in use by another process, an
-            unreadable or unsafe checkpoint, or a diverged loss (NaN/inf).
+            unreadable or unsafe checkpoint, a resume over changed data, or a diverged loss (NaN/inf).
         OSError: ``ENOSPC`` "no space left on device" when a write fails on a full disk.
     """
     is_main = dist.rank() == 0
@@ -231,7 +234,7 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
             if not (resume and (Path(out) / "checkpoint.pt").is_file()):
                 clear_run_outputs(out)  # a fresh run: nothing of the previous one stays to be served
         return _train(cfg, Path(out), resume=resume, stop_after_epochs=stop_after_epochs, progress=progress,
-                      verbose=verbose, command=command, splits=splits)
+                      verbose=verbose, command=command, splits=splits, accept_changed_data=accept_changed_data)
     finally:
         if lock is not None:
             lock.release()
@@ -259,7 +262,8 @@ def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer, pla
 
 
 def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None, progress: bool | None,
-           verbose: bool = True, command: str | None = None, splits: dict | None = None) -> dict:
+           verbose: bool = True, command: str | None = None, splits: dict | None = None,
+           accept_changed_data: bool = False) -> dict:
     from tqdm.auto import tqdm
 
     tc = cfg.train
@@ -328,10 +332,14 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     resumed = resume and ckpt_path.is_file()
     if resumed:
         state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema)
+    data_files = [] if in_memory else provenance.data_files(cfg)
+    hashes = provenance.hash_files(data_files) if is_main else {}
+    changed = provenance.check_resume(out, hashes, epoch=state["epoch"], accept=accept_changed_data) \
+        if resumed and is_main else None  # a resume over changed data: refused before anything is written
     logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
                   enabled=is_main, echo=verbose)
-    data_files = [] if in_memory else provenance.data_files(cfg)
-    prov = provenance.start(out, data_files, command=command, resumed=resumed) if is_main else {}
+    prov = provenance.start(out, data_files, command=command, resumed=resumed, hashes=hashes,
+                            changed=changed) if is_main else {}
     logs.describe(to_dict(cfg), prov)  # TensorBoard text / tracker params (rank 0; a no-op elsewhere)
     if is_main:  # after the resume check: a refused resume leaves the run's config.yaml alone
         save_config(cfg, out / "config.yaml")

@@ -8,6 +8,12 @@ synthetic data), ``started`` and ``finished`` (UTC, ISO 8601; ``finished`` is ``
 while the run is going or after a kill). A resumed run keeps its first ``started`` and
 appends the time of each resume to ``resumed``. Written atomically (temporary file +
 rename), so a reader never sees half a file.
+
+A resume over changed data is refused (:func:`check_resume`, issue 25.5): the file would
+otherwise list only the new hashes and misstate what the model was trained on. Accepted
+(``xmodal train --accept-changed-data``), ``data`` holds the new hashes and ``data_history``
+the earlier ones: ``[{"data": {file: sha256}, "until_epoch": E, "replaced": time}, ...]``,
+the hashes the epochs up to ``E`` were trained on.
 """
 
 from __future__ import annotations
@@ -93,12 +99,70 @@ def hash_files(files: Iterable[str | os.PathLike]) -> dict[str, str]:
     return {str(Path(p).resolve()): sha256(p) for p in files}
 
 
+class ChangedDataError(ValueError):
+    """A resume over data files whose content changed since the run started."""
+
+
+def data_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """What differs between two ``{file: sha256}`` records, one line per file.
+
+    >>> data_changes({"/d/a.npy": "11", "/d/b.npy": "22"}, {"/d/a.npy": "33", "/d/c.npy": "44"})
+    ['/d/a.npy changed (sha256 11... -> 33...)', '/d/b.npy is no longer read', '/d/c.npy is new']
+    """
+    out = []
+    for f in sorted(set(before) | set(after)):
+        if f not in after:
+            out.append(f"{f} is no longer read")
+        elif f not in before:
+            out.append(f"{f} is new")
+        elif before[f] != after[f]:
+            out.append(f"{f} changed (sha256 {before[f][:12]}... -> {after[f][:12]}...)")
+    return out
+
+
+def check_resume(out: Path, hashes: dict[str, str], *, epoch: int, accept: bool = False) -> dict | None:
+    """Compare the data of a run being resumed with the hashes its ``provenance.json`` recorded.
+
+    Args:
+        out: the run directory.
+        hashes: ``{file: sha256}`` of the data this resume reads (:func:`hash_files`).
+        epoch: the epochs already trained (the checkpoint's), recorded with the old hashes.
+        accept: go on when the data changed, recording both sets of hashes.
+
+    Returns:
+        None when nothing changed (or the run has no readable record to compare with); else,
+        with ``accept``, the ``data_history`` entry :func:`start` appends.
+
+    Raises:
+        ChangedDataError: the data changed and ``accept`` is false; the message names the first
+            changed file.
+    """
+    try:
+        old = json.loads((out / NAME).read_text(encoding="utf-8"))
+        before = old["data"]
+        if not isinstance(before, dict):
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a run from before provenance.json, or a damaged one: nothing to compare with
+    changes = data_changes(before, hashes)
+    if not changes:
+        return None
+    if not accept:
+        more = f" (and {len(changes) - 1} more file(s))" if len(changes) > 1 else ""
+        raise ChangedDataError(f"resume: the data changed since this run started {epoch} epoch(s) ago: "
+                               f"{changes[0]}{more}; resuming would mix two datasets in one model. Start over "
+                               f"with --no-resume (or another --out), or pass --accept-changed-data to go on "
+                               f"(provenance.json then records both sets of hashes)")
+    return {"data": before, "until_epoch": int(epoch), "replaced": now(), "changes": changes}
+
+
 def start(out: Path, files: Iterable[str | os.PathLike], *, command: str | None = None,
-          resumed: bool = False) -> dict:
+          resumed: bool = False, hashes: dict[str, str] | None = None, changed: dict | None = None) -> dict:
     """Write ``out/provenance.json`` at the start of a run (``finished: null``) and return it.
 
-    On a resume the existing file's ``started`` is kept and this start is appended to
-    ``resumed``.
+    On a resume the existing file's ``started`` and ``data_history`` are kept, this start is
+    appended to ``resumed``, and ``changed`` (an accepted :func:`check_resume` entry) to
+    ``data_history``. ``hashes``: the files' hashes when already computed (else hashed here).
     """
     import torch
 
@@ -110,7 +174,7 @@ def start(out: Path, files: Iterable[str | os.PathLike], *, command: str | None 
         "command": command if command is not None else command_line(),
         "xmodal_version": xmodal.__version__, "torch_version": torch.__version__,
         "python_version": sys.version.split()[0], "git_revision": rev, "git_dirty": dirty,
-        "data": hash_files(files), "started": now(), "finished": None,
+        "data": hash_files(files) if hashes is None else dict(hashes), "started": now(), "finished": None,
     }
     path = out / NAME
     if resumed and path.is_file():
@@ -118,8 +182,12 @@ def start(out: Path, files: Iterable[str | os.PathLike], *, command: str | None 
             old = json.loads(path.read_text())
             record["started"] = old.get("started", record["started"])
             record["resumed"] = list(old.get("resumed", [])) + [now()]
-        except (OSError, ValueError):
+            if old.get("data_history"):
+                record["data_history"] = list(old["data_history"])
+        except (OSError, ValueError, AttributeError, TypeError):
             pass
+    if changed is not None:
+        record["data_history"] = list(record.get("data_history", [])) + [changed]
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     return record
 

@@ -20,6 +20,8 @@ import dataclasses
 
 import numpy as np
 
+from xmodal._validate import short_repr
+
 SAMPLINGS = ("captions", "videos", "k_captions")
 
 
@@ -54,7 +56,7 @@ def epoch_batches(epoch: int, *, seed: int, text_to_video: np.ndarray, batch_siz
     if sampling not in SAMPLINGS:
         raise ValueError(f"sampling: unknown option {sampling!r}; expected one of {', '.join(SAMPLINGS)}")
     if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
-        raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
+        raise ValueError(f"batch_size: must be a positive integer, got {short_repr(batch_size)}")
     g = np.random.default_rng([seed, epoch, 1])
     if sampling == "captions":
         order = g.permutation(len(text_to_video))
@@ -67,7 +69,7 @@ def epoch_batches(epoch: int, *, seed: int, text_to_video: np.ndarray, batch_siz
             k = int(captions_per_video)
             if k < 1 or batch_size % k:
                 raise ValueError(f"captions_per_video: must be >= 1 and divide the batch size {batch_size}, "
-                                 f"got {captions_per_video!r}")
+                                 f"got {short_repr(captions_per_video)}")
             order = np.concatenate([_k_of(groups[v], k, g) for v in videos]) if videos else np.zeros(0, np.int64)
     order = np.asarray(order, dtype=np.int64)
     n = len(order) // batch_size
