@@ -234,4 +234,4 @@ def export_payload(path: str | os.PathLike) -> dict:
 
 
 __all__ = ["FORMAT", "VERSION", "WEIGHTS_NAME", "CONFIG_NAME", "MODEL_FILES", "is_export_dir", "export_state",
-           "feature_sizes", "read_config", "read_tensors", "export_payload"]
+           "read_config", "read_tensors", "export_payload"]

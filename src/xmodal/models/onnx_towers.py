@@ -62,7 +62,16 @@ def _copy(model: Any) -> Any:
     """A float32 CPU copy in eval mode (the caller's model is never converted or moved)."""
     import copy
 
+    from xmodal._validate import duck
+
+    duck(model, "model", "a loaded xmodal model", ("encode_video", "encode_text"), ("video_tower", "text_tower"))
     return copy.deepcopy(model).float().cpu().eval()
+
+
+def _folder(folder: Any) -> Path:
+    if not isinstance(folder, (str, os.PathLike)) or not Path(folder).is_dir():
+        raise ValueError(f"folder: expected an existing directory, got {str(folder)[:80]!r}")
+    return Path(folder)
 
 
 def _need(module: str, extra: str = "onnx"):
@@ -173,7 +182,10 @@ def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None) -> 
     _need("onnx")
     from xmodal.runs import atomic_write
 
+    if write is not None and not callable(write):
+        raise TypeError(f"write: expected a callable write(path, fn) or None, got {type(write).__name__}")
     write = write or atomic_write
+    folder = _folder(folder)
     model = _copy(model)
     out = {}
     for which, name in (("video", VIDEO_ONNX), ("text", TEXT_ONNX)):
@@ -193,6 +205,11 @@ def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None) -> 
 
 def run_onnx(path: str | os.PathLike, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """``embeddings`` of an exported tower graph under onnxruntime (CPU)."""
+    if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
+        raise ValueError(f"path: expected an .onnx file written by export_onnx, got {str(path)[:80]!r}")
+    if not isinstance(inputs, dict) or not all(isinstance(k, str) and isinstance(v, np.ndarray)
+                                               for k, v in inputs.items()):
+        raise TypeError("inputs: expected {input name: numpy array}")
     ort = _need("onnxruntime")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, torch.get_num_threads())
@@ -208,6 +225,13 @@ def check_onnx(model: Any, folder: str | os.PathLike, inputs: dict[str, dict[str
     ``encode_video`` / ``encode_text`` on ``inputs`` (``{"video": {...}, "text": {...}}``, as
     :func:`example_inputs` makes them; default: random inputs with ragged masks and garbage in
     the padded frames). Returns ``{"video": diff, "text": diff}``."""
+    folder = _folder(folder)
+    if inputs is not None and (not isinstance(inputs, dict) or not set(inputs) <= {"video", "text"}
+                               or not all(isinstance(v, dict) for v in inputs.values())):
+        raise TypeError('inputs: expected {"video": {name: array}, "text": {name: array}} or None')
+    from xmodal._validate import integer
+
+    seed = integer(seed, "seed", minimum=0, maximum=2 ** 32 - 1)
     model = _copy(model)
     out = {}
     for which, name in (("video", VIDEO_ONNX), ("text", TEXT_ONNX)):
@@ -218,5 +242,4 @@ def check_onnx(model: Any, folder: str | os.PathLike, inputs: dict[str, dict[str
     return out
 
 
-__all__ = ["VIDEO_ONNX", "TEXT_ONNX", "ONNX_FILES", "export_onnx", "check_onnx", "run_onnx", "example_inputs",
-           "graph_inputs", "torch_reference"]
+__all__ = ["VIDEO_ONNX", "TEXT_ONNX", "ONNX_FILES", "export_onnx", "check_onnx", "run_onnx"]

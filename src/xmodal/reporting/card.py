@@ -244,6 +244,12 @@ def model_card(config: dict, records: dict, files: dict[str, str] | None = None)
         records: :func:`run_records` of the run (``name``, ``metrics``, ``provenance``).
         files: ``{file name: sha256}`` of the folder's other files, listed at the end.
     """
+    for value, name in ((config, "config"), (records, "records")):
+        if not isinstance(value, dict):
+            raise TypeError(f"{name}: expected a dict, got {type(value).__name__}")
+    if files is not None and (not isinstance(files, dict)
+                              or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+        raise TypeError(f"files: expected {{file name: sha256}} or None, got {type(files).__name__}")
     files = files or {}
     run_config = config.get("run_config") or {}
     metrics = records.get("metrics")

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from xmodal._validate import short_repr
 from xmodal.metrics import format_metric
 from xmodal.metrics.formatting import markdown_table
 from xmodal.metrics.paired import LOWER_IS_BETTER, format_p, holm, paired_test
@@ -152,8 +153,19 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
         ``verdict`` (``"B better"``, ``"A better"`` or ``"no clear difference"``: the Holm p-value
         below ``1 - level`` and the interval clear of 0, or not).
     """
+    for side, name in ((a, "a"), (b, "b")):
+        if isinstance(side, (str, bytes, dict)) or not isinstance(side, Sequence) or \
+                not all(isinstance(r, Result) for r in side):
+            raise TypeError(f"{name}: expected a list of load_result(...) results, got {short_repr(side)}")
     if not a or not b:
         raise ValueError("compare: give at least one run on each side")
+    for value, label in ((normalizer, "normalizer"), (normalizer_b, "normalizer_b"), (split, "split")):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{label}: expected a name, got {short_repr(value)}")
+    for value, label in ((metrics, "metrics"), (directions, "directions")):
+        if value is not None and (isinstance(value, str) or not isinstance(value, Sequence)
+                                  or not all(isinstance(x, str) for x in value)):
+            raise TypeError(f"{label}: expected a list of names, got {short_repr(value)}")
     norm_b = normalizer if normalizer_b is None else normalizer_b
     optional = ("mAP",) if metrics is None else ()
     metrics = DEFAULT_METRICS if metrics is None else tuple(metrics)
@@ -212,6 +224,9 @@ def _cell(metric: str, value: float, std: float) -> str:
 
 def markdown(out: dict) -> str:
     """The comparison as Markdown: who A and B are, the table, and how to read it."""
+    if not isinstance(out, dict) or not {"rows", "level", "a", "b", "split"} <= set(out) or \
+            not isinstance(out["rows"], list) or not all(isinstance(r, dict) for r in out["rows"]):
+        raise TypeError(f"out: expected the dict compare() returns, got {short_repr(out)}")
     rows = out["rows"]
     seeds = any("p_value_seeds" in r for r in rows)
     level = f"{100 * out['level']:.0f}%"

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal._validate import short_repr
+from xmodal._validate import duck, int_array, short_repr
 
 __all__ = ["PROTOCOL_FIELDS", "split_sha256", "arrays_sha256", "protocol_card", "bank_source",
            "write_per_query", "read_per_query", "card_differences", "normalizer_card"]
@@ -51,8 +51,12 @@ def arrays_sha256(arrays: dict[str, Any]) -> str:
     >>> arrays_sha256({"a": np.arange(3)}) == arrays_sha256({"a": np.arange(3), "b": None})
     True
     """
+    if not isinstance(arrays, dict) or not all(isinstance(k, str) for k in arrays):
+        raise TypeError(f"arrays: expected {{name: array}}, got {short_repr(arrays)}")
     flat: dict[str, np.ndarray] = {}
     for name, x in arrays.items():
+        if isinstance(x, dict) and not all(isinstance(k, str) for k in x):
+            raise TypeError(f"arrays[{name!r}]: expected {{name: array}}, got {short_repr(x)}")
         if isinstance(x, dict):
             flat.update({f"{name}:{k}": v for k, v in x.items() if v is not None})
         elif x is not None:
@@ -61,6 +65,8 @@ def arrays_sha256(arrays: dict[str, Any]) -> str:
     for name in sorted(flat):
         x = flat[name]
         x = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+        if x.dtype.kind not in "biufc":
+            raise TypeError(f"arrays[{name!r}]: expected a numeric array, got {x.dtype}")
         h.update(f"{name}|{x.dtype.str}|{x.shape}\n".encode())
         rows = max(1, _ROW_BYTES // max(1, x[:1].nbytes)) if x.ndim else 1
         for start in range(0, max(1, x.shape[0] if x.ndim else 1), rows):
@@ -72,6 +78,7 @@ def split_sha256(split: Any) -> str:
     """SHA-256 of what a split's evaluation depends on: video features (every expert) and their
     masks, text features and token mask, the text -> video map, the relevancy used for mAP /
     nDCG and the groups. The same arrays read from a layout or given by flags hash alike."""
+    duck(split, "split", "a PairedSplit", ("video_input",), ("text", "text_to_video"))
     video, mask = split.video_input()
     text, text_mask = split.text_input() if hasattr(split, "text_input") else (split.text, None)
     rel = split.mir_relevancy() if hasattr(split, "mir_relevancy") else None
@@ -120,7 +127,20 @@ def protocol_card(split: Any, test_time: Any, names: list[str], *, selected: str
         git: ``(revision, dirty)`` of the code (``xmodal.training.provenance.git_revision()``).
         per_query: the split's per-query results (adds ``p2v`` / ``v2p`` query counts).
     """
-    t2v = np.asarray(split.text_to_video)
+    duck(split, "split", "a PairedSplit", ("video_input",), ("text_to_video", "num_videos"))
+    duck(test_time, "test_time", "a TestTime", (), ("banks", "hparams"))
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names: expected a list of normaliser names, got {short_repr(names)}")
+    for value, label in ((selected, "selected"), (ties, "ties"), (v2t, "v2t")):
+        if not isinstance(value, str):
+            raise TypeError(f"{label}: expected a string, got {short_repr(value)}")
+    if sha256 is not None and not isinstance(sha256, str):
+        raise TypeError(f"sha256: expected a hex string or None, got {short_repr(sha256)}")
+    if not isinstance(git, (tuple, list)) or len(git) != 2:
+        raise TypeError(f"git: expected (revision, dirty), got {short_repr(git)}")
+    if per_query is not None and not isinstance(per_query, dict):
+        raise TypeError(f"per_query: expected {{normaliser: {{direction: ...}}}} or None, got {short_repr(per_query)}")
+    t2v = int_array(split.text_to_video, "split.text_to_video")
     n_videos = int(split.num_videos)
     counts = np.bincount(t2v, minlength=n_videos)
     rev, dirty = git
@@ -151,13 +171,29 @@ def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None =
     split's card) to ``path`` as an ``.npz`` of plain arrays, atomically."""
     from xmodal.runs import atomic_write
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a file path, got {short_repr(path)}")
+    shape = "{split: {normalizer: {direction: {'rank' | 'ap' | 'ndcg': array}}}}"
+    if not isinstance(results, dict) or not all(
+            isinstance(s, str) and isinstance(by_name, dict) and all(
+                isinstance(n, str) and isinstance(by_dir, dict) and all(
+                    isinstance(d, str) and isinstance(v, dict) and set(v) <= {"rank", "ap", "ndcg"} for d, v in by_dir.items())
+                for n, by_dir in by_name.items())
+            for s, by_name in results.items()):
+        raise TypeError(f"results: expected {shape}, got {short_repr(results)}")
+    if cards is not None and (not isinstance(cards, dict) or not all(isinstance(c, dict) for c in cards.values())):
+        raise TypeError(f"cards: expected {{split: card dict}} or None, got {short_repr(cards)}")
     arrays: dict[str, np.ndarray] = {}
     for split, by_name in results.items():
         for name, by_dir in by_name.items():
             for direction, values in by_dir.items():
                 for key, x in values.items():
                     dtype = np.int32 if key == "rank" else np.float32
-                    arrays[f"{split}/{name}/{direction}/{key}"] = np.asarray(x).astype(dtype)
+                    x = np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
+                    if x.ndim != 1 or x.dtype.kind not in "biuf":
+                        raise TypeError(f"results[{split!r}][{name!r}][{direction!r}][{key!r}]: expected one number "
+                                        f"per query, got {x.dtype} of shape {list(x.shape)}")
+                    arrays[f"{split}/{name}/{direction}/{key}"] = x.astype(dtype)
     for split, card in (cards or {}).items():
         arrays[f"{split}/protocol"] = np.array(json.dumps(card, sort_keys=True))
 

@@ -27,7 +27,7 @@ from xmodal.retrieval.evaluate import score, score_terms
 from xmodal.retrieval.index import FOLDABLE
 from xmodal.retrieval.testtime import uses_test_queries
 
-__all__ = ["RULES", "select_normalizer", "describe"]
+__all__ = ["RULES", "select_normalizer"]
 
 RULES = ("paired", "best")
 

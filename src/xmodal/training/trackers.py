@@ -297,5 +297,4 @@ class _quiet:
             lg.setLevel(level)
 
 
-__all__ = ["Trackers", "MlflowTracker", "WandbTracker", "TRACKERS", "TRACKERS_FILE", "TRACKER_FILES", "TRACKER_DIRS",
-           "mlflow_key", "flat_params"]
+__all__ = ["Trackers", "TRACKERS", "TRACKERS_FILE", "TRACKER_FILES", "TRACKER_DIRS"]
