@@ -165,10 +165,11 @@ def test_pad_groups_against_a_loop():
         torch.testing.assert_close(padded[g, :len(rows)], x[rows], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("pooling", ["max", "atn"])
-def test_masked_global_pooling_ignores_padded_clips(pooling):
+@pytest.mark.parametrize("block", ["xmodal", "release"])
+@pytest.mark.parametrize("pooling", ["mean", "max", "atn"])
+def test_masked_global_pooling_ignores_padded_clips(pooling, block):
     torch.manual_seed(0)
-    tower = GlobalTower(GlobalSpec(dim=8, heads=2, layers=1, pooling=pooling)).eval()
+    tower = GlobalTower(GlobalSpec(dim=8, heads=2, layers=1, pooling=pooling, pool_heads=2, block=block)).eval()
     sizes = [1, 4, 2]
     x = torch.randn(3, 4, 8)
     mask = torch.arange(4)[None, :] < torch.tensor(sizes)[:, None]

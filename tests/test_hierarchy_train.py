@@ -150,19 +150,22 @@ def test_coot_preset_loads_validates_and_trains(data_dir, tmp_path):
     path = ROOT / "configs" / "crossclr" / "coot_youcook2.yaml"
     cfg = load_config(path)
     m, lo, o = cfg.model, cfg.loss, cfg.optim
-    assert (m.hierarchy, m.dim, m.heads, m.global_heads, m.pooling, m.dropout) == (True, 384, 8, 8, "atn", 0.05)
+    assert (m.hierarchy, m.dim, m.heads, m.global_heads, m.dropout) == (True, 384, 8, 8, 0.05)
+    # Table 7's "Pooler ATN" / "AF heads 2" are the local level's; the global level averages + context
+    assert (m.local_pooling, m.pool_heads, m.pool_hidden, m.global_pooling, m.global_context, m.block,
+            m.standardize) == ("atn", 2, 768, "mean", True, "release", False)
     assert (lo.name, lo.temperature, lo.global_weight) == ("crossclr", 0.03, 0.6)
     assert lo.kwargs == {"weight_scale": 0.0035, "intra_weight": 0.8, "prune_threshold": 0.9, "queue_size": 5000,
                          "intra_mode": "logit"}
-    assert (o.name, o.lr, o.betas, o.warmup_epochs, o.scheduler, o.plateau_patience, o.plateau_cooldown) == \
-        ("radam", 7e-4, (0.56, 0.999), 4.0, "plateau", 6, 4)
+    assert (o.name, o.lr, o.betas, o.eps, o.warmup_epochs, o.scheduler, o.plateau_patience, o.plateau_cooldown) == \
+        ("radam", 7e-4, (0.56, 0.98), 1.5e-9, 4.0, "plateau", 6, 4)
     assert cfg.train.batch_size == 64 and cfg.train.epochs == 40
     # on a hierarchical split directory (the YouCook2 route), shrunk to one short epoch
     small = load_config(path, ["data.name=paired", f"data.root={data_dir}", "data.val_split=val",
                                "train.batch_size=8", "train.epochs=1", "train.progress=false", "train.device=cpu",
                                "loss.kwargs.queue_size=100", "test_time.bank_size=50"])
     summary = train(small, tmp_path / "preset")
-    assert {"p2v", "v2p"} <= set(summary["val"]["none"])
+    assert {"p2v", "v2p", "p2v_flat", "v2p_flat"} <= set(summary["val"]["none"])
 
 
 def test_synthetic_groups_train_with_the_preset_defaults(tmp_path):

@@ -136,7 +136,9 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
 @torch.no_grad()
 def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
     """``{"p2v": ..., "v2p": ...}`` (paragraph -> video, video -> paragraph; the keys of
-    ``t2v``) on a split with groups (``video_to_group``), else ``{}``.
+    ``t2v``) on a split with groups (``video_to_group``), else ``{}``; a hierarchical model
+    also gets ``"p2v_flat"`` / ``"v2p_flat"``, the flat reference: its own clip (sentence)
+    embeddings mean-pooled, so a user sees whether the global level helps.
 
     Queries and gallery are the groups that have a paragraph (at least one text); each
     paragraph's one correct video is its own. Embeddings: a hierarchical model's global
@@ -151,14 +153,15 @@ def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
 
     if getattr(split, "video_to_group", None) is None:
         return {}
-    if hasattr(model, "encode_groups"):
-        paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
-                                                  split.video_to_group, batch_size=batch_size,
-                                                  text_mask=getattr(split, "text_mask", None))
-    else:
-        paragraph, video = mean_pooled_groups(model, split, batch_size)
+    paragraph, video = mean_pooled_groups(model, split, batch_size)
+    flat = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
+    if not hasattr(model, "encode_groups"):
+        return {"p2v": flat["t2v"], "v2p": flat["v2t"]}
+    paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
+                                              split.video_to_group, batch_size=batch_size,
+                                              text_mask=getattr(split, "text_mask", None))
     out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
-    return {"p2v": out["t2v"], "v2p": out["v2t"]}
+    return {"p2v": out["t2v"], "v2p": out["v2t"], "p2v_flat": flat["t2v"], "v2p_flat": flat["v2t"]}
 
 
 @torch.no_grad()
