@@ -326,11 +326,13 @@ def test_release_global_tower_with_context_against_the_release(pooling, ref_pool
 def test_release_init_is_truncated_normal_and_keeps_gains():
     torch.manual_seed(4)
     tower = GlobalTower(GlobalSpec(dim=64, heads=4, context=True, block="release"))
+    tower.requires_grad_(False)
     w = tower.encoder.layers[0].attn.in_proj_weight
-    assert float(w.abs().max()) <= 0.02 and abs(float(w.std()) - 0.0088) < 0.001  # std of N(0, .01) cut at 2 std
+    # N(0, 0.01^2) cut at 2 std: std 0.01 * sqrt(1 - 4 phi(2) / (2 Phi(2) - 1)) = 0.0088
+    assert float(w.abs().max()) <= 0.02 and abs(float(w.std()) - 0.0088) < 0.001
     assert float(tower.encoder.layers[0].ff[0].bias.abs().max()) <= 0.02
     assert torch.equal(tower.encoder.layers[0].norm1.gain, torch.ones(64))
-    lin = nn.Linear(64, 64)
+    lin = nn.Linear(64, 64).requires_grad_(False)
     init_release(lin, std=0.5)
     assert float(lin.weight.abs().max()) <= 1.0
 
@@ -403,3 +405,29 @@ def test_doctests_of_the_coot_module():
 
     result = doctest.testmod(xmodal.models.coot)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_config_keys_of_the_two_levels_are_checked_and_reach_the_model():
+    from xmodal.config import from_dict
+    from xmodal.training.hierarchy import global_spec
+    from xmodal.training.parts import make_optimizer
+
+    with pytest.raises(ValueError, match="model.pooling: renamed; use model.global_pooling"):
+        from_dict({"model": {"pooling": "atn"}})
+    with pytest.raises(ValueError, match="model.local_pooling: atn pools a transformer"):
+        from_dict({"model": {"local_pooling": "atn"}})
+    with pytest.raises(ValueError, match="model.hidden: the release block"):
+        from_dict({"model": {"kind": "transformer", "block": "release", "hidden": 512, "dim": 256}})
+    with pytest.raises(ValueError, match="model.pool_heads"):
+        from_dict({"model": {"kind": "transformer", "local_pooling": "atn", "pool_heads": 3}})
+    with pytest.raises(ValueError, match="model.global_pooling"):
+        from_dict({"model": {"global_pooling": "avg"}})
+    with pytest.raises(ValueError, match="optim.eps"):
+        from_dict({"optim": {"eps": 0.0}})
+    cfg = from_dict({"model": {"hierarchy": True, "dim": 16, "global_heads": 2, "global_pooling": "atn",
+                               "pool_heads": 4, "pool_hidden": 8, "global_context": False, "block": "release"},
+                     "optim": {"name": "radam", "betas": [0.56, 0.98], "eps": 1.5e-9}})
+    assert global_spec(cfg) == GlobalSpec(dim=16, heads=2, layers=1, dropout=0.0, pooling="atn", pool_heads=4,
+                                          pool_hidden=8, context=False, block="release")
+    group = make_optimizer(cfg, [nn.Parameter(torch.zeros(2))]).param_groups[0]
+    assert (group["betas"], group["eps"]) == ((0.56, 0.98), 1.5e-9)

@@ -329,3 +329,40 @@ def test_albums_of_the_bench_are_seeded_whole_and_in_order():
     np.testing.assert_array_equal(a.text[:, 0], a.video[a.text_to_video, 0])
     assert all(p.tolist() == r.tolist() for p, r in zip(a.paragraphs(), a.group_rows()))
     assert not np.array_equal(albums.make_albums(base, 4).video, a.video)
+
+
+def test_related_albums_of_the_bench_hold_one_topic_each_in_order():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("albums", Path(__file__).resolve().parents[1] / "bench" / "albums.py")
+    albums = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(albums)
+    rng = np.random.default_rng(0)
+    n, topics = 160, 4
+    centres = rng.normal(size=(topics, 6)) * 5
+    topic = np.repeat(np.arange(topics), n // topics)
+    # five captions per image near its topic's centre; the image feature is its index (to trace rows)
+    text = (centres[np.repeat(topic, 5)] + rng.normal(size=(5 * n, 6))).astype(np.float32)
+    base = PairedSplit.from_arrays(video=np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 2)), text=text,
+                                   text_to_video=np.repeat(np.arange(n), 5))
+    a, b = albums.make_related_albums(base, 3), albums.make_related_albums(base, 3)
+    np.testing.assert_array_equal(a.video, b.video)
+    assert not np.array_equal(albums.make_related_albums(base, 4).video, a.video)
+    sizes = np.bincount(a.video_to_group)
+    assert sizes.min() >= 3 and sizes.max() <= 8
+    image = a.video[:, 0].astype(int)
+    assert len(np.unique(image)) == a.num_videos  # each image at most once
+    clusters, mean = albums.topic_clusters(base, 3)
+    for rows in a.group_rows():
+        assert len(set(clusters[image[rows]].tolist())) == 1  # one caption topic per album
+        members = np.flatnonzero(clusters == clusters[image[rows[0]]])
+        centred = mean[members] - mean[members].mean(0)
+        axis = np.linalg.svd(centred, full_matrices=False)[2][0]
+        proj = mean[image[rows]] @ axis
+        # ordered along the topic's first principal axis (whose sign SVD leaves open)
+        assert np.all(np.diff(proj) >= -1e-12) or np.all(np.diff(proj) <= 1e-12)
+    # one caption per image, of that image, in album order
+    for t, v in enumerate(a.text_to_video):
+        assert any(np.allclose(a.text[t], text[5 * image[v] + k]) for k in range(5))
+    assert all(p.tolist() == r.tolist() for p, r in zip(a.paragraphs(), a.group_rows()))
+    assert a.video_to_group[0] == 0 and len(set(clusters[image[a.group_rows()[0]]])) == 1
