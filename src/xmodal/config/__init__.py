@@ -97,7 +97,8 @@ class ModelConfig:
     fusion: str = key("gated", "several video experts: concat | gated (Collaborative Experts)")
     hierarchy: bool = key(False, "clips inside videos (CrossCLR app. A / COOT): global towers over a group's clip / "
                                  "sentence embeddings; needs S_video_to_group.npy; train.batch_size then counts whole "
-                                 "groups (long videos) and train.sampling is not used")
+                                 "groups (long videos) and train.sampling is not used; with model.block: release "
+                                 "the global level is COOT's (docs/results/albums_related.md)")
     global_heads: int = key(8, "global transformer heads (Table 7: 8); its width is model.dim")
     global_layers: int = key(1, "global transformer layers (Table 7: 1)")
     block: str = key("xmodal", "transformer block of transformer towers and the global towers: xmodal (pre-norm, "
