@@ -366,3 +366,14 @@ def test_related_albums_of_the_bench_hold_one_topic_each_in_order():
         assert any(np.allclose(a.text[t], text[5 * image[v] + k]) for k in range(5))
     assert all(p.tolist() == r.tolist() for p, r in zip(a.paragraphs(), a.group_rows()))
     assert a.video_to_group[0] == 0 and len(set(clusters[image[a.group_rows()[0]]])) == 1
+
+
+def test_retrieval_metrics_names_a_one_dimensional_t2v_matrix_beside_a_v2t_one():
+    # found by the public fuzz test: a 1-d sim_t2v with a v2t matrix raised a bare RuntimeError
+    from xmodal.retrieval.evaluate import retrieval_metrics
+
+    with pytest.raises(ValueError, match="sim_t2v: expected 2 dimensions"):
+        retrieval_metrics(np.array([0.1], dtype=np.float32), np.array([[4], [2]]),
+                          np.array([[0.1], [-0.1], [0.6]], dtype=np.float32))
+    with pytest.raises((ValueError, TypeError), match="text_to_video|positives"):
+        retrieval_metrics(np.ones((3, 2), dtype=np.float32), np.ones((2, 3)), np.ones((3, 1), dtype=np.float32))

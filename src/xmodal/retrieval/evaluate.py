@@ -60,6 +60,8 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
 
     opts = {"ks": ks, "ties": ties, "block_size": block_size}
     sim_t2v = as_tensor(sim_t2v, "sim_t2v")
+    if sim_t2v.ndim != 2:
+        raise ValueError(f"sim_t2v: expected 2 dimensions [texts, videos], got shape {tuple(sim_t2v.shape)}")
     v2t = option(v2t, "v2t", ("all-captions", "max-over-captions"))
     if sim_v2t is not None:
         sim_v2t = as_tensor(sim_v2t, "sim_v2t")
@@ -69,8 +71,9 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
         out = text_video(sim_t2v, text_to_video, v2t=v2t, **opts)
     elif v2t == "all-captions":
         t2v = as_tensor(text_to_video, "text_to_video")
+        t2v_metrics = retrieval(sim_t2v, t2v, **opts)  # checks sim_t2v / text_to_video before they are combined
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
-        out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
+        out = {"t2v": t2v_metrics, "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
     else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
         out = {"t2v": retrieval(sim_t2v, as_tensor(text_to_video, "text_to_video"), **opts),
                "v2t": text_video(sim_v2t.T, text_to_video, v2t=v2t, **opts)["v2t"]}
