@@ -34,7 +34,9 @@ Every hierarchical run also reports its flat reference (``p2v_flat``: its own lo
 mean-pooled), so the table says whether the global level or the local training made a difference.
 ``--diagnose`` prints, per run, the global and local loss and validation p2v R@1 per epoch, the
 final model's p2v R@1 on its own training albums, and the share of a 16- and a 64-album batch
-that CrossCLR's global-level pruning removes; ``--batch`` changes the albums per step. Runs live in ``OUT/runs`` (a finished run is
+that CrossCLR's global-level pruning removes; ``--batch`` changes the albums per step; ``--tag T
+--keys JSON`` trains a variant of the hierarchical models (e.g. ``--models coot --tag nocontext
+--keys '{"global_context": false}'``) into runs of its own. Runs live in ``OUT/runs`` (a finished run is
 reused); album splits in ``OUT/data`` (derived data: never commit).
 """
 
@@ -181,7 +183,7 @@ def config(root: Path, loss: str, model: str, seed: int, epochs: int, batch: int
 
 
 def _run_dir(args, kind: str, loss: str, model: str, seed: int) -> Path:
-    tag = "" if args.batch == 16 else f"-b{args.batch}"
+    tag = ("" if args.batch == 16 else f"-b{args.batch}") + (f"-{args.tag}" if args.tag else "")
     return Path(args.out) / "runs" / kind / f"{loss}-{model}{tag}" / f"seed{seed}"
 
 
@@ -195,10 +197,12 @@ def run_seed(args, kind: str, seed: int) -> dict:
         for model in args.models:
             run = _run_dir(args, kind, loss, model, seed)
             if not (run / "metrics.json").is_file():
-                train(config(root, loss, model, seed, args.epochs, args.batch), run)
+                keys = json.loads(args.keys) if MODELS[model]["hierarchy"] else {}
+                train(config(root, loss, model, seed, args.epochs, args.batch, **keys), run)
             summary = json.loads((run / "metrics.json").read_text())
             metrics = {**summary["test"]["none"], "best_epoch": summary["best_epoch"]}
-            rows[(kind, loss, LABELS[model])] = metrics
+            label = LABELS[model] + (f" [{args.tag}: {args.keys}]" if args.tag and MODELS[model]["hierarchy"] else "")
+            rows[(kind, loss, label)] = metrics
             if "p2v_flat" in metrics:  # the hierarchical run's own local embeddings, mean-pooled
                 rows[(kind, loss, f"{model}: its local embeddings mean-pooled")] = {
                     **metrics, "p2v": metrics["p2v_flat"], "v2p": metrics["v2p_flat"]}
@@ -288,9 +292,14 @@ def main(argv=None) -> int:
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--batch", type=int, default=16, help="albums per step of hierarchical runs (flat: 5.5x pairs)")
+    p.add_argument("--keys", default="{}", help="JSON of model keys for the hierarchical models (a variant), "
+                   "e.g. '{\"global_context\": false}'; needs --tag")
+    p.add_argument("--tag", default="", help="name of the variant: its runs go to LOSS-MODEL-TAG")
     p.add_argument("--diagnose", action="store_true", help="print loss curves and CrossCLR's pruning share")
     p.add_argument("--write", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
+    if json.loads(args.keys) and not args.tag:
+        p.error("--keys: give the variant a --tag (its runs must not mix with the plain ones)")
     if not Path(args.data).is_dir():
         print(f"--data: {args.data} not found", file=sys.stderr)
         return 2
