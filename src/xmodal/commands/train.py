@@ -169,7 +169,9 @@ def format_summary(summary: dict) -> str:
             lines.append(f"      {'global towers' if 'p2v_flat' in m else '(cosine)':16s} | {cells[0]} | {cells[1]}")
             if "p2v_flat" in m:  # the flat reference: the same model's clip embeddings mean-pooled
                 cells = [_row(m[d]) for d in ("p2v_flat", "v2p_flat")]
-                lines.append(f"      {'flat (mean clips)':16s} | {cells[0]} | {cells[1]}")
+                lines.append(f"      {'flat reference':16s} | {cells[0]} | {cells[1]}")
+    if any("p2v_flat" in next(iter(summary.get(split, {}).values()), {}) for split in ("val", "test")):
+        lines.append("flat reference: the same model's clip and sentence embeddings mean-pooled, no global level")
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")
