@@ -172,7 +172,7 @@ def test_coot_preset_loads_validates_and_trains(data_dir, tmp_path):
     assert (m.hierarchy, m.dim, m.heads, m.global_heads, m.dropout) == (True, 384, 8, 8, 0.05)
     # Table 7's "Pooler ATN" / "AF heads 2" are the local level's; the global level averages + context
     assert (m.local_pooling, m.pool_heads, m.pool_hidden, m.global_pooling, m.global_context, m.block,
-            m.standardize) == ("atn", 2, 768, "mean", True, "release", False)
+            m.standardize) == ("atn", 2, 768, "mean", True, "release", True)
     assert (lo.name, lo.temperature, lo.global_weight) == ("crossclr", 0.03, 0.6)
     assert lo.kwargs == {"weight_scale": 0.0035, "intra_weight": 0.8, "prune_threshold": 0.9, "queue_size": 5000,
                          "intra_mode": "logit"}
