@@ -1,28 +1,43 @@
 """Flickr8k "albums": a real-feature testbed for the two-level model (clips inside videos).
 
     OMP_NUM_THREADS=1 python bench/albums.py --data ../shared/data/flickr8k --out runs/albums \\
-        [--seeds 0 1 2] [--epochs 15] [--write docs/results/albums.md]
+        [--seeds 0 1 2] [--epochs 15] [--albums related unrelated] [--models coot hier flat] \\
+        [--write docs/results/albums_related.md]
 
-For each seed, the images of a split are shuffled and cut into albums of 3-8 images (sizes
-drawn uniformly): an album is a "video" whose images are its clips (in album order), and one
-of each image's 5 captions (drawn at random) is the clip's sentence, so an album's paragraph is
-its captions in image order. Train albums: Flickr8k train, 100 of them carved out as the
-validation split (epoch selection on its paragraph <-> video R@1,5,10, ``train.metric:
-p2v_rsum``, for every model); test albums: Flickr8k dev (never seen in training).
+An album is a "video" whose images are its clips (in album order); one of each image's 5 captions
+(drawn at random) is the clip's sentence, so an album's paragraph is its captions in image order.
+Album sizes are drawn uniformly from 3-8. Two kinds (``--albums``):
 
-Compared, with InfoNCE and with CrossCLR (Alg. 2, no queue) as the loss at each level:
+- ``unrelated``: the split's images shuffled and cut into albums: an album's images have nothing
+  to do with each other.
+- ``related``: the images clustered by caption topic (k-means, ``k = N / 40``, on the mean of
+  each image's 5 caption embeddings), each cluster shuffled and cut into albums, the images of an
+  album ordered along the cluster's first principal axis (in caption space), the albums then
+  shuffled. Related albums share a topic with about 6 others in the test gallery (hard negatives),
+  and their order carries meaning.
 
-- ``hierarchical``: ``model.hierarchy: true`` (global towers, attention pooling,
-  ``L_local + 0.6 L_global``); paragraph -> video from the global embeddings;
-- ``flat, mean-pooled``: the same local model trained on (image, caption) pairs only; an
-  album's video (paragraph) embedding is the mean of its normalised image (caption)
-  embeddings;
-- ``hierarchical, local mean-pooled``: the hierarchical run's local embeddings mean-pooled
-  like the flat model's (is the gain in the global towers or in the local training?).
+Train albums: Flickr8k train, 100 of them carved out as the validation split (epoch selection on
+its paragraph <-> video R@1,5,10, ``train.metric: p2v_rsum``, for every model); test albums:
+Flickr8k dev (never seen in training). Compared (``--models``), each with InfoNCE and with CrossCLR
+(eq. 3's ``lambda * delta`` intra-modal weights, no queue) as the loss at both levels, on the same
+linear local towers (Flickr8k images have no frames, so the local level is a linear map; COOT's
+local transformer and its attention pooling do not apply):
 
-Reported: test paragraph -> video R@1 (and video -> paragraph R@1, clip-level t2v R@1),
-mean +- std over seeds, plus the per-seed values. Runs live in ``OUT/runs`` (a finished run
-is reused); the album splits in ``OUT/data`` (derived data: never commit).
+- ``coot``: COOT's global level as the release builds it: ``model.block: release``,
+  ``global_pooling: mean``, ``global_context: true`` (8 heads, Table 7);
+- ``hier``: the global level before issue 27: ``block: xmodal``, attention pooling (one head),
+  no context (4 heads);
+- ``flat``: the local towers trained on (image, caption) pairs only; an album's embedding is the
+  mean of its normalised image (caption) embeddings.
+
+Every hierarchical run also reports its flat reference (``p2v_flat``: its own local embeddings
+mean-pooled), so the table says whether the global level or the local training made a difference.
+``--diagnose`` prints, per run, the global and local loss and validation p2v R@1 per epoch, the
+final model's p2v R@1 on its own training albums, and the share of a 16- and a 64-album batch
+that CrossCLR's global-level pruning removes; ``--batch`` changes the albums per step; ``--tag T
+--keys JSON`` trains a variant of the hierarchical models (e.g. ``--models coot --tag nocontext
+--keys '{"global_context": false}'``) into runs of its own. Runs live in ``OUT/runs`` (a finished run is
+reused); album splits in ``OUT/data`` (derived data: never commit).
 """
 
 from __future__ import annotations
@@ -37,16 +52,47 @@ import torch
 
 from xmodal.config import from_dict
 from xmodal.data import PairedSplit, load_paired_split
-from xmodal.metrics import text_video
 
 LOSSES = {"infonce": {"name": "infonce", "temperature": 0.05},
           "crossclr": {"name": "crossclr", "temperature": 0.03,
                        "kwargs": {"weight_scale": 0.0035, "intra_weight": 0.8, "prune_threshold": 0.9}}}
+#: The global level of each model (``model`` keys); ``flat`` trains no global towers.
+MODELS = {"coot": {"hierarchy": True, "block": "release", "global_pooling": "mean", "global_context": True,
+                   "global_heads": 8},
+          "hier": {"hierarchy": True, "block": "xmodal", "global_pooling": "atn", "pool_heads": 1,
+                   "global_context": False, "global_heads": 4},
+          "flat": {"hierarchy": False}}
+LABELS = {"coot": "COOT global level (release block, mean + context)",
+          "hier": "global level before issue 27 (attention pooling)", "flat": "flat, mean-pooled"}
 VAL_ALBUMS = 100
+ALBUM_KINDS = ("related", "unrelated")
+
+
+def _cut(rng: np.random.Generator, n: int, low: int, high: int) -> list[int]:
+    """Album sizes drawn from ``[low, high]`` while at least ``low`` of ``n`` items are left."""
+    sizes: list[int] = []
+    while sum(sizes) + low <= n:
+        sizes.append(int(min(rng.integers(low, high + 1), n - sum(sizes))))
+    return sizes
+
+
+def _one_caption(split: PairedSplit, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    captions_of: dict[int, list[int]] = {}
+    for t, v in enumerate(split.text_to_video.tolist()):
+        captions_of.setdefault(v, []).append(t)
+    return np.array([captions_of[int(v)][rng.integers(len(captions_of[int(v)]))] for v in rows])
+
+
+def _albums(split: PairedSplit, rows: np.ndarray, sizes: list[int], rng: np.random.Generator,
+            name: str) -> PairedSplit:
+    texts = _one_caption(split, rows, rng)
+    return PairedSplit.from_arrays(video=split.video[rows], text=split.text[texts],
+                                   text_to_video=np.arange(len(rows)),
+                                   video_to_group=np.repeat(np.arange(len(sizes)), sizes), name=name)
 
 
 def make_albums(split: PairedSplit, seed: int, *, low: int = 3, high: int = 8) -> PairedSplit:
-    """Albums of ``low``-``high`` images (seeded), one caption per image, as a hierarchical split.
+    """Albums of ``low``-``high`` unrelated images (seeded), one caption per image, as a hierarchical split.
 
     Images are shuffled, then cut into consecutive albums with sizes drawn uniformly from
     ``[low, high]``; leftover images too few for an album are dropped. Each image keeps one of
@@ -55,18 +101,48 @@ def make_albums(split: PairedSplit, seed: int, *, low: int = 3, high: int = 8) -
     """
     rng = np.random.default_rng([seed, 8])
     order = rng.permutation(split.num_videos)
-    sizes = []
-    while sum(sizes) + low <= len(order):
-        sizes.append(int(min(rng.integers(low, high + 1), len(order) - sum(sizes))))
-    rows = order[:sum(sizes)]
-    captions_of: dict[int, list[int]] = {}
-    for t, v in enumerate(split.text_to_video.tolist()):
-        captions_of.setdefault(v, []).append(t)
-    texts = np.array([captions_of[int(v)][rng.integers(len(captions_of[int(v)]))] for v in rows])
-    return PairedSplit.from_arrays(video=split.video[rows], text=split.text[texts],
-                                   text_to_video=np.arange(len(rows)),
-                                   video_to_group=np.repeat(np.arange(len(sizes)), sizes),
-                                   name=f"{split.name} albums seed {seed}")
+    sizes = _cut(rng, len(order), low, high)
+    return _albums(split, order[:sum(sizes)], sizes, rng, f"{split.name} albums seed {seed}")
+
+
+def topic_clusters(split: PairedSplit, seed: int, per_cluster: int = 40) -> np.ndarray:
+    """Caption-topic cluster of every image: k-means (``k = N / per_cluster``, seeded) on the
+    normalised mean of each image's caption embeddings."""
+    from sklearn.cluster import KMeans
+
+    text = np.asarray(split.text, dtype=np.float64)
+    mean = np.zeros((split.num_videos, text.shape[1]))
+    np.add.at(mean, split.text_to_video, text)
+    mean /= np.linalg.norm(mean, axis=1, keepdims=True).clip(1e-12)
+    k = max(2, split.num_videos // per_cluster)
+    return KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(mean), mean
+
+
+def make_related_albums(split: PairedSplit, seed: int, *, low: int = 3, high: int = 8) -> PairedSplit:
+    """Albums of ``low``-``high`` images of one caption topic (:func:`topic_clusters`), ordered.
+
+    Each cluster's images are shuffled and cut into albums (leftovers fewer than ``low`` are
+    dropped); an album's images are sorted by their projection on the cluster's first principal
+    axis of caption means (an order that means something: along the topic's main variation);
+    then the albums are shuffled. One caption per image, drawn at random, in image order.
+    """
+    rng = np.random.default_rng([seed, 9])
+    cluster, mean = topic_clusters(split, seed)
+    albums: list[np.ndarray] = []
+    for c in range(int(cluster.max()) + 1):
+        members = rng.permutation(np.flatnonzero(cluster == c))
+        if len(members) < low:
+            continue
+        centred = mean[members] - mean[members].mean(0)
+        axis = np.linalg.svd(centred, full_matrices=False)[2][0]
+        start = 0
+        for size in _cut(rng, len(members), low, high):
+            album = members[start:start + size]
+            albums.append(album[np.argsort(mean[album] @ axis, kind="stable")])
+            start += size
+    albums = [albums[i] for i in rng.permutation(len(albums))]
+    return _albums(split, np.concatenate(albums), [len(a) for a in albums], rng,
+                   f"{split.name} related albums seed {seed}")
 
 
 def _save(root: Path, name: str, s: PairedSplit) -> None:
@@ -78,85 +154,132 @@ def _save(root: Path, name: str, s: PairedSplit) -> None:
         tmp.replace(root / f"{name}_{role}.npy")
 
 
-def write_albums(data: Path, root: Path, seed: int) -> None:
+def write_albums(data: Path, root: Path, seed: int, kind: str = "unrelated") -> None:
     if (root / "test_video_to_group.npy").is_file():
         return
-    train = make_albums(load_paired_split(data, "train"), seed)
-    test = make_albums(load_paired_split(data, "dev"), seed)
+    make = make_related_albums if kind == "related" else make_albums
+    train = make(load_paired_split(data, "train"), seed)
+    test = make(load_paired_split(data, "dev"), seed)
     cut = int(np.searchsorted(train.video_to_group, train.num_groups - VAL_ALBUMS))
-    _save(root, "train", train.subset(np.arange(cut)))
     _save(root, "val", train.subset(np.arange(cut, train.num_videos)))
     _save(root, "test", test)
+    _save(root, "train", train.subset(np.arange(cut)))
 
 
-def config(root: Path, loss: str, hierarchy: bool, seed: int, epochs: int):
+def config(root: Path, loss: str, model: str, seed: int, epochs: int, batch: int = 16, **model_keys):
+    hierarchy = MODELS[model]["hierarchy"]
     return from_dict({
         "data": {"name": "paired", "root": str(root), "train_split": "train", "val_split": "val",
                  "test_split": "test"},
-        "model": {"kind": "linear", "dim": 256, "dropout": 0.1, "hierarchy": hierarchy, "global_heads": 4,
-                  "pooling": "atn"},
+        "model": {"kind": "linear", "dim": 256, "dropout": 0.1, **MODELS[model], **model_keys},
         "loss": {**LOSSES[loss], "global_weight": 0.6},
         "optim": {"name": "adam", "lr": 1e-3, "warmup_epochs": 1},
         "test_time": {"normalizers": ["none"], "bank_size": 1000, "oracle": False},
         # about 88 clips per step either way: 16 albums of 5.5 images on average, or 88 pairs
         # epochs selected on the validation albums' paragraph <-> video retrieval, for both models
-        "train": {"seed": seed, "epochs": epochs, "batch_size": 16 if hierarchy else 88, "patience": 4,
-                  "progress": False, "metric": "p2v_rsum"},
+        "train": {"seed": seed, "epochs": epochs, "batch_size": batch if hierarchy else round(batch * 5.5),
+                  "patience": 4, "progress": False, "metric": "p2v_rsum"},
     })
 
 
-def mean_pooled_p2v(model, split: PairedSplit) -> dict:
-    """p2v / v2p with album (paragraph) embeddings = mean of the normalised local embeddings."""
-    from xmodal.retrieval.evaluate import mean_pooled_groups
-
-    paragraph, video = mean_pooled_groups(model, split)
-    out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]))
-    return {"p2v": out["t2v"], "v2p": out["v2t"]}
+def _run_dir(args, kind: str, loss: str, model: str, seed: int) -> Path:
+    tag = ("" if args.batch == 16 else f"-b{args.batch}") + (f"-{args.tag}" if args.tag else "")
+    return Path(args.out) / "runs" / kind / f"{loss}-{model}{tag}" / f"seed{seed}"
 
 
-def run_seed(args, seed: int) -> dict:
-    from xmodal.models import load_model
+def run_seed(args, kind: str, seed: int) -> dict:
     from xmodal.training.loop import train
 
-    root = Path(args.out) / "data" / f"seed{seed}"
-    write_albums(Path(args.data), root, seed)
-    test = load_paired_split(root, "test")
+    root = Path(args.out) / "data" / kind / f"seed{seed}"
+    write_albums(Path(args.data), root, seed, kind)
     rows = {}
     for loss in args.losses:
-        for hierarchy in [m == "hier" for m in args.models]:
-            run = Path(args.out) / "runs" / f"{loss}-{'hier' if hierarchy else 'flat'}" / f"seed{seed}"
+        for model in args.models:
+            run = _run_dir(args, kind, loss, model, seed)
             if not (run / "metrics.json").is_file():
-                train(config(root, loss, hierarchy, seed, args.epochs), run)
+                keys = json.loads(args.keys) if MODELS[model]["hierarchy"] else {}
+                train(config(root, loss, model, seed, args.epochs, args.batch, **keys), run)
             summary = json.loads((run / "metrics.json").read_text())
             metrics = {**summary["test"]["none"], "best_epoch": summary["best_epoch"]}
-            if hierarchy:  # p2v from the global towers; also its local embeddings mean-pooled
-                rows[(loss, "hierarchical")] = metrics
-                rows[(loss, "hierarchical, local mean-pooled")] = {**metrics,
-                                                                   **mean_pooled_p2v(load_model(run), test)}
-            else:  # metrics.json's p2v of a flat run is already the mean-pooled one (xmodal.retrieval.evaluate)
-                rows[(loss, "flat, mean-pooled")] = metrics
-            print(f"seed {seed} {loss} {'hier' if hierarchy else 'flat'}: p2v R@1 {metrics['p2v']['R@1']:.2f} "
+            label = LABELS[model] + (f" [{args.tag}: {args.keys}]" if args.tag and MODELS[model]["hierarchy"] else "")
+            rows[(kind, loss, label)] = metrics
+            if "p2v_flat" in metrics:  # the hierarchical run's own local embeddings, mean-pooled
+                rows[(kind, loss, f"{model}: its local embeddings mean-pooled")] = {
+                    **metrics, "p2v": metrics["p2v_flat"], "v2p": metrics["v2p_flat"]}
+            print(f"{kind} seed {seed} {loss} {model}: p2v R@1 {metrics['p2v']['R@1']:.2f} "
                   f"(best epoch {summary['best_epoch']})", flush=True)
     return rows
 
 
-def table(per_seed: dict[int, dict], test: PairedSplit, command: str) -> str:
+def table(per_seed: dict[int, dict], command: str, sizes: dict[str, int]) -> str:
     seeds = sorted(per_seed)
     keys = list(per_seed[seeds[0]])
-    lines = [f"### Flickr8k albums: test (dev images, {test.num_groups} albums of 3-8, seed 0 split), "
-             f"mean ± std over {len(seeds)} seeds", "",
+    lines = [f"### Flickr8k albums: test = dev images ({', '.join(f'{k}: {n} albums' for k, n in sizes.items())} "
+             f"of 3-8, seed {seeds[0]}), mean ± std over {len(seeds)} seeds", "",
              f"Command: `{command}`", "",
-             "| loss (each level) | model | p2v R@1 | v2p R@1 | p2v R@5 | clip t2v R@1 | p2v R@1 per seed "
+             "| albums | loss (each level) | model | p2v R@1 | v2p R@1 | p2v R@5 | clip t2v R@1 | p2v R@1 per seed "
              "| best epochs |",
-             "|---|---|---:|---:|---:|---:|---|---|"]
+             "|---|---|---|---:|---:|---:|---:|---|---|"]
     for key in keys:
         get = lambda d, k: np.array([per_seed[s][key][d][k] for s in seeds])  # noqa: E731
         ms = lambda a: f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0:.1f}"  # noqa: E731
-        lines.append(f"| {key[0]} | {key[1]} | {ms(get('p2v', 'R@1'))} | {ms(get('v2p', 'R@1'))} | "
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(get('p2v', 'R@1'))} | {ms(get('v2p', 'R@1'))} | "
                      f"{ms(get('p2v', 'R@5'))} | {ms(get('t2v', 'R@1'))} | "
                      f"{', '.join(f'{x:.1f}' for x in get('p2v', 'R@1'))} | "
                      f"{', '.join(str(per_seed[s][key]['best_epoch']) for s in seeds)} |")
     return "\n".join(lines) + "\n"
+
+
+def prune_share(root: Path, seed: int, batch: int, batches: int = 200) -> float:
+    """Mean share of a batch of ``batch`` training albums that CrossCLR's global-level pruning
+    removes (influence ``C / max C > 0.9`` on the albums' mean input features, as the trainer
+    feeds the global loss; :func:`xmodal.functional.crossclr.influence_scores`)."""
+    from xmodal.functional.crossclr import connectivity, influence_scores
+
+    s = load_paired_split(root, "train")
+    g = s.video_to_group
+    n = int(g.max()) + 1
+    rng = np.random.default_rng(seed)
+    vin = torch.zeros(n, s.video.shape[1], dtype=torch.float64).index_add_(
+        0, torch.as_tensor(g), torch.as_tensor(np.asarray(s.video, dtype=np.float64)))
+    vin /= torch.as_tensor(np.bincount(g), dtype=torch.float64)[:, None]
+    shares = []
+    for _ in range(batches):
+        pick = torch.as_tensor(rng.choice(n, batch, replace=False))
+        shares.append(float((influence_scores(connectivity(vin[pick])) > 0.9).float().mean()))
+    return float(np.mean(shares))
+
+
+def diagnose(args) -> None:
+    """Per run: global / local loss and val p2v R@1 per epoch; CrossCLR's global pruning share."""
+    from xmodal.models import load_model
+    from xmodal.retrieval.evaluate import group_metrics
+
+    for kind in args.albums:
+        for seed in args.seeds:
+            root = Path(args.out) / "data" / kind / f"seed{seed}"
+            for batch in (16, 64):
+                print(f"{kind} seed {seed}: CrossCLR prunes {100 * prune_share(root, seed, batch):.0f}% of a "
+                      f"{batch}-album batch (video side)")
+            for loss in args.losses:
+                for model in args.models:
+                    run = _run_dir(args, kind, loss, model, seed)
+                    log = run / "log.jsonl"
+                    if not log.is_file():
+                        continue
+                    recs = [json.loads(x) for x in log.read_text().splitlines()]
+                    recs = [r for r in recs if "epoch" in r and "val" in r]
+                    cells = []
+                    for r in recs:
+                        t = r.get("loss_terms", {})
+                        cells.append(f"{r['epoch']}: " + (f"L_g {t['global']:.3f} L_l {t['local']:.3f} "
+                                                          if "global" in t else f"L {r['train_loss']:.3f} ")
+                                     + f"val p2v {r['val']['p2v']['R@1']:.0f}"
+                                     + (f" flat {r['val']['p2v_flat']['R@1']:.0f}" if "p2v_flat" in r["val"] else ""))
+                    print(f"{kind} seed {seed} {loss} {model}: " + "; ".join(cells))
+                    fit = group_metrics(load_model(run), load_paired_split(root, "train"))  # the fitted albums
+                    print(f"{kind} seed {seed} {loss} {model}: TRAIN albums p2v R@1 {fit['p2v']['R@1']:.1f}"
+                          + (f" (flat reference {fit['p2v_flat']['R@1']:.1f})" if "p2v_flat" in fit else ""))
 
 
 def main(argv=None) -> int:
@@ -165,18 +288,32 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/albums")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--albums", nargs="+", default=list(ALBUM_KINDS), choices=ALBUM_KINDS)
     p.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
-    p.add_argument("--models", nargs="+", default=["hier", "flat"], choices=["hier", "flat"])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--batch", type=int, default=16, help="albums per step of hierarchical runs (flat: 5.5x pairs)")
+    p.add_argument("--keys", default="{}", help="JSON of model keys for the hierarchical models (a variant), "
+                   "e.g. '{\"global_context\": false}'; needs --tag")
+    p.add_argument("--tag", default="", help="name of the variant: its runs go to LOSS-MODEL-TAG")
+    p.add_argument("--diagnose", action="store_true", help="print loss curves and CrossCLR's pruning share")
     p.add_argument("--write", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
+    if json.loads(args.keys) and not args.tag:
+        p.error("--keys: give the variant a --tag (its runs must not mix with the plain ones)")
     if not Path(args.data).is_dir():
         print(f"--data: {args.data} not found", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    per_seed = {s: run_seed(args, s) for s in args.seeds}
-    test = load_paired_split(Path(args.out) / "data" / f"seed{args.seeds[0]}", "test")
+    per_seed: dict[int, dict] = {s: {} for s in args.seeds}
+    for kind in args.albums:
+        for s in args.seeds:
+            per_seed[s].update(run_seed(args, kind, s))
+    if args.diagnose:
+        diagnose(args)
+    sizes = {k: load_paired_split(Path(args.out) / "data" / k / f"seed{args.seeds[0]}", "test").num_groups
+             for k in args.albums}
     command = "OMP_NUM_THREADS=1 python bench/albums.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = table(per_seed, test, command)
+    text = table(per_seed, command, sizes)
     print(text)
     if args.write:
         Path(args.write).write_text(text)

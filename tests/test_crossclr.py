@@ -387,7 +387,7 @@ def test_analytic_all_equal_embeddings(lam):
 
 
 def test_lambda_is_the_released_codes_weight_on_intra_modal_logits():
-    """The official release (github.com/amazon-research/crossmodal-contrastive-learning,
+    """The official release (github.com/amazon-science/crossmodal-contrastive-learning,
     ``trainer/loss.py``, ``CrossCLR_onlyIntraModality``, default ``negative_weight=0.8``)
     concatenates ``[l_vt, w * l_vv]`` of logits already divided by tau: lambda = 0.8 weights
     the intra-modal *logits* (``delta ** lambda``, our ``intra_mode="logit"``). Re-derived

@@ -165,10 +165,11 @@ def test_pad_groups_against_a_loop():
         torch.testing.assert_close(padded[g, :len(rows)], x[rows], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("pooling", ["max", "atn"])
-def test_masked_global_pooling_ignores_padded_clips(pooling):
+@pytest.mark.parametrize("block", ["xmodal", "release"])
+@pytest.mark.parametrize("pooling", ["mean", "max", "atn"])
+def test_masked_global_pooling_ignores_padded_clips(pooling, block):
     torch.manual_seed(0)
-    tower = GlobalTower(GlobalSpec(dim=8, heads=2, layers=1, pooling=pooling)).eval()
+    tower = GlobalTower(GlobalSpec(dim=8, heads=2, layers=1, pooling=pooling, pool_heads=2, block=block)).eval()
     sizes = [1, 4, 2]
     x = torch.randn(3, 4, 8)
     mask = torch.arange(4)[None, :] < torch.tensor(sizes)[:, None]
@@ -328,3 +329,51 @@ def test_albums_of_the_bench_are_seeded_whole_and_in_order():
     np.testing.assert_array_equal(a.text[:, 0], a.video[a.text_to_video, 0])
     assert all(p.tolist() == r.tolist() for p, r in zip(a.paragraphs(), a.group_rows()))
     assert not np.array_equal(albums.make_albums(base, 4).video, a.video)
+
+
+def test_related_albums_of_the_bench_hold_one_topic_each_in_order():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("albums", Path(__file__).resolve().parents[1] / "bench" / "albums.py")
+    albums = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(albums)
+    rng = np.random.default_rng(0)
+    n, topics = 160, 4
+    centres = rng.normal(size=(topics, 6)) * 5
+    topic = np.repeat(np.arange(topics), n // topics)
+    # five captions per image near its topic's centre; the image feature is its index (to trace rows)
+    text = (centres[np.repeat(topic, 5)] + rng.normal(size=(5 * n, 6))).astype(np.float32)
+    base = PairedSplit.from_arrays(video=np.arange(n, dtype=np.float32)[:, None] * np.ones((1, 2)), text=text,
+                                   text_to_video=np.repeat(np.arange(n), 5))
+    a, b = albums.make_related_albums(base, 3), albums.make_related_albums(base, 3)
+    np.testing.assert_array_equal(a.video, b.video)
+    assert not np.array_equal(albums.make_related_albums(base, 4).video, a.video)
+    sizes = np.bincount(a.video_to_group)
+    assert sizes.min() >= 3 and sizes.max() <= 8
+    image = a.video[:, 0].astype(int)
+    assert len(np.unique(image)) == a.num_videos  # each image at most once
+    clusters, mean = albums.topic_clusters(base, 3)
+    for rows in a.group_rows():
+        assert len(set(clusters[image[rows]].tolist())) == 1  # one caption topic per album
+        members = np.flatnonzero(clusters == clusters[image[rows[0]]])
+        centred = mean[members] - mean[members].mean(0)
+        axis = np.linalg.svd(centred, full_matrices=False)[2][0]
+        proj = mean[image[rows]] @ axis
+        # ordered along the topic's first principal axis (whose sign SVD leaves open)
+        assert np.all(np.diff(proj) >= -1e-12) or np.all(np.diff(proj) <= 1e-12)
+    # one caption per image, of that image, in album order
+    for t, v in enumerate(a.text_to_video):
+        assert any(np.allclose(a.text[t], text[5 * image[v] + k]) for k in range(5))
+    assert all(p.tolist() == r.tolist() for p, r in zip(a.paragraphs(), a.group_rows()))
+    assert a.video_to_group[0] == 0 and len(set(clusters[image[a.group_rows()[0]]])) == 1
+
+
+def test_retrieval_metrics_names_a_one_dimensional_t2v_matrix_beside_a_v2t_one():
+    # found by the public fuzz test: a 1-d sim_t2v with a v2t matrix raised a bare RuntimeError
+    from xmodal.retrieval.evaluate import retrieval_metrics
+
+    with pytest.raises(ValueError, match="sim_t2v: expected 2 dimensions"):
+        retrieval_metrics(np.array([0.1], dtype=np.float32), np.array([[4], [2]]),
+                          np.array([[0.1], [-0.1], [0.6]], dtype=np.float32))
+    with pytest.raises((ValueError, TypeError), match="text_to_video|positives"):
+        retrieval_metrics(np.ones((3, 2), dtype=np.float32), np.ones((2, 3)), np.ones((3, 1), dtype=np.float32))

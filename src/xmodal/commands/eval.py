@@ -21,7 +21,8 @@ score matrix). Inputs are .npy files:
     xmodal eval --run RUN --video-features V.npy --text-features T.npy --text-to-video M.npy
                 [--video-mask MASK.npy] [--expert NAME=NPY [--expert-mask NAME=NPY]] [--no-mask]
                 [--normalizer selected|none|dn|sinkhorn|ncl|qbnorm|...] [--v2t-scores transpose]
-    (--data on a split with groups: p2v / v2p too)
+    (--data on a split with groups: p2v / v2p too; a hierarchical run also p2v_flat / v2p_flat,
+     its own clip embeddings mean-pooled: the flat reference of its global towers)
   embeddings, one correct item per query (int [Q]) or several (bool [Q, G]):
     xmodal eval --queries q.npy --gallery g.npy --positives p.npy [--bias b.npy]
   text <-> video with several captions per video (int caption -> video map):

@@ -190,7 +190,12 @@ def format_summary(summary: dict) -> str:
         if "p2v" in m:
             cells = [_row(m[d]) for d in ("p2v", "v2p")]
             lines.append(f"{split:5s} {'paragraphs':16s} | {_HEAD.format('p2v')} | {_HEAD.format('v2p')}")
-            lines.append(f"      {'(cosine)':16s} | {cells[0]} | {cells[1]}")
+            lines.append(f"      {'global towers' if 'p2v_flat' in m else '(cosine)':16s} | {cells[0]} | {cells[1]}")
+            if "p2v_flat" in m:  # the flat reference: the same model's clip embeddings mean-pooled
+                cells = [_row(m[d]) for d in ("p2v_flat", "v2p_flat")]
+                lines.append(f"      {'flat reference':16s} | {cells[0]} | {cells[1]}")
+    if any("p2v_flat" in next(iter(summary.get(split, {}).values()), {}) for split in ("val", "test")):
+        lines.append("flat reference: the same model's clip and sentence embeddings mean-pooled, no global level")
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")

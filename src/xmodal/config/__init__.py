@@ -222,10 +222,24 @@ class ModelConfig:
     fusion: str = key("gated", "several video experts: concat | gated (Collaborative Experts)")
     hierarchy: bool = key(False, "clips inside videos (CrossCLR app. A / COOT): global towers over a group's clip / "
                                  "sentence embeddings; needs S_video_to_group.npy; train.batch_size then counts whole "
-                                 "groups (long videos) and train.sampling is not used")
+                                 "groups (long videos) and train.sampling is not used; with model.block: release "
+                                 "the global level is COOT's (docs/results/albums_related.md)")
     global_heads: int = key(8, "global transformer heads (Table 7: 8); its width is model.dim")
     global_layers: int = key(1, "global transformer layers (Table 7: 1)")
-    pooling: str = key("atn", "global pooler: atn (attention, Table 7 YouCook2) | max (LSMDC)")
+    block: str = key("xmodal", "transformer block of transformer towers and the global towers: xmodal (pre-norm, "
+                               "feed-forward 4x, learned positions, output Linear) | release (COOT / CrossCLR "
+                               "release: post-norm, feed-forward = width, sine/cosine positions, input layer "
+                               "norm, truncated-normal init, no output Linear: needs hidden = dim)")
+    local_pooling: str = key("mean", "how transformer towers pool their frames (tokens): mean | atn (COOT's "
+                                     "attention-aware feature aggregation, CrossCLR Table 7 'Pooler ATN')")
+    pool_heads: int = key(2, "heads of atn pooling, each weighting its own slice of channels (Table 7 'AF heads 2')")
+    pool_hidden: int = key(0, "scoring width of atn pooling over all heads; 0 = the pooled width (COOT YouCook2: "
+                              "768 = 2 x 384)")
+    global_pooling: str = key("mean", "global pooler: mean (COOT / the release's global level) | max (Table 7 "
+                                      "LSMDC) | atn")
+    global_context: bool = key(True, "COOT's context branch: the global towers cross-attend from the local "
+                                     "embedding of the whole video (paragraph) to its clips (sentences) and "
+                                     "concatenate the result (release block: embeddings of 2 x dim)")
 
 
 @dataclass(frozen=True)
@@ -252,6 +266,7 @@ class OptimConfig:
     lr: float = key(1e-3, "peak learning rate (after warm-up; cosine decay to min_lr_ratio * lr)")
     weight_decay: float = key(0.0, "weight decay (decoupled for adamw)")
     betas: tuple = key((0.9, 0.999), "Adam betas [beta1, beta2]")
+    eps: float = key(1e-8, "Adam epsilon (the CrossCLR / COOT release: 1.5e-9)")
     grad_clip: float = key(1.0, "clip the gradient norm to this value; 0 disables clipping")
     warmup_epochs: float = key(1.0, "linear LR warm-up over this many epochs, then cosine decay")
     min_lr_ratio: float = key(0.0, "final LR as a fraction of lr, in [0, 1]")
@@ -409,6 +424,10 @@ def to_dict(cfg: Config) -> dict:
             for name in _SECTION_TYPES}
 
 
+#: Keys of earlier versions and their names now.
+_RENAMED = {("model", "pooling"): "model.global_pooling (model.local_pooling pools a transformer tower's frames)"}
+
+
 def from_dict(d: dict | None) -> Config:
     """Build and validate a :class:`Config`; unknown sections/keys raise ``ValueError``."""
     if d is None:
@@ -427,6 +446,8 @@ def from_dict(d: dict | None) -> Config:
         known = {f.name: f for f in fields(cls)}
         kw = {}
         for key, v in value.items():
+            if key not in known and (name, key) in _RENAMED:
+                raise ValueError(f"{name}.{key}: renamed; use {_RENAMED[name, key]}")
             if key not in known:
                 raise ValueError(f"{name}.{key}: unknown key; expected one of {', '.join(known)}")
             kw[key] = _coerce(v, known[key], f"{name}.{key}")
@@ -504,7 +525,8 @@ def known_losses() -> tuple[str, ...]:
 
 #: Upper bounds of the model sizes (a typo such as ``model.width=100000000000`` is refused
 #: before any module is built instead of allocating terabytes).
-MAX_MODEL_SIZE = {"dim": 1 << 16, "width": 1 << 17, "hidden": 1 << 17, "depth": 64, "layers": 64, "heads": 256}
+MAX_MODEL_SIZE = {"dim": 1 << 16, "width": 1 << 17, "hidden": 1 << 17, "depth": 64, "layers": 64, "heads": 256,
+                  "pool_heads": 256, "pool_hidden": 1 << 17}
 #: Largest ``optim.lr`` accepted.
 MAX_LR = 10.0
 
@@ -585,7 +607,30 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"model.dropout: must lie in [0, 1), got {m.dropout}")
     if m.kind == "transformer" and m.hidden % m.heads:
         raise ValueError(f"model.heads: must divide model.hidden ({m.hidden}), got {m.heads}")
-    _one_of(m.pooling, "model.pooling", ("atn", "max"))
+    _one_of(m.block, "model.block", ("xmodal", "release"))
+    _one_of(m.local_pooling, "model.local_pooling", ("mean", "atn"))
+    _one_of(m.global_pooling, "model.global_pooling", ("mean", "max", "atn"))
+    if m.pool_heads <= 0:
+        raise ValueError(f"model.pool_heads: must be positive, got {m.pool_heads}")
+    if m.pool_hidden < 0:
+        raise ValueError(f"model.pool_hidden: must be 0 (the pooled width) or positive, got {m.pool_hidden}")
+    for name in ("pool_heads", "pool_hidden"):
+        if getattr(m, name) > MAX_MODEL_SIZE[name]:  # refused before any module is allocated
+            raise ValueError(f"model.{name}: at most {MAX_MODEL_SIZE[name]}, got {getattr(m, name)}")
+    transformer_towers = "transformer" in (m.kind, m.text_kind)
+    if m.local_pooling == "atn" and not transformer_towers:
+        raise ValueError("model.local_pooling: atn pools a transformer tower's frames; set model.kind or "
+                         "model.text_kind to transformer (or local_pooling: mean)")
+    if m.local_pooling == "atn" and transformer_towers and (m.hidden % m.pool_heads
+                                                           or (m.pool_hidden or m.hidden) % m.pool_heads):
+        raise ValueError(f"model.pool_heads: must divide model.hidden ({m.hidden}) and model.pool_hidden, got "
+                         f"{m.pool_heads}")
+    if m.block == "release" and transformer_towers and m.hidden != m.dim:
+        raise ValueError(f"model.hidden: the release block has no output layer, so model.hidden must equal "
+                         f"model.dim ({m.dim}), got {m.hidden}")
+    if m.hierarchy and m.global_pooling == "atn" and (m.dim % m.pool_heads or (m.pool_hidden or m.dim) % m.pool_heads):
+        raise ValueError(f"model.pool_heads: must divide model.dim ({m.dim}) and model.pool_hidden for atn "
+                         f"global pooling, got {m.pool_heads}")
     for name in ("global_heads", "global_layers"):
         if getattr(m, name) <= 0:
             raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
@@ -613,6 +658,7 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"optim.lr: at most {MAX_LR:g} (larger steps diverge at once), got {o.lr:g}")
     _nonneg(o.weight_decay, "optim.weight_decay")
     _nonneg(o.grad_clip, "optim.grad_clip")
+    _positive(o.eps, "optim.eps")
     _nonneg(o.warmup_epochs, "optim.warmup_epochs")
     if len(o.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas):
         raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {list(o.betas)}")

@@ -58,7 +58,7 @@ Where Alg. 2's pseudo-code disagrees with eqs. 3/6 (each shown by a test in
    alignment, contradicting Table 2's IM gain). ``intra_mode="delta"`` (default) is eq. 3
    ``lambda * delta``; ``"logit"`` is Alg. 2 / official code ``delta ** lambda``. The value
    ``lambda = 0.8`` (Table 7, YouCook2) is the released code's: the official repository
-   (amazon-research/crossmodal-contrastive-learning, ``trainer/loss.py``,
+   (amazon-science/crossmodal-contrastive-learning, ``trainer/loss.py``,
    ``CrossCLR_onlyIntraModality(temperature=0.03, negative_weight=0.8)``) concatenates
    ``[l_vt, 0.8 * l_vv]`` of logits already divided by tau, i.e. it multiplies the
    intra-modal *logits* (``delta ** lambda``, a temperature ``tau / lambda`` on the intra

@@ -20,8 +20,10 @@ biases for the current batch of examples and use[s] the adjusted similarity scor
   (:func:`xmodal.functional.sinkhorn.log_sinkhorn`): with the paper's 4 iterations the
   result is not the fixed point, and the order decides which marginal is exact (here the
   columns, the video marginals);
-* cosine ``<t_i, v_j>`` (normalised embeddings, ``normalize=True``; the paper writes the
-  inner product ``<t_i, v_j>`` without saying whether the embeddings are normalised).
+
+Stated by the paper, not a reading: the similarity is the cosine (normalised embeddings,
+``normalize=True``): sec. 3.1, eq. (1), "each embedding lies on the unit hypersphere ... the
+cosine similarity is simply equivalent to their inner product" ``<t_i, v_j>``.
 """
 
 from __future__ import annotations

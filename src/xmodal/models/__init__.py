@@ -10,7 +10,8 @@ Towers (``kind``):
     - ``meanp``: CLIP4Clip "meanP": mean over the frame axis, then a linear map.
     - ``transformer``: Cali-NCE style temporal pooling, a small transformer encoder
       (2 layers, 512 hidden, 8 heads) over frames with a learned position
-      embedding, mean-pooled, then a linear map.
+      embedding, mean-pooled (or ``atn``: COOT's attention-aware aggregation), then a linear
+      map; ``block: release`` is COOT's local transformer (:mod:`~xmodal.models.towers`).
 Features without a frame axis pass through ``meanp``/``transformer`` as one frame;
 features with a frame axis given to ``linear``/``mlp`` are mean-pooled first.
 
@@ -23,6 +24,9 @@ Layout of this package:
     - :mod:`~xmodal.models.two_tower`: ``TwoTower``, ``build_model``
     - :mod:`~xmodal.models.hierarchy`: ``GlobalSpec``, ``GlobalTower``, ``HierarchicalTwoTower``
       (clips inside videos: CrossCLR appendix A / COOT's global level)
+    - :mod:`~xmodal.models.coot`: COOT's blocks as the CrossCLR release builds them
+      (``CootLayerNorm``, ``sinusoid_table``, ``ReleaseBlock``, ``AttentionPool``): ``model.block:
+      release``, ``atn`` pooling
     - :mod:`~xmodal.models.io`: ``CHECKPOINT_NAMES``, ``model_payload``, ``model_from_payload``, ``load_model``,
       ``model_files``, ``run_config``
     - :mod:`~xmodal.models.export`: the ``xmodal export`` folder (``model.safetensors`` + ``config.json``):

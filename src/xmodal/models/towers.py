@@ -2,6 +2,14 @@
 
 Tower kinds (``TOWER_KINDS``): ``linear``, ``mlp``, ``meanp`` (CLIP4Clip meanP), ``transformer``
 (Cali-NCE style temporal pooling). See :mod:`xmodal.models` for the overview.
+
+A ``transformer`` tower's block (``BLOCKS``): ``xmodal`` (standardise -> Linear -> learned positions
+-> pre-norm GELU encoder, feed-forward 4x -> pool -> output Linear) or ``release`` (COOT's local
+transformer as the CrossCLR release builds it, :mod:`xmodal.models.coot`: input layer norm ->
+Linear + GELU -> fixed sine/cosine positions -> post-norm encoder, feed-forward = width ->
+pool; no output Linear, so ``hidden == out_dim``; truncated-normal init, std 0.01). Its pooling
+(``POOLINGS``): ``mean`` over the real frames or ``atn``, COOT's attention-aware feature
+aggregation with ``pool_heads`` heads (CrossCLR Table 7, YouCook2: "Pooler ATN", "AF heads 2").
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ import torch
 from torch import nn
 
 from xmodal._validate import choice, flag, integer, number, short_repr
+from xmodal.models.coot import AttentionPool, CootLayerNorm, ReleaseEncoder, init_release, sinusoid_table
 
 TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
+BLOCKS = ("xmodal", "release")
+POOLINGS = ("mean", "atn")
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,8 @@ class TowerSpec:
 
     ``tokens``: a text tower trained on token features ``[N, L, D]`` (COOT's word level), so
     raw captions are encoded at the token level for it (``xmodal query --captions``, ``serve``).
+    ``block``, ``pooling``, ``pool_heads``, ``pool_hidden`` (the attention pooler's scoring width,
+    0 = ``hidden``): a ``transformer`` tower's block and frame pooling (module docstring).
     """
 
     kind: str = "linear"
@@ -36,12 +49,16 @@ class TowerSpec:
     hidden: int = 512
     max_frames: int = 64
     tokens: bool = False
+    block: str = "xmodal"
+    pooling: str = "mean"
+    pool_heads: int = 1
+    pool_hidden: int = 0
 
 
 #: Smallest value of each integer field of a :class:`TowerSpec` (``depth`` 0: an mlp without
 #: hidden layers, i.e. a linear map).
 _SPEC_MINIMUM = {"in_dim": 1, "out_dim": 1, "width": 1, "depth": 0, "layers": 0, "heads": 1, "hidden": 1,
-                 "max_frames": 1}
+                 "max_frames": 1, "pool_heads": 1, "pool_hidden": 0}
 
 
 def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
@@ -50,7 +67,8 @@ def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
     Raises:
         TypeError: ``spec`` is not a TowerSpec, or a field has the wrong type.
         ValueError: naming the field (``{name}.width`` ...): unknown kind, a size below 1,
-            dropout outside ``[0, 1]``, transformer ``hidden`` not divisible by ``heads``.
+            dropout outside ``[0, 1]``, transformer ``hidden`` not divisible by ``heads`` or
+            ``pool_heads``, a ``release`` block whose ``hidden`` differs from ``out_dim``.
     """
     if not isinstance(spec, TowerSpec):
         raise TypeError(f"{name}: expected a TowerSpec, got {short_repr(spec)}")
@@ -60,8 +78,17 @@ def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
     if not 0.0 <= number(spec.dropout, f"{name}.dropout") <= 1.0:
         raise ValueError(f"{name}.dropout: must lie in [0, 1], got {spec.dropout!r}")
     flag(spec.tokens, f"{name}.tokens")
+    choice(spec.block, "model.block", BLOCKS)
+    choice(spec.pooling, "model.local_pooling", POOLINGS)
     if spec.kind == "transformer" and spec.hidden % spec.heads:
         raise ValueError(f"{name}.heads: must divide {name}.hidden ({spec.hidden}), got {spec.heads}")
+    if spec.kind == "transformer" and spec.pooling == "atn" and (
+            spec.hidden % spec.pool_heads or (spec.pool_hidden or spec.hidden) % spec.pool_heads):
+        raise ValueError(f"{name}.pool_heads: must divide {name}.hidden ({spec.hidden}) and the pooler's width "
+                         f"({spec.pool_hidden or spec.hidden}), got {spec.pool_heads}")
+    if spec.kind == "transformer" and spec.block == "release" and spec.hidden != spec.out_dim:
+        raise ValueError(f"{name}.hidden: the release block has no output layer, so hidden must equal the "
+                         f"embedding size {spec.out_dim}, got {spec.hidden}")
     return spec
 
 
@@ -171,6 +198,12 @@ class Tower(nn.Module):
                 d = spec.width
             layers.append(nn.Linear(d, spec.out_dim))
             self.net = nn.Sequential(*layers)
+        elif spec.kind == "transformer" and spec.block == "release":  # CrossCLR release models/model.py l. 471-516
+            self.input_norm = CootLayerNorm(spec.in_dim)
+            self.inp = nn.Sequential(nn.Linear(spec.in_dim, spec.hidden), nn.GELU())
+            self.register_buffer("pos", sinusoid_table(spec.max_frames, spec.hidden), persistent=False)
+            self.encoder = ReleaseEncoder(spec.hidden, spec.heads, spec.layers, spec.dropout)
+            self.net = nn.Identity()
         elif spec.kind == "transformer":
             self.inp = nn.Linear(spec.in_dim, spec.hidden)
             self.pos = position_table(spec.max_frames, spec.hidden)
@@ -178,6 +211,10 @@ class Tower(nn.Module):
             self.net = nn.Linear(spec.hidden, spec.out_dim)
         else:  # linear, meanp
             self.net = nn.Linear(spec.in_dim, spec.out_dim)
+        if spec.kind == "transformer" and spec.pooling == "atn":
+            self.pool = AttentionPool(spec.hidden, spec.pool_hidden, spec.pool_heads, spec.dropout)
+        if spec.kind == "transformer" and spec.block == "release":
+            init_release(self)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if x.ndim == 2:
@@ -194,9 +231,13 @@ class Tower(nn.Module):
             if x.shape[1] > self.spec.max_frames:
                 raise ValueError(f"features: {x.shape[1]} frames, the model supports at most "
                                  f"{self.spec.max_frames}")
-            h = self.encoder(self.inp(self.drop(x)) + self.pos[: x.shape[1]],
-                             src_key_padding_mask=None if mask is None else ~mask)
-            return self.net(masked_mean(h, mask))
+            pad = None if mask is None else ~mask
+            if self.spec.block == "release":  # input norm -> Linear + GELU -> sin/cos (+ dropout) -> encoder
+                h = self.encoder(self.drop(self.inp(self.input_norm(x)) + self.pos[: x.shape[1]]), pad)
+            else:
+                h = self.encoder(self.inp(self.drop(x)) + self.pos[: x.shape[1]], src_key_padding_mask=pad)
+            pooled = self.pool(h, mask) if self.spec.pooling == "atn" else masked_mean(h, mask)
+            return self.net(pooled)
         if x.ndim == 3:  # meanP (and frame-averaged input for linear/mlp)
             x = masked_mean(x, mask)
         return self.net(self.drop(x))

@@ -334,7 +334,8 @@ def _as_mask(m: Any) -> torch.Tensor | None:
 def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int = 256, width: int = 1024,
                 depth: int = 1, dropout: float = 0.0, layers: int = 2, heads: int = 8, hidden: int = 512,
                 text_kind: str | None = None, temperature: float = 0.05, experts: dict[str, int] | None = None,
-                fusion: str = "gated", text_tokens: int | None = None) -> TwoTower:
+                fusion: str = "gated", text_tokens: int | None = None, block: str = "xmodal",
+                local_pooling: str = "mean", pool_heads: int = 1, pool_hidden: int = 0) -> TwoTower:
     """A :class:`TwoTower` from explicit keywords.
 
     ``kind`` sets the video tower; the text tower uses ``text_kind`` (default: the
@@ -344,6 +345,8 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     ``text_tokens``: the text tower is trained on token features of up to this many
     tokens (its spec records ``tokens``; a ``transformer`` text tower's position table
     covers ``max(64, text_tokens)``).
+    ``block``, ``local_pooling`` (``mean`` or ``atn``), ``pool_heads``, ``pool_hidden``: the block
+    and frame pooling of ``transformer`` towers (:mod:`xmodal.models.towers`; COOT's local level).
     """
     choice(fusion, "model.fusion", FUSIONS)
     choice(kind, "model.kind", TOWER_KINDS)
@@ -364,7 +367,7 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
                                     or text_tokens < 1):
         raise ValueError(f"text_tokens: expected a positive integer or None, got {short_repr(text_tokens)}")
     common = dict(out_dim=dim, width=width, depth=depth, dropout=dropout, layers=layers, heads=heads,
-                  hidden=hidden)
+                  hidden=hidden, block=block, pooling=local_pooling, pool_heads=pool_heads, pool_hidden=pool_hidden)
     return TwoTower(TowerSpec(kind=kind, in_dim=video_dim, **common),
                     TowerSpec(kind=text_kind, in_dim=text_dim, **common,
                               **({"max_frames": max(64, int(text_tokens)), "tokens": True} if text_tokens else {})),

@@ -197,8 +197,9 @@ def results_tables(metrics: dict, sizes: dict | None = None) -> list[str]:
                                                 for r in res.values()):
             raise TypeError(f"metrics[{split!r}]: expected {{normaliser: {{direction: {{metric: value}}}}}}")
         names = list(res)
-        # p2v / v2p (paragraph <-> video) where the split has groups and the run a hierarchy
-        dirs = [d for d in ("t2v", "v2t", "p2v", "v2p") if all(d in res[n] for n in names)]
+        # p2v / v2p (paragraph <-> video) where the split has groups; a hierarchy's flat reference
+        # p2v_flat / v2p_flat (its clip embeddings mean-pooled) beside its global towers' p2v / v2p
+        dirs = [d for d in ("t2v", "v2t", "p2v", "v2p", "p2v_flat", "v2p_flat") if all(d in res[n] for n in names)]
         header = ["normaliser"] + [f"{d} {k}" for d in dirs for k in METRIC_KEYS]
         rows = [[n + (" (selected)" if n == metrics.get("normalizer") else "")]
                 + [res[n][d].get(k) for d in dirs for k in METRIC_KEYS] for n in names]

@@ -60,6 +60,8 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
 
     opts = {"ks": ks, "ties": ties, "block_size": block_size}
     sim_t2v = as_tensor(sim_t2v, "sim_t2v")
+    if sim_t2v.ndim != 2:
+        raise ValueError(f"sim_t2v: expected 2 dimensions [texts, videos], got shape {tuple(sim_t2v.shape)}")
     v2t = option(v2t, "v2t", ("all-captions", "max-over-captions"))
     if sim_v2t is not None:
         sim_v2t = as_tensor(sim_v2t, "sim_v2t")
@@ -72,8 +74,9 @@ def retrieval_metrics(sim_t2v: torch.Tensor, sim_v2t: torch.Tensor | None, text_
         if t2v.ndim != 1 or t2v.dtype == torch.bool or t2v.is_floating_point() or t2v.is_complex():
             raise TypeError(f"text_to_video: expected integer video indices [texts], got {t2v.dtype} "
                             f"of shape {tuple(t2v.shape)}")
+        t2v_metrics = retrieval(sim_t2v, t2v, **opts)  # checks sim_t2v / text_to_video before they are combined
         own = t2v[None, :] == torch.arange(sim_v2t.shape[0])[:, None]
-        out = {"t2v": retrieval(sim_t2v, t2v, **opts), "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
+        out = {"t2v": t2v_metrics, "v2t": retrieval(sim_v2t, own.to(sim_v2t.device), **opts)}
     else:  # text_video ranks the transpose of its input for v2t: give it the v2t scores transposed
         out = {"t2v": retrieval(sim_t2v, as_tensor(text_to_video, "text_to_video"), **opts),
                "v2t": text_video(sim_v2t.T, text_to_video, v2t=v2t, **opts)["v2t"]}
@@ -230,7 +233,9 @@ def evaluate_normalizers(names: list[str], test_time: Any, model, split, batch_s
 @torch.no_grad()
 def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
     """``{"p2v": ..., "v2p": ...}`` (paragraph -> video, video -> paragraph; the keys of
-    ``t2v``) on a split with groups (``video_to_group``), else ``{}``.
+    ``t2v``) on a split with groups (``video_to_group``), else ``{}``; a hierarchical model
+    also gets ``"p2v_flat"`` / ``"v2p_flat"``, the flat reference: its own clip (sentence)
+    embeddings mean-pooled, so a user sees whether the global level helps.
 
     Queries and gallery are the groups that have a paragraph (at least one text); each
     paragraph's one correct video is its own. Embeddings: a hierarchical model's global
@@ -245,14 +250,15 @@ def group_metrics(model, split, batch_size: int = 8192, **kwargs: Any) -> dict:
 
     if getattr(split, "video_to_group", None) is None:
         return {}
-    if hasattr(model, "encode_groups"):
-        paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
-                                                  split.video_to_group, batch_size=batch_size,
-                                                  text_mask=getattr(split, "text_mask", None))
-    else:
-        paragraph, video = mean_pooled_groups(model, split, batch_size)
+    paragraph, video = mean_pooled_groups(model, split, batch_size)
+    flat = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
+    if not hasattr(model, "encode_groups"):
+        return {"p2v": flat["t2v"], "v2p": flat["v2t"]}
+    paragraph, video, _ = model.encode_groups(*split.video_input(), split.text, split.text_to_video,
+                                              split.video_to_group, batch_size=batch_size,
+                                              text_mask=getattr(split, "text_mask", None))
     out = text_video(paragraph @ video.T, np.arange(paragraph.shape[0]), **kwargs)
-    return {"p2v": out["t2v"], "v2p": out["v2t"]}
+    return {"p2v": out["t2v"], "v2p": out["v2t"], "p2v_flat": flat["t2v"], "v2p_flat": flat["v2t"]}
 
 
 @torch.no_grad()

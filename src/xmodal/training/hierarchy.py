@@ -54,10 +54,12 @@ def group_batches(epoch: int, *, seed: int, groups: np.ndarray, batch_size: int)
 
 
 def global_spec(cfg: Config) -> GlobalSpec:
-    """The global towers of ``cfg.model`` (Table 7: heads 8, 1 layer, dim = the local dim)."""
+    """The global towers of ``cfg.model`` (Table 7: heads 8, 1 layer, dim = the local dim;
+    ``global_pooling``, ``global_context``, ``block``, ``pool_heads``, ``pool_hidden``)."""
     m = cfg.model
     return GlobalSpec(dim=m.dim, heads=m.global_heads, layers=m.global_layers, dropout=m.dropout,
-                      pooling=m.pooling)
+                      pooling=m.global_pooling, pool_heads=m.pool_heads, pool_hidden=m.pool_hidden,
+                      context=m.global_context, block=m.block)
 
 
 def global_loss_config(cfg: Config) -> Config:
@@ -170,7 +172,11 @@ class HierarchyData:
         with amp:
             clips = model.forward_video(video_in, mask_in)
             sentences = model.forward_text(text_in, tmask_in)
-            gv, gt = model.forward_groups(clips, clip_g, sentences, text_g, b)
+            ctx = {}
+            if model.global_spec.context:  # COOT's context: the local towers over the whole video / paragraph
+                vc, tc = model.forward_context(video_in, mask_in, clip_g, text_in, tmask_in, text_g, b)
+                ctx = {"video_context": vc, "text_context": tc}
+            gv, gt = model.forward_groups(clips, clip_g, sentences, text_g, b, **ctx)
         ids = torch.as_tensor(self.split.text_to_video[texts], device=device)
         pooled_in = video_inputs.pooled(video_in, mask_in)
         text_in = video_inputs.pooled_text(text_in, tmask_in)  # raw inputs of CrossCLR's weights: [S, Dt]

@@ -282,7 +282,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                         layers=cfg.model.layers, heads=cfg.model.heads, hidden=cfg.model.hidden,
                         temperature=cfg.loss.temperature or 0.05,
                         experts=train_split.expert_dims(), fusion=cfg.model.fusion,
-                        text_tokens=train_split.text.shape[1] if train_split.has_tokens else None)
+                        text_tokens=train_split.text.shape[1] if train_split.has_tokens else None,
+                        block=cfg.model.block, local_pooling=cfg.model.local_pooling,
+                        pool_heads=cfg.model.pool_heads, pool_hidden=cfg.model.pool_hidden)
     if cfg.model.hierarchy:  # clips inside videos: global towers (CrossCLR app. A, xmodal.training.hierarchy)
         model = with_global_towers(model, hierarchy.global_spec(cfg))
     video_all, mask_all = video_inputs.video_tensors(train_split)  # (features, mask); dicts with experts

@@ -60,7 +60,7 @@ def set_generator_states(module: nn.Module, states: dict[str, torch.Tensor]) -> 
 def make_optimizer(cfg: Config, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     o = cfg.optim
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "radam": torch.optim.RAdam}[o.name]
-    return cls(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    return cls(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
 
 
 def make_ema(cfg: Config, model: nn.Module):
