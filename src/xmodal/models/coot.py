@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from xmodal._validate import integer, number
+from xmodal._validate import integer, number, positive_int, positive_number
 
 __all__ = ["CootLayerNorm", "sinusoid_table", "ReleaseBlock", "ReleaseEncoder", "AttentionPool", "init_release"]
 
@@ -83,6 +83,10 @@ class ReleaseBlock(nn.Module):
 
     def __init__(self, dim: int, heads: int, ff: int, dropout: float) -> None:
         super().__init__()
+        dim, heads, ff = (positive_int(v, n) for v, n in ((dim, "dim"), (heads, "heads"), (ff, "ff")))
+        dropout = number(dropout, "dropout", minimum=0.0)
+        if dropout >= 1 or dim % heads:
+            raise ValueError(f"dropout: must be in [0, 1) and heads ({heads}) must divide dim ({dim})")
         self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
         self.norm1 = CootLayerNorm(dim)
         self.drop = nn.Dropout(dropout)
@@ -166,6 +170,9 @@ def init_release(module: nn.Module, std: float = 0.01) -> None:
     """The release's ``init_network(net, init_std=0.01)`` (l. 719-726): every parameter whose name
     holds ``weight`` or ``bias`` from a normal of std ``std`` truncated at 2 std. :class:`AttentionPool`
     parameters (``w1`` ...) are left as their constructor drew them, as are layer-norm gains."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    std = positive_number(std, "std")
     for name, p in module.named_parameters():
         last = name.rsplit(".", 1)[-1]
         if "weight" in last or "bias" in last:
