@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.commands import load_npy
+
 NAME = "eval"
 HELP = "evaluate retrieval (R@K, MdR, MnR, mAP, nDCG) from embeddings or a similarity matrix"
 DESCRIPTION = """Evaluate retrieval exactly (ties handled by --ties; no full sort; big
@@ -91,23 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=None, progress=True, ks="1,5,10,50", l2=True)
 
 
-def load_npy(path: str | None, flag: str) -> np.ndarray:
-    """A ``.npy`` of numbers (or bools) given by ``flag``; the header is checked before any allocation
-    (:func:`xmodal.data.npyfile.load_array`); an ``.npz``, a corrupt file or an array of strings
-    is one line naming both."""
-    from xmodal.data.npyfile import load_array
-
-    if path is None:
-        raise ValueError(f"{flag}: required")
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{flag}: {path} is a directory, not a .npy file")
-    if not p.is_file():
-        raise FileNotFoundError(f"{flag}: no such file: {path}")
-    x = load_array(p, f"{flag}: {path}")
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.issubdtype(x.dtype, np.complexfloating):
-        raise ValueError(f"{flag}: {path} holds {x.dtype} values, not real numbers")
-    return x
 
 
 def _l2(x: np.ndarray) -> np.ndarray:
