@@ -13,7 +13,7 @@ _EXPORTS = {
     "embed_split": "evaluate", "retrieval_metrics": "evaluate", "evaluate": "evaluate",
     "evaluate_normalizers": "evaluate", "group_metrics": "evaluate", "score": "evaluate",
     "TestTime": "testtime", "fit_test_time": "testtime", "fit_normalizer": "testtime",
-    "BiasedIndex": "index", "SearchIndex": "index", "write_index": "index",
+    "BiasedIndex": "index", "SearchIndex": "search", "write_index": "search",
     "fold_run_normalizer": "index", "selected_normalizer": "index",
 }
 
@@ -23,6 +23,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"xmodal.retrieval.{_EXPORTS[name]}"), name)
-    if name in ("evaluate", "testtime", "index"):
+    if name in ("evaluate", "testtime", "index", "search", "recall", "rowstore"):
         return importlib.import_module(f"xmodal.retrieval.{name}")
     raise AttributeError(f"module 'xmodal.retrieval' has no attribute {name!r}")
