@@ -205,7 +205,7 @@ class BiasedIndex:
             ivf = faiss.extract_index_ivf(self.index)
             ivf.cp.niter, ivf.cp.seed = 10, int(seed)
             if self.kind == "ivfpq":
-                self.index.pq.cp.seed = int(seed)  # the sub-quantisers' k-means
+                self.index.pq.cp.niter, self.index.pq.cp.seed = 10, int(seed)  # the sub-quantisers' k-means
             from xmodal.retrieval.recall import sample_rows
 
             train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind == "ivfpq" else 0), seed)
@@ -235,7 +235,9 @@ class BiasedIndex:
         if self.kind == "ivf":
             return f"IVF{self.nlist},Flat"
         nbits = 8 if n >= 256 * 39 else max(1, min(8, int(np.log2(max(2, n // 39)))))
-        return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x{nbits}"
+        # "np": no polysemous training (index_factory's default for IVF-PQ; minutes of annealing for
+        # a code order only the polysemous filter uses)
+        return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x{nbits}" + ("np" if nbits == 8 else "")
 
     # -- search parameters ----------------------------------------------------------------
     @property
