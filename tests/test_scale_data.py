@@ -42,14 +42,14 @@ def write_layout(root, *, n=96, frames=3, dv=10, dt=8, seed=0):
     return root
 
 
-def config(root, **train):
+def config(root, normalizers=("none", "dn", "sinkhorn"), **train):
     return from_dict({
         "data": {"name": "paired", "root": str(root), "train_split": "train", "val_split": "val",
                  "test_split": "test"},
         "model": {"kind": "meanp", "dim": 8},
         "loss": {"name": "infonce", "temperature": 0.1, "learnable": True},
         "optim": {"name": "adam", "lr": 3e-3, "warmup_epochs": 1},
-        "test_time": {"normalizers": ["none", "dn", "sinkhorn"], "bank_size": 50},
+        "test_time": {"normalizers": list(normalizers), "bank_size": 50},
         "train": {"seed": 1, "epochs": 2, "batch_size": 16, "patience": 0, "progress": False, "device": "cpu",
                   **train},
     })
@@ -78,7 +78,7 @@ def test_memory_mapped_float16_training_equals_in_memory_float32(layout, tmp_pat
     """The trainer gathers float16 rows from the files and upcasts them; the same data loaded as
     float32 arrays in memory (the former path: upcast everything first) gives bit-identical
     weights and metrics, and so does gathering in a DataLoader worker."""
-    cfg = config(layout)
+    cfg = config(layout, epochs=1)
     train(cfg, tmp_path / "mapped", verbose=False)
     splits = {k: load_paired_split(layout, k, mmap=False) for k in ("train", "val", "test")}
     assert splits["train"].video.dtype == np.float32 and not isinstance(splits["train"].video, np.memmap)
@@ -88,8 +88,8 @@ def test_memory_mapped_float16_training_equals_in_memory_float32(layout, tmp_pat
     ma = json.loads((tmp_path / "mapped" / "metrics.json").read_text())
     mb = json.loads((tmp_path / "memory" / "metrics.json").read_text())
     assert ma["val"] == mb["val"] and ma["test"] == mb["test"]
-    train(config(layout, workers=1, epochs=1), tmp_path / "worker", verbose=False)
-    train(config(layout, epochs=1), tmp_path / "inline", verbose=False)
+    train(config(layout, ("none",), workers=1, epochs=1), tmp_path / "worker", verbose=False)
+    train(config(layout, ("none",), epochs=1), tmp_path / "inline", verbose=False)
     a, b = weights(tmp_path / "worker"), weights(tmp_path / "inline")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -192,7 +192,7 @@ def test_ddp_on_a_memory_mapped_layout_equals_single_process(layout, tmp_path):
     files; the weights equal the single-process run's."""
     import os
 
-    cfg = config(layout, epochs=1)
+    cfg = config(layout, ("none",), epochs=1)
     train(cfg, tmp_path / "single", verbose=False)
     os.environ[DDP_ROOT] = str(layout)
     try:
@@ -214,8 +214,30 @@ def _ddp_worker(rank: int, init_file: str, out: str) -> None:
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         torch.set_num_threads(1)
-        train(config(Path(os.environ[DDP_ROOT]), epochs=1), out, verbose=False)
+        train(config(Path(os.environ[DDP_ROOT]), ("none",), epochs=1), out, verbose=False)
         mark_done(init_file, rank)
         tdist.barrier()
     finally:
         tdist.destroy_process_group()
+
+
+def test_each_rank_gathers_only_its_rows_of_every_global_batch(layout):
+    """The DistributedSampler idea: rank r of w reads rows [r b, (r + 1) b) of each global batch."""
+    from xmodal.training.batches import EpochBatches, batch_loader
+    from xmodal.training.sampling import epoch_batches
+
+    s = load_paired_split(layout, "train")
+    batches = epoch_batches(0, seed=0, text_to_video=s.text_to_video, batch_size=12)
+    video, vmask = s.video_input()
+    text, tmask = s.text_input()
+    seen = []
+    for rank in range(3):
+        ds = EpochBatches(batches, text=text, text_mask=tmask, video=video, video_mask=vmask,
+                          text_to_video=s.text_to_video, rank=rank, local_batch=4)
+        for i, item in enumerate(batch_loader(ds)):
+            np.testing.assert_array_equal(item.rows, batches[i][4 * rank:4 * (rank + 1)])
+            assert item.text.dtype == torch.float32 and item.video.shape == (4, 3, 10)
+            np.testing.assert_array_equal(item.text.numpy(), np.asarray(s.text[item.rows], np.float32))
+            np.testing.assert_array_equal(item.video_mask.numpy(), s.video_mask[s.text_to_video[item.rows]])
+            seen.append(item.rows)
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.sort(np.concatenate(batches)))
