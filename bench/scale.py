@@ -9,7 +9,8 @@ One run, on one seeded layout:
    512-d video / 384-d text, one caption per clip. Clips belong to ``N / 200`` topics
    (latent centres); a clip is its topic's centre plus noise, its video and text
    features are two noisy linear views of it (the caption a noisy view of its clip).
-   ``val`` and ``test`` splits of 5,000 clips each from the same topics.
+   ``val`` and ``test`` splits of 5,000 clips each from the same topics, and a gallery of
+   ``N`` further clips (``ROOT/gallery_video_features.npy``, videos only).
 2. **Train** ``xmodal train`` (linear 256-d heads, InfoNCE, Adam, batch 256, one epoch,
    ``test_time.normalizers [none, sinkhorn]``) as a child process: its peak anonymous
    memory (RssAnon + RssShmem of every process of its tree, sampled from
@@ -17,9 +18,11 @@ One run, on one seeded layout:
    do not count) and clips/s over the epoch's steps (``metrics.json``'s ``train_time_s``),
    against a **bare loop** (a child process too: the same memory-mapped arrays, gather +
    upcast, the same head, loss, optimiser and batch; nothing else) measured in the same run.
-3. **Index** ``xmodal index --data ROOT/data --split train --normalizer sinkhorn --kind K``
-   for each kind: build time, peak anonymous memory and peak RSS (file pages included),
-   the index file's size, the recall@10 and parameter written to ``meta.json``.
+3. **Index** ``xmodal index --video-features ROOT/gallery_video_features.npy --normalizer
+   sinkhorn --kind K``: a gallery of ``N`` further clips of the same topics (no caption in
+   training describes them, as for a new collection), for each kind: build time, peak
+   anonymous memory and peak RSS (file pages included), the index file's size, the
+   recall@10 and parameter written to ``meta.json``.
 4. **Recall vs speed**: 2,000 ``test`` captions through the run's text head (queries the
    build never saw) searched in each index: recall@10 against the exact (flat) answer and
    queries/s, for a sweep of nprobe / efSearch and at the stored parameter, beside flat.
@@ -59,7 +62,7 @@ def make_layout(root: Path, n: int, *, seed: int = 0, held: int = 5000, chunk: i
 
     root.mkdir(parents=True, exist_ok=True)
     done = root / ".complete"
-    sizes = {"train": n, "val": held, "test": held}
+    sizes = {"train": n, "val": held, "test": held, "gallery": n}
     if done.is_file() and json.loads(done.read_text()) == sizes:
         return sizes
     rng = np.random.default_rng(seed)
@@ -68,19 +71,25 @@ def make_layout(root: Path, n: int, *, seed: int = 0, held: int = 5000, chunk: i
     wv = (rng.standard_normal((LATENT, DV)) / np.sqrt(LATENT)).astype(np.float32)
     wt = (rng.standard_normal((LATENT, DT)) / np.sqrt(LATENT)).astype(np.float32)
     for split, count in sizes.items():
-        g = np.random.default_rng([seed, {"train": 1, "val": 2, "test": 3}[split]])
-        video = open_memmap(root / f"{split}_video_features.npy", "w+", np.float16, (count, DV))
-        text = open_memmap(root / f"{split}_text_features.npy", "w+", np.float16, (count, DT))
+        g = np.random.default_rng([seed, {"train": 1, "val": 2, "test": 3, "gallery": 4}[split]])
+        # the gallery: videos only, outside the layout's splits (indexed with --video-features)
+        path = (root.parent / "gallery_video_features.npy" if split == "gallery"
+                else root / f"{split}_video_features.npy")
+        video = open_memmap(path, "w+", np.float16, (count, DV))
+        text = None if split == "gallery" else open_memmap(root / f"{split}_text_features.npy", "w+", np.float16,
+                                                           (count, DT))
         for start in range(0, count, chunk):
             m = min(count, start + chunk) - start
             z = centres[g.integers(topics, size=m)] + 0.6 * g.standard_normal((m, LATENT), dtype=np.float32)
             v = (z + 0.3 * g.standard_normal((m, LATENT), dtype=np.float32)) @ wv
             t = (z + 0.5 * g.standard_normal((m, LATENT), dtype=np.float32)) @ wt
             video[start:start + m] = v
-            text[start:start + m] = t / np.linalg.norm(t, axis=1, keepdims=True)
-        video.flush(), text.flush()
+            if text is not None:
+                text[start:start + m] = t / np.linalg.norm(t, axis=1, keepdims=True)
+        video.flush()
         del video, text
-        np.save(root / f"{split}_text_to_video.npy", np.arange(count, dtype=np.int32))
+        if split != "gallery":
+            np.save(root / f"{split}_text_to_video.npy", np.arange(count, dtype=np.int32))
     done.write_text(json.dumps(sizes))
     return sizes
 
@@ -160,7 +169,7 @@ def run_measured(cmd: list[str], *, env: dict | None = None, log: Path | None = 
         tail = log.read_text()[-3000:] if log else ""
         raise SystemExit(f"{' '.join(cmd)} failed ({rc}):\n{tail}")
     return {"wall_s": time.perf_counter() - t0, "peak_anon": sampler.peak_anon, "peak_rss": sampler.peak_rss,
-            "per_pid": {sampler.names.get(p, str(p)): v for p, v in sampler.per_pid.items()}}
+            "per_pid": {f"{p} {sampler.names.get(p, '?')}": v for p, v in sampler.per_pid.items()}}
 
 
 def mb(x: float) -> str:
@@ -225,12 +234,20 @@ def train_section(work: Path, data: Path, args: argparse.Namespace, results: dic
     shutil.rmtree(run_dir, ignore_errors=True)
     size = sum(p.stat().st_size for p in data.glob("train_*.npy"))
     size_all = sum(p.stat().st_size for p in data.glob("*.npy"))
-    bare_log = work / "bare.log"
-    bare = run_measured([sys.executable, __file__, "--bare-loop", str(data), "--batch", str(args.batch),
-                         "--threads", str(args.threads)], log=bare_log)
-    bare.update(json.loads(bare_log.read_text().strip().splitlines()[-1]))
+    def bare_run(tag: str) -> dict:
+        log = work / f"bare_{tag}.log"
+        r = run_measured([sys.executable, __file__, "--bare-loop", str(data), "--batch", str(args.batch),
+                          "--threads", str(args.threads)], log=log)
+        r.update(json.loads(log.read_text().strip().splitlines()[-1]))
+        return r
+
+    before = bare_run("before")  # the bare loop before and after the trainer: the load drifts
     tr = run_measured([xmodal, "train", str(work / "train.yaml"), "--out", str(run_dir), "--threads",
                        str(args.threads), "--no-plots"], log=work / "train.log")
+    after = bare_run("after")
+    bare = dict(before, clips_per_s=(before["clips_per_s"] + after["clips_per_s"]) / 2,
+                wall_s=(before["wall_s"] + after["wall_s"]) / 2, runs=[before["clips_per_s"], after["clips_per_s"]],
+                peak_anon=max(before["peak_anon"], after["peak_anon"]), peak_rss=max(before["peak_rss"], after["peak_rss"]))
     summary = json.loads((run_dir / "metrics.json").read_text())
     steps = args.videos // args.batch
     tr["clips_per_s"] = steps * args.batch / summary["train_time_s"]
@@ -245,8 +262,8 @@ def train_section(work: Path, data: Path, args: argparse.Namespace, results: dic
     print("| --- | ---: | ---: | ---: | ---: |")
     print(f"| xmodal train | {mb(tr['peak_anon'])} | {mb(tr['peak_rss'])} | {tr['clips_per_s']:,.0f} | "
           f"{tr['wall_s']:.0f} s |")
-    print(f"| bare loop | {mb(bare['peak_anon'])} | {mb(bare['peak_rss'])} | {bare['clips_per_s']:,.0f} | "
-          f"{bare['wall_s']:.0f} s |")
+    print(f"| bare loop (mean of a run before and after) | {mb(bare['peak_anon'])} | {mb(bare['peak_rss'])} | "
+          f"{bare['clips_per_s']:,.0f} ({bare['runs'][0]:,.0f}, {bare['runs'][1]:,.0f}) | {bare['wall_s']:.0f} s |")
     print(f"trainer / bare clips/s: {results['train']['speed_ratio']:.2f}; trainer peak anon / train files: "
           f"{tr['peak_anon'] / size:.2f}; val t2v R@1 (none) {results['train']['val_t2v_R@1']:.2f}")
     if args.ddp:
@@ -257,7 +274,7 @@ def train_section(work: Path, data: Path, args: argparse.Namespace, results: dic
         dd = run_measured([torchrun, "--standalone", "--nproc_per_node", "2", xmodal, "train",
                            str(work / "train.yaml"), "--out", str(ddp_dir), "--threads", "1", "--no-plots"],
                           env=env, log=work / "ddp.log")
-        ranks = {k: v for k, v in dd["per_pid"].items() if " train " in k and "torchrun" not in k}
+        ranks = {k: v for k, v in dd["per_pid"].items() if " train " in k and "torchrun" not in k}  # pid + cmdline
         import torch
 
         a = torch.load(run_dir / "model.pt", weights_only=True)["model"]["state_dict"]
@@ -286,11 +303,11 @@ def index_section(work: Path, data: Path, run_dir: Path, args: argparse.Namespac
     rows = []
     built = {}
     for kind in args.kinds:
-        out = work / f"idx_{kind}"
+        out = work / f"idx_{args.normalizer}_{kind}"
         shutil.rmtree(out, ignore_errors=True)
-        r = run_measured([xmodal, "index", "--run", str(run_dir), "--data", str(data), "--split", "train",
-                          "--normalizer", "sinkhorn", "--kind", kind, "--out", str(out), "--threads",
-                          str(args.threads)], log=work / f"index_{kind}.log")
+        r = run_measured([xmodal, "index", "--run", str(run_dir), "--video-features",
+                          str(work / "gallery_video_features.npy"), "--normalizer", args.normalizer, "--kind", kind,
+                          "--out", str(out), "--threads", str(args.threads)], log=work / f"index_{kind}.log")
         meta = json.loads((out / "meta.json").read_text())
         r.update(meta=meta, file_bytes=(out / "index.faiss").stat().st_size)
         built[kind] = r
@@ -301,10 +318,11 @@ def index_section(work: Path, data: Path, run_dir: Path, args: argparse.Namespac
     sweeps = {}
     exact = None
     for kind in args.kinds:
-        idx = SearchIndex(work / f"idx_{kind}")
+        idx = SearchIndex(work / f"idx_{args.normalizer}_{kind}")
         emb = idx.model.encode_text(feats).numpy() - idx.shift[None, :]
         if exact is None:
-            ex = SearchIndex(work / "idx_flat") if kind != "flat" and (work / "idx_flat").is_dir() else idx
+            flat_dir = work / f"idx_{args.normalizer}_flat"
+            ex = SearchIndex(flat_dir) if kind != "flat" and flat_dir.is_dir() else idx
             emb_ex = ex.model.encode_text(feats).numpy() - ex.shift[None, :]
             t0 = time.perf_counter()
             exact = ex.index.search(emb_ex, 10, **({"exact": True} if ex.index.kind != "ivfpq" else {}))[1]
@@ -331,7 +349,8 @@ def index_section(work: Path, data: Path, run_dir: Path, args: argparse.Namespac
     flat_qps = next(s["qps"] for s in sweeps.get("flat", [{"qps": results.get("flat_qps")}]))
     results["index"] = {k: {kk: v for kk, v in r.items() if kk != "per_pid"} for k, r in built.items()}
     results["sweeps"] = sweeps
-    print(f"\n## Index ({args.videos:,}-video gallery, Sinkhorn bias folded in, --threads {args.threads})\n")
+    print(f"\n## Index ({args.videos:,}-video gallery of clips no caption in training describes, normaliser "
+          f"{args.normalizer} folded in, --threads {args.threads})\n")
     print("| kind | factory | build | peak anon | peak RSS | index file | anon / file | stored param | "
           "recall@10 in meta.json (queries) | recall@10 on test captions |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
@@ -363,7 +382,7 @@ def bias_section(work: Path, data: Path, run_dir: Path, args: argparse.Namespace
 
     torch.set_num_threads(args.threads)
     model = load_model(run_dir)
-    video = np.load(data / "train_video_features.npy", mmap_mode="r")
+    video = np.load(work / "gallery_video_features.npy", mmap_mode="r")
     store = RowStore(video.shape[0], model.dim, directory=work)
     try:
         for start in range(0, video.shape[0], 16384):
@@ -400,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bank", type=int, default=2000, help="test_time.bank_size (Sinkhorn bank, recall queries)")
     p.add_argument("--kinds", default="flat,ivf,ivfpq,hnsw")
     p.add_argument("--queries", type=int, default=2000, help="test captions searched for recall / queries/s")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--normalizer", default="sinkhorn", help="folded into the indexes (sinkhorn: the bias of "
+                   "issue 24's measurements; selected / none / dn)")
     p.add_argument("--only", default="train,index,bias", help="sections to run")
     p.add_argument("--ddp", action="store_true", help="also train under torchrun with 2 ranks (gloo)")
     p.add_argument("--json", default=None, help="also write the numbers here")

@@ -154,7 +154,8 @@ def test_index_and_query_commands_state_the_recall(run, tmp_path, capsys):
                  "--target-recall", "0.9", "--normalizer", "sinkhorn", "--out", str(idx)]) == 0
     printed = capsys.readouterr().out
     meta = json.loads((idx / "meta.json").read_text())
-    assert meta["kind"] == "ivf" and meta["target_recall"] == 0.9 and meta["recall_queries"] == 50  # the bank
+    assert meta["kind"] == "ivf" and meta["target_recall"] == 0.9 and meta["recall_queries"] == 350
+    assert meta["recall_source"] == "held-out train texts"  # 400 train texts, 50 in the normalisers' bank
     assert meta["recall_at_10"] >= 0.9 and set(meta["search_params"]) == {"nprobe"}
     assert f"recall@10 {meta['recall_at_10']:.3f} at nprobe {meta['search_params']['nprobe']}" in printed
     from xmodal.retrieval.search import SearchIndex

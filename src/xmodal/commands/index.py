@@ -21,7 +21,8 @@ Kinds (faiss.index_factory, inner product): flat (exact; every vector as float32
 ivf (IVF cells, float32 vectors), ivfpq (IVF cells, each vector compressed to one byte
 per 4 values), hnsw (a neighbour graph over float32 vectors). An approximate kind states
 its quality: the build searches up to --recall-queries of the run's stored text
-embeddings (train texts, through the text head) exactly and approximately, keeps the
+embeddings (held-out train texts through the text head, which no normaliser was fitted
+on; runs from before: the train text bank) exactly and approximately, keeps the
 smallest nprobe (ivf, ivfpq) or efSearch (hnsw) whose recall@10 reaches --target-recall,
 and writes that recall, its sample size and the parameter into meta.json; 'xmodal query'
 and 'xmodal serve' print it. When no setting reaches the target (ivfpq's compression
@@ -160,8 +161,8 @@ def recall_line(meta: dict, *, short: bool = False) -> str:
     if short:
         return text
     target = "" if meta.get("target_recall") is None else f"; target {meta['target_recall']:.3f}"
-    return f"{text} (measured on {meta['recall_queries']} held-out queries: the run's stored train text " \
-           f"embeddings{target})"
+    return f"{text} (measured on {meta['recall_queries']} queries: {meta.get('recall_source') or 'stored texts'} " \
+           f"of the run{target})"
 
 
 def _check_search_flags(args: argparse.Namespace) -> None:

@@ -37,13 +37,13 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     when large), the run's normaliser is fitted on it blockwise and the index is built from
     its blocks (:class:`~xmodal.retrieval.index.BiasedIndex`), so the peak memory is the index
     plus one block. Approximate kinds measure their recall@10 on up to ``recall_queries``
-    of the run's stored text embeddings (its train text bank, seeded sample), shifted as
-    searches are, and keep the smallest search parameter reaching ``target_recall``
+    of the run's stored text embeddings (seeded sample of the held-out train texts no
+    normaliser was fitted on; older runs: the train text bank), shifted as searches are, and keep the smallest search parameter reaching ``target_recall``
     (default 0.95); ``nprobe`` / ``ef_search`` fix it instead (the recall is still measured).
 
     ``meta.json`` holds ``recall_at_10`` (1.0 for flat; None when the run has no stored text
     embeddings), ``recall_queries``, ``search_params`` (``{"nprobe": p}``, ``{"efSearch": e}``,
-    ``{}``), ``target_recall``, ``target_met``, ``factory`` and ``exact``.
+    ``{}``), ``target_recall``, ``target_met``, ``recall_source``, ``factory`` and ``exact``.
     """
     from xmodal.models import checkpoint_file
     from xmodal.retrieval.index import BLOCK_ROWS, KINDS, BiasedIndex, fold_run_normalizer
@@ -64,7 +64,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         folded = fold_run_normalizer(model, store, normalizer, metric=_run_metric(run))
         shift = folded["query_shift"]
         shift = np.zeros(store.dim, np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
-        queries = None if kind == "flat" else _recall_sample(model, recall_queries, seed)
+        queries, recall_source = (None, None) if kind == "flat" else _recall_sample(model, recall_queries, seed)
         index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
                             queries=None if queries is None else queries - shift[None, :],
                             target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
@@ -90,7 +90,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
             "factory": index.factory, "exact": kind == "flat",
             "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
             "search_params": dict(index.search_params), "target_recall": index.target_recall,
-            "target_met": index.target_met}
+            "target_met": index.target_met, "recall_source": recall_source}
     if "fallback_from" in folded:
         meta["fallback_from"] = folded["fallback_from"]
     atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
@@ -143,17 +143,20 @@ def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: 
     return store
 
 
-def _recall_sample(model: Any, size: int, seed: int) -> np.ndarray | None:
-    """Up to ``size`` of the run's stored text embeddings (its train text bank, seeded
-    sample), or None when the run stores none."""
+def _recall_sample(model: Any, size: int, seed: int) -> tuple[np.ndarray | None, str | None]:
+    """``(queries, source)``: up to ``size`` of the run's stored text embeddings (seeded sample)
+    an approximate index measures its recall on: the held-out train texts no normaliser was
+    fitted on (``banks["heldout"]``, runs since issue 24), else the train text bank of the
+    Sinkhorn / DN fits (older runs); ``(None, None)`` when the run stores none."""
     from xmodal.retrieval.recall import sample_rows
 
     tt = getattr(model, "test_time", None)
     banks = getattr(tt, "banks", None) or {}
-    if "train" not in banks or not len(banks["train"][0]):
-        return None
-    bank = banks["train"][0].detach().float().cpu().numpy()
-    return bank[sample_rows(bank.shape[0], size, seed)]
+    for name, source in (("heldout", "held-out train texts"), ("train", "the train text bank")):
+        if name in banks and len(banks[name][0]):
+            bank = banks[name][0].detach().float().cpu().numpy()
+            return bank[sample_rows(bank.shape[0], size, seed)], source
+    return None, None
 
 
 def _run_metric(run: str) -> str:
