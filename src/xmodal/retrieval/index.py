@@ -529,9 +529,13 @@ def gallery_bias(name: str, gallery: Any, bank: Any, **hparams: Any) -> torch.Te
     Shape:
         gallery ``[N, D]`` (tensor or row source), bank ``[K, D]`` -> ``[N]``.
     """
-    from xmodal.retrieval.testtime import fit_normalizer
+    from xmodal.retrieval.testtime import _canonical, _METHODS, fit_normalizer
 
+    if _METHODS[_canonical(name, "name")][0] != "sinkhorn":
+        raise ValueError(f"name: {name!r} has no gallery bias; expected sinkhorn or ncl")
     bank_t = float_matrix(bank, "bank").detach().float().cpu()
+    if not _is_source(gallery):
+        gallery = float_matrix(gallery, "gallery")
     n = int(gallery.shape[0])
     if not _is_source(gallery) or bank_t.shape[0] > n:
         g = gallery if not _is_source(gallery) else gallery[0:n]
