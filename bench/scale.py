@@ -56,14 +56,15 @@ DV, DT, LATENT = 512, 384, 64
 
 
 # ----------------------------------------------------------------------------- layout
-def make_layout(root: Path, n: int, *, seed: int = 0, held: int = 5000, chunk: int = 65536) -> dict:
+def make_layout(root: Path, n: int, *, seed: int = 0, held: int = 5000, chunk: int = 65536,
+                gallery: bool = True) -> dict:
     """Write the layout (streaming, ``chunk`` clips at a time); returns its sizes."""
     from numpy.lib.format import open_memmap
 
     root.mkdir(parents=True, exist_ok=True)
     done = root / ".complete"
-    sizes = {"train": n, "val": held, "test": held, "gallery": n}
-    if done.is_file() and json.loads(done.read_text()) == sizes:
+    sizes = {"train": n, "val": held, "test": held, **({"gallery": n} if gallery else {})}
+    if done.is_file() and sizes.items() <= json.loads(done.read_text()).items():
         return sizes
     rng = np.random.default_rng(seed)
     topics = max(100, n // 200)
@@ -435,10 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.root) / f"n{args.videos}"
     data = work / "data"
     t0 = time.perf_counter()
-    sizes = make_layout(data, args.videos)
+    only = set(args.only.split(","))
+    sizes = make_layout(data, args.videos, gallery=bool(only & {"index", "bias"}))
     print(f"layout {data}: {sizes} ({time.perf_counter() - t0:.0f} s)")
     results: dict = {"videos": args.videos, "threads": args.threads, "batch": args.batch}
-    only = set(args.only.split(","))
     run_dir = work / "run"
     write_config(work / "train.yaml", data, args.batch, 1, args.workers, args.bank)
     if "train" in only:

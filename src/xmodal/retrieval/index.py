@@ -210,8 +210,12 @@ class BiasedIndex:
 
             train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind == "ivfpq" else 0), seed)
             self.index.train(_place(_take(rows, train_rows), b[train_rows], self.width))
-        for _, _, block in blocks():
-            self.index.add(block)
+            _release_freed_memory()  # the training sample's pages, before the index grows
+            _add_presized(ivf, blocks, n)
+        else:
+            for _, _, block in blocks():
+                self.index.add(block)
+        _release_freed_memory()
         self.recall_at_10: float | None = 1.0 if self.kind == "flat" else None
         self.recall_queries = 0
         self.target_met: bool | None = None
@@ -379,6 +383,37 @@ class BiasedIndex:
         obj.recall_at_10 = 1.0 if obj.kind == "flat" else None
         obj.recall_queries, obj.target_met, obj.target_recall, obj.recall_tried = 0, None, None, {}
         return obj
+
+
+def _release_freed_memory() -> None:
+    """Hand memory freed inside the process back to the system (glibc ``malloc_trim``), so
+    the k-means training's freed buffers do not stay resident under the index built next."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _add_presized(ivf: Any, blocks: Any, n: int) -> None:
+    """Fill an IVF index in two passes over the blocks: assign every vector to its cell, give
+    each cell's list exactly that capacity, then add with the assignments. A list growing by
+    doubling would hold up to twice the index at its peak."""
+    faiss = import_faiss()
+    assign = np.empty(n, np.int64)
+    for start, stop, block in blocks():
+        assign[start:stop] = ivf.quantizer.search(block, 1)[1][:, 0]
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    for cell, count in enumerate(np.bincount(assign, minlength=ivf.nlist).tolist()):
+        if count:
+            lists.resize(cell, count)  # allocates exactly count entries ...
+            lists.resize(cell, 0)      # ... and keeps them while empty
+    for start, stop, block in blocks():
+        block = np.ascontiguousarray(block, dtype=np.float32)
+        ids = np.arange(start, stop, dtype=np.int64)
+        ivf.add_core(stop - start, faiss.swig_ptr(block), faiss.swig_ptr(ids), faiss.swig_ptr(assign[start:stop]))
 
 
 def _is_source(x: Any) -> bool:

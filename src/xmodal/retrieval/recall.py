@@ -39,15 +39,17 @@ def exact_topk(queries: np.ndarray, blocks: Iterable[tuple[int, int, np.ndarray]
     q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
     best_s = torch.full((q.shape[0], 0), float("-inf"))
     best_i = torch.zeros((q.shape[0], 0), dtype=torch.long)
-    step = max(1, (1 << 22) // max(1, q.shape[0]))  # score buffers of at most 4M values
+    step = max(1, (1 << 20) // max(1, q.shape[0]))  # score buffers of about 1M values (4 MB)
     for start, stop, block in blocks:
         g = block if isinstance(block, torch.Tensor) else torch.from_numpy(np.asarray(block, np.float32))
         for a in range(0, stop - start, step):
             part = g[a:a + step].float()
             s = torch.cat([best_s, q @ part.T], 1)
-            i = torch.cat([best_i, torch.arange(start + a, start + a + part.shape[0]).expand(q.shape[0], -1)], 1)
             top = torch.topk(s, min(k, s.shape[1]), dim=1).indices  # O(b) per block, not a sort
-            best_s, best_i = torch.gather(s, 1, top), torch.gather(i, 1, top)
+            kept = best_i.shape[1]  # positions < kept are earlier winners, the rest rows of this part
+            rows = torch.where(top < kept, torch.gather(best_i, 1, top.clamp(max=max(kept - 1, 0)))
+                               if kept else top, top - kept + start + a)
+            best_s, best_i = torch.gather(s, 1, top), rows
     # best first; equal scores by row (which of several items tied at the k-th score is kept is
     # topk's choice)
     order = np.lexsort((best_i.numpy(), -best_s.numpy()))
