@@ -26,10 +26,14 @@ def _write(root: Path, split="dev", n=4, k=2, dv=6, dt=5, frames=0, item="image"
 
 def test_loads_and_upcasts(tmp_path):
     _write(tmp_path)
-    s = load_paired_split(tmp_path, "dev")
+    s = load_paired_split(tmp_path, "dev", mmap=False)
     raw = np.load(tmp_path / "dev_image_features.npy")
     assert s.video.dtype == np.float32 and s.text.dtype == np.float32
     np.testing.assert_array_equal(s.video, raw.astype(np.float32))
+    mapped = load_paired_split(tmp_path, "dev")  # the default: on disk, in the stored dtype
+    assert isinstance(mapped.video, np.memmap) and mapped.video.dtype == raw.dtype == np.float16
+    assert not mapped.video.flags.writeable
+    np.testing.assert_array_equal(mapped.video, raw)
     assert s.text_to_video.dtype == np.int64
     np.testing.assert_array_equal(s.ids, [0, 0, 1, 1, 2, 2, 3, 3])
     assert s.captions[3] == 'a "quoted" caption 3 .'
@@ -50,8 +54,12 @@ def test_video_layout_frames_and_labels(tmp_path):
 def test_does_not_keep_a_view_of_the_file(tmp_path):
     _write(tmp_path)
     np.save(tmp_path / "dev_image_features.npy", np.ones((4, 6), np.float32))
-    s = load_paired_split(tmp_path, "dev")
+    s = load_paired_split(tmp_path, "dev", mmap=False)
     s.video[:] = 5
+    assert np.all(np.load(tmp_path / "dev_image_features.npy") == 1)
+    mapped = load_paired_split(tmp_path, "dev")  # memory-mapped read-only: the file cannot be written through it
+    with pytest.raises(ValueError, match="read-only"):
+        mapped.video[:] = 5
     assert np.all(np.load(tmp_path / "dev_image_features.npy") == 1)
 
 
@@ -160,7 +168,7 @@ def test_read_captions_txt(tmp_path):
 def test_real_flickr8k_dev():
     s = load_paired_split(FLICKR, "dev")
     assert s.video.shape == (1000, 1280) and s.text.shape == (5000, 384)
-    assert s.video.dtype == np.float32
+    assert s.video.dtype == np.float16 and load_paired_split(FLICKR, "dev", mmap=False).video.dtype == np.float32
     np.testing.assert_array_equal(np.bincount(s.ids, minlength=1000), np.full(1000, 5))
     assert len(s.captions) == 5000 and all(isinstance(c, str) and c for c in s.captions)
     # Caption features are L2-normalised MiniLM embeddings (up to float16 storage).

@@ -79,7 +79,7 @@ def test_fold_bias_and_errors(monkeypatch):
     with pytest.raises(ValueError, match="bias"):
         BiasedIndex(np.zeros((4, 3)), np.zeros(5))
     with pytest.raises(ValueError, match="kind"):
-        BiasedIndex(np.zeros((4, 3)), kind="hnsw")
+        BiasedIndex(np.zeros((4, 3)), kind="lsh")
     with pytest.raises(ValueError, match="queries"):
         BiasedIndex(np.zeros((4, 3))).search(np.zeros((1, 2)))
     monkeypatch.setitem(sys.modules, "faiss", None)

@@ -141,10 +141,10 @@ def os_error_text(exc: OSError) -> str:
 
 
 
-def load_npy(path: str | None, flag: str) -> np.ndarray:
+def load_npy(path: str | None, flag: str, *, mmap: bool = False) -> np.ndarray:
     """A ``.npy`` of numbers (or bools) given by ``flag``; the header is checked before any allocation
     (:func:`xmodal.data.npyfile.load_array`); an ``.npz``, a corrupt file or an array of strings
-    is one line naming both."""
+    is one line naming both. ``mmap``: memory-mapped read-only in its stored dtype (large features)."""
     from xmodal.data.npyfile import load_array
 
     if path is None:
@@ -154,7 +154,7 @@ def load_npy(path: str | None, flag: str) -> np.ndarray:
         raise ValueError(f"{flag}: {path} is a directory, not a .npy file")
     if not p.is_file():
         raise FileNotFoundError(f"{flag}: no such file: {path}")
-    x = load_array(p, f"{flag}: {path}")
+    x = load_array(p, f"{flag}: {path}", mmap=mmap)
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.issubdtype(x.dtype, np.complexfloating):
         raise ValueError(f"{flag}: {path} holds {x.dtype} values, not real numbers")
     return x

@@ -223,10 +223,11 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
         vf, vmask = _video_inputs.from_split(split, model)
         relevancy = split.mir_relevancy()
     else:
-        tf = load_npy(args.text_features, "--text-features")
+        # features memory-mapped: the heads read them one block at a time
+        tf = load_npy(args.text_features, "--text-features", mmap=True)
         tmask = None if not getattr(args, "text_mask", None) else token_mask(load_npy(args.text_mask, "--text-mask"))
         t2v = load_npy(args.text_to_video, "--text-to-video")
-        vf, vmask = _video_inputs.from_flags(args, model, load_npy)
+        vf, vmask = _video_inputs.from_flags(args, model, lambda path, flag: load_npy(path, flag, mmap=True))
     text = model.encode_text(tf, tmask)
     video = model.encode_video(vf, vmask)
     sim_t2v, sim_v2t = model.test_time.similarities(text, video, name)

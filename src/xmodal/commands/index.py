@@ -15,6 +15,22 @@ self-contained search index to --out (searched by 'xmodal query'):
   xmodal index --run RUN --data DIR --split test --out IDX [--normalizer selected]
   xmodal index --run RUN --video-features V.npy [--video-mask M.npy] [--expert NAME=NPY ...]
                --out IDX
+  xmodal index --run RUN --data DIR --split test --out IDX --kind hnsw [--target-recall 0.95]
+
+Kinds (faiss.index_factory, inner product): flat (exact; every vector as float32),
+ivf (IVF cells, float32 vectors), ivfpq (IVF cells, each vector compressed to one byte
+per 4 values), hnsw (a neighbour graph over float32 vectors). An approximate kind states
+its quality: the build searches up to --recall-queries of the run's stored text
+embeddings (held-out train texts through the text head, which no normaliser was fitted
+on; runs from before: the train text bank) exactly and approximately, keeps the
+smallest nprobe (ivf, ivfpq) or efSearch (hnsw) whose recall@10 reaches --target-recall,
+and writes that recall, its sample size and the parameter into meta.json; 'xmodal query'
+and 'xmodal serve' print it. When no setting reaches the target (ivfpq's compression
+can cap the recall), the largest one tried is kept and a warning says so.
+
+Memory: features are read memory-mapped, the gallery is embedded in blocks into a
+temporary file beside --out (when large), the normaliser's gallery bias is fitted
+blockwise and the index is filled block by block: the peak is the index plus one block.
 
 Frame masks and experts: --data reads them from the data layout (names from S_videos.txt);
 with --video-features give --video-mask / --expert / --expert-mask (features whose rows end
@@ -50,8 +66,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="selected (default: the run's choice on val), none, dn, sinkhorn or ncl")
     parser.add_argument("--names", metavar="TXT", default=None,
                         help="optional video names, one per line (printed by 'xmodal query')")
-    parser.add_argument("--kind", default="flat", choices=("flat", "ivf"),
-                        help="flat: exact search (default); ivf: IndexIVFFlat, approximate")
+    parser.add_argument("--kind", default="flat", choices=("flat", "ivf", "ivfpq", "hnsw"),
+                        help="flat: exact search (default); ivf, ivfpq, hnsw: approximate, with the recall "
+                             "measured at build time (see above)")
+    parser.add_argument("--target-recall", type=float, default=None, metavar="R",
+                        help="recall@10 the approximate kinds' search parameter must reach (default 0.95)")
+    parser.add_argument("--recall-queries", type=int, default=None, metavar="N",
+                        help="stored text embeddings of the run the recall is measured on (default 1000, "
+                             "at most the run's test_time.bank_size)")
+    parser.add_argument("--nlist", type=int, default=None, metavar="N",
+                        help="IVF cells of ivf / ivfpq (default 4 sqrt(videos), at most videos / 39)")
+    parser.add_argument("--nprobe", type=int, default=None, metavar="N",
+                        help="fix ivf / ivfpq's cells visited per query instead of choosing it by "
+                             "--target-recall (the recall at N is still measured)")
+    parser.add_argument("--ef-search", type=int, default=None, metavar="N",
+                        help="fix hnsw's efSearch instead of choosing it by --target-recall")
     parser.add_argument("--text-encoder", default="minilm", metavar="NAME",
                         help="encoder 'xmodal query --captions' uses (default minilm, the one "
                              "that made the shared caption features)")
@@ -91,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.video_features is None:
         raise ValueError("--video-features: required (or --data DIR --split S)")
     else:
-        feats, mask = _video_inputs.from_flags(args, model, load_npy)
-    from xmodal.retrieval.search import write_index
+        feats, mask = _video_inputs.from_flags(args, model, lambda path, flag: load_npy(path, flag, mmap=True))
+    _check_search_flags(args)
+    from xmodal.retrieval.search import RECALL_QUERIES, write_index
 
     if args.texts is not None:
         from pathlib import Path
@@ -109,14 +139,24 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--texts: {args.texts} holds no caption")
         feats_t = encode_captions(model, captions, args.text_encoder)
         texts = caption_texts(captions, *(feats_t if isinstance(feats_t, tuple) else (feats_t,)))
+    if args.threads is None:  # faiss's OpenMP threads follow torch's (--threads)
+        import torch
+
+        _faiss_threads(torch.get_num_threads())
+    else:
+        _faiss_threads(args.threads)
     try:
         with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
             meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
                                text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage,
-                               texts=texts)
+                               texts=texts, target_recall=args.target_recall,
+                               recall_queries=args.recall_queries or RECALL_QUERIES, nlist=args.nlist,
+                               nprobe=args.nprobe, ef_search=args.ef_search)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
-        flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts"}
+        flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts", "nlist": "--nlist",
+                 "nprobe": "--nprobe", "ef_search": "--ef-search", "target_recall": "--target-recall",
+                 "recall_queries": "--recall-queries"}
         if sep and name in flags:
             raise type(exc)(f"{flags[name]}:{rest}") from None
         raise
@@ -128,6 +168,60 @@ def run(args: argparse.Namespace) -> int:
               f"the whole gallery and cannot be folded into an index; using {meta['normalizer']}, the best "
               f"foldable normaliser on val (--normalizer NAME to choose another)", file=sys.stderr)
     shown = f"; {meta['texts']} captions for video -> text" if meta.get("texts") else ""
-    print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index, "
+    print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index {meta['factory']}, "
           f"normaliser {meta['normalizer']} folded in{shown}; {time.perf_counter() - start:.1f} s)")
+    print(recall_line(meta))
+    if meta["target_met"] is False:
+        print(f"warning: no {_param_word(meta)} reached the target recall@10 {meta['target_recall']:.3f}; the index "
+              f"keeps the largest tried ({recall_line(meta, short=True)}); try --kind ivf or hnsw, or a lower "
+              f"--target-recall", file=sys.stderr)
+    elif meta["recall_at_10"] is None:
+        print("note: this run stores no text embeddings, so the recall could not be measured", file=sys.stderr)
     return 0
+
+
+def _param_word(meta: dict) -> str:
+    return "efSearch" if meta["kind"] == "hnsw" else "nprobe"
+
+
+def recall_line(meta: dict, *, short: bool = False) -> str:
+    """``recall@10 0.953 (nprobe 32, measured on 1000 held-out queries; target 0.95)`` or ``exact``."""
+    if meta.get("exact"):
+        return "exact search: recall@10 1.000 by construction"
+    params = ", ".join(f"{k} {v}" for k, v in (meta.get("search_params") or {}).items())
+    if meta.get("recall_at_10") is None:
+        return f"recall@10 not measured ({params})"
+    text = f"recall@10 {meta['recall_at_10']:.3f} at {params}"
+    if short:
+        return text
+    target = "" if meta.get("target_recall") is None else f"; target {meta['target_recall']:.3f}"
+    return f"{text} (measured on {meta['recall_queries']} queries: {meta.get('recall_source') or 'stored texts'} " \
+           f"of the run{target})"
+
+
+def _check_search_flags(args: argparse.Namespace) -> None:
+    kind = args.kind
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq"):
+        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq (this is {kind}"
+                         + ("; hnsw takes --ef-search)" if kind == "hnsw" else ")"))
+    if args.ef_search is not None and kind != "hnsw":
+        raise ValueError(f"--ef-search: only for --kind hnsw (this is {kind})")
+    if args.nlist is not None and kind not in ("ivf", "ivfpq"):
+        raise ValueError(f"--nlist: only for --kind ivf / ivfpq (this is {kind})")
+    if args.target_recall is not None:
+        if kind == "flat":
+            raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq or hnsw")
+        if not 0 < args.target_recall <= 1:
+            raise ValueError(f"--target-recall: must lie in (0, 1], got {args.target_recall}")
+        if args.nprobe is not None or args.ef_search is not None:
+            raise ValueError("--target-recall: give a target recall or a fixed --nprobe / --ef-search, not both")
+    if args.recall_queries is not None and args.recall_queries < 1:
+        raise ValueError(f"--recall-queries: must be >= 1, got {args.recall_queries}")
+
+
+def _faiss_threads(n: int) -> None:
+    try:
+        import faiss
+    except ImportError:  # the write reports the missing extra
+        return
+    faiss.omp_set_num_threads(max(1, int(n)))

@@ -17,7 +17,12 @@ DESCRIPTION = """Search an index written by 'xmodal index' with text:
 Caption features go through the run's text head (copied into DIR); raw captions are
 first encoded offline with the index's text encoder (default MiniLM, extra
 [encoders]). Scores are the run's normalised text -> video scores (the normaliser
-folded into the index), so the top-k equals brute force over all videos."""
+folded into the index). With a flat index the top-k equals brute force over all
+videos; an approximate index (ivf, ivfpq, hnsw) returns, on average, the share of the
+true top-10 that 'xmodal index' measured and stored (recall@10, printed below the
+results). --nprobe N (ivf, ivfpq) or --ef-search N (hnsw) trades speed for recall
+(the stored recall then no longer applies); --exact searches exactly (ivf: every
+cell; hnsw: its stored vectors; not ivfpq, which keeps only compressed vectors)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override the index's text encoder for --captions")
     parser.add_argument("--out", metavar="NPY", default=None,
                         help="also save the indices [T, k] (int64); scores go to OUT with .scores.npy")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("--nprobe", type=int, default=None, metavar="N",
+                        help="ivf / ivfpq index: cells visited per query instead of the measured setting")
+    parser.add_argument("--ef-search", type=int, default=None, metavar="N",
+                        help="hnsw index: efSearch instead of the measured setting")
+    parser.add_argument("--exact", action="store_true",
+                        help="exact search of an approximate index (ivf: every cell; hnsw: the stored vectors)")
+    parser.add_argument("--json", action="store_true", help="print results as JSON (with the recall)")
     add_common_args(parser, threads=None, progress=True)
 
 
@@ -58,10 +69,26 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--k: must be >= 1, got {args.k}")
     if getattr(args, "text_mask", None) and args.text_features is None:
         raise ValueError("--text-mask: only with --text-features")
+    for flag, value in (("--nprobe", args.nprobe), ("--ef-search", args.ef_search)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: must be >= 1, got {value}")
+    if args.exact and (args.nprobe is not None or args.ef_search is not None):
+        raise ValueError("--exact: give --exact or --nprobe / --ef-search, not both")
     outputs = _outputs(args.out) if args.out else None
     from xmodal.retrieval.search import SearchIndex
 
     idx = SearchIndex(args.index)
+    kind = idx.index.kind
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq"):
+        raise ValueError(f"--nprobe: only for ivf / ivfpq indexes; {args.index} is {kind}"
+                         + (" (use --ef-search)" if kind == "hnsw" else ""))
+    if args.ef_search is not None and kind != "hnsw":
+        raise ValueError(f"--ef-search: only for hnsw indexes; {args.index} is {kind}")
+    if args.exact and kind == "ivfpq":
+        raise ValueError(f"--exact: {args.index} is an ivfpq index, which stores only compressed vectors, so no "
+                         f"search of it is exact; build a flat, ivf or hnsw index for exact answers")
+    search_kw = {"nprobe": args.nprobe, "ef_search": args.ef_search, "exact": args.exact}
+    quality = idx.quality(**search_kw)
     if args.captions is not None:
         try:
             feats = idx.encode_captions(args.captions, text_encoder=args.text_encoder,
@@ -79,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
             feats = (feats, token_mask(load_npy(args.text_mask, "--text-mask")))
     try:
-        scores, indices = idx.search(feats, args.k)
+        scores, indices = idx.search(feats, args.k, **search_kw)
     except (ValueError, TypeError) as exc:
         msg = str(exc)
         if msg.startswith("features:"):
@@ -93,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         for path, array in zip(outputs, (indices, scores)):
             atomic_save_npy(path, array)
     if args.json:
-        print(json.dumps({"normalizer": idx.meta.get("normalizer"), "k": args.k,
+        print(json.dumps({"normalizer": idx.meta.get("normalizer"), "k": args.k, "kind": kind,
+                          "exact": quality["exact"], "recall_at_10": quality["recall_at_10"],
+                          "recall_queries": quality["recall_queries"], "search_params": quality["search_params"],
                           "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))
         return 0
     from xmodal.commands import markdown_table
@@ -105,5 +134,5 @@ def run(args: argparse.Namespace) -> int:
             rows.append([label if rank == 1 else "", rank, name, f"{s:.4f}"])
     print(markdown_table(["query", "rank", "video", "score"], rows))
     print(f"({len(labels)} queries against {idx.index.num_items} videos; normaliser "
-          f"{idx.meta.get('normalizer')} folded in)")
+          f"{idx.meta.get('normalizer')} folded in; {quality['note']})")
     return 0

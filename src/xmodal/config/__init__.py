@@ -376,6 +376,9 @@ class TrainConfig:
     amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU")
     progress: bool = key(True, "progress bars on a terminal (never in a log file)")
     eval_batch_size: int = key(8192, "rows per batch when embedding a split for evaluation")
+    workers: int = key(0, "DataLoader worker processes gathering the next batches from the (memory-mapped) "
+                          "features while the model steps; 0 = in the training process (best for small heads "
+                          "on few cores)")
     log_to: tuple = key((), "extra logs beside log.jsonl: csv (RUN/log.csv) | tensorboard (RUN/tensorboard/) | "
                             "mlflow (RUN/mlflow.db unless MLFLOW_TRACKING_URI; extra [mlflow]) | wandb (offline, "
                             "RUN/wandb/, unless WANDB_MODE; extra [wandb])")
@@ -717,6 +720,8 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"train.{name}: must be >= 1, got {getattr(tr, name)}")
     if tr.batch_size < 2:
         raise ValueError("train.batch_size: contrastive losses need at least 2 pairs per batch")
+    if tr.workers < 0:
+        raise ValueError(f"train.workers: must be >= 0, got {tr.workers}")
     _one_of(tr.sampling, "train.sampling", SAMPLINGS)
     if tr.captions_per_video < 1:
         raise ValueError(f"train.captions_per_video: must be >= 1, got {tr.captions_per_video}")

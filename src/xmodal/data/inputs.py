@@ -30,10 +30,34 @@ def video_tensors(split: Any) -> tuple[Any, Any]:
             _map(mask, lambda a: torch.as_tensor(np.asarray(a, dtype=bool))))
 
 
+def gather_rows(x: Any, rows: Any) -> Any:
+    """``x[rows]`` as a CPU tensor: float features upcast to float32 after the gather (the
+    same values as upcasting the whole array first), masks as bool; ``x`` a numpy array
+    (memory-mapped ones read only those rows), a tensor, a dict of them, or None.
+
+    >>> gather_rows(np.arange(6, dtype=np.float16).reshape(3, 2), [2, 0])
+    tensor([[4., 5.],
+            [0., 1.]])
+    """
+    rows = np.asarray(rows)
+
+    def one(a: Any) -> torch.Tensor:
+        if isinstance(a, torch.Tensor):
+            t = a[torch.as_tensor(rows, dtype=torch.long)]
+            return t.float() if t.is_floating_point() else t
+        block = a[rows]
+        if np.issubdtype(block.dtype, np.floating):
+            return torch.from_numpy(np.asarray(block, dtype=np.float32))
+        return torch.from_numpy(np.ascontiguousarray(block))
+
+    return _map(x, one)
+
+
 def take(features: Any, mask: Any, rows: Any, device: torch.device | str) -> tuple[Any, Any]:
-    """``(features[rows], mask[rows])`` on ``device`` (tensors or dicts of tensors)."""
-    idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
-    return _map(features, lambda t: t[idx].to(device)), _map(mask, lambda t: t[idx].to(device))
+    """``(features[rows], mask[rows])`` on ``device`` (tensors, numpy arrays or dicts of them;
+    float features upcast to float32 after the gather, :func:`gather_rows`)."""
+    return (_map(gather_rows(features, rows), lambda t: t.to(device)),
+            _map(gather_rows(mask, rows), lambda t: t.to(device)))
 
 
 def pooled(features: Any, mask: Any) -> torch.Tensor:
@@ -78,11 +102,18 @@ def padded_rows(features: Any, *, missing_rows: bool = False) -> np.ndarray:
     >>> padded_rows(x).tolist()
     [1]
     """
-    x = np.asarray(features.detach().cpu() if hasattr(features, "detach") else features)
+    from xmodal.data.types import row_blocks
+
+    x = features.detach().cpu().numpy() if hasattr(features, "detach") else features
+    x = x if isinstance(x, np.ndarray) else np.asarray(x)
     if x.ndim == 3 and x.shape[1] > 1:
-        last = x[:, -1].reshape(x.shape[0], -1)
+        last = x[:, -1]  # a view: a memory-mapped array is read block by block below
     elif x.ndim == 2 and missing_rows:
         last = x
     else:
         return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero((last == 0).all(1) | ~np.isfinite(last).all(1))
+    rows = []
+    for sl in row_blocks(last):
+        block = np.asarray(last[sl]).reshape(sl.stop - sl.start, -1)
+        rows.append(sl.start + np.flatnonzero((block == 0).all(1) | ~np.isfinite(block).all(1)))
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)

@@ -19,12 +19,17 @@ from xmodal.data import layout
 from xmodal.data.groups import group_problems
 from xmodal.data.inputs import padded_rows
 from xmodal.data.npyfile import load_array
-from xmodal.data.types import PairedSplit, check_relevancy, rows_text, split_problems, token_mask
+from xmodal.data.types import (PairedSplit, check_relevancy, nonfinite_rows, rows_text, split_problems,
+                               token_mask)
 
 
-def _load_npy(path: Path) -> np.ndarray:
+#: Roles whose arrays stay on disk when a split is opened memory-mapped (masks, ids and labels are small).
+MAPPED_ROLES = ("video", "text", "experts")
+
+
+def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
     """A ``.npy`` array; its header is checked before anything is allocated (:mod:`xmodal.data.npyfile`)."""
-    return load_array(path)
+    return load_array(path, mmap=mmap)
 
 
 def read_captions(path: str | os.PathLike) -> list[str]:
@@ -56,14 +61,18 @@ def _read_captions(path: Path) -> list[str]:
 
 
 def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
-                  uncaptioned: bool = False) -> tuple[dict[str, Any], list[str]]:
+                  uncaptioned: bool = False, mmap: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Read split ``split`` of ``root`` without raising on its content.
+
+    ``mmap``: video, text and expert features stay on disk, memory-mapped read-only in their
+    stored dtype (:func:`~xmodal.data.npyfile.load_array`); every check reads them in row
+    blocks. Without it they are read as float32 copies.
 
     Returns:
         ``(arrays, problems)``: ``arrays`` holds what could be read (keys ``video``,
         ``text``, ``text_mask``, ``text_to_video``, ``video_mask``, ``experts``, ``expert_masks``,
         ``video_labels``, ``text_labels``, ``captions``, ``video_names``, ``relevancy``, ``video_to_group``, ``group_names``;
-        float features as float32 copies); ``problems`` lists every problem found, one
+        float features as float32 copies, or memory-mapped); ``problems`` lists every problem found, one
         message each, naming the file and the rows (and video names) concerned:
         also frame features padded with zeros but without a mask, and a relevancy
         outside ``[0, 1]``.
@@ -86,12 +95,13 @@ def inspect_split(root: str | os.PathLike, split: str, *, names: bool = True,
         if path is None:
             return
         labels[label] = path.name
+        mapped = mmap and key.split(".", 1)[0] in MAPPED_ROLES
         try:
-            arr = _load_npy(path)
+            arr = _load_npy(path, mapped)
         except ValueError as exc:
             problems.append(str(exc))
             return
-        if np.issubdtype(arr.dtype, np.floating):
+        if np.issubdtype(arr.dtype, np.floating) and not (mapped and isinstance(arr, np.memmap)):
             arr = arr.astype(np.float32)  # a fresh array: float16 storage -> float32
         if key.startswith("experts.") or key.startswith("expert_masks."):
             group, name = key.split(".", 1)
@@ -173,7 +183,7 @@ def _padding_problems(root: Path, split: str, out: dict, labels: dict) -> list[s
                for k, v in out["experts"].items()]
     for key, mask_key, x, mask, expert in arrays:
         if (mask is not None or mask_key in labels or not isinstance(x, np.ndarray) or x.ndim not in (2, 3)
-                or not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all()):
+                or not np.issubdtype(x.dtype, np.floating) or nonfinite_rows(x)[0]):
             continue  # a mask file (even a broken one), or a problem reported already
         rows = padded_rows(x, missing_rows=expert)
         if rows.size:
@@ -185,7 +195,7 @@ def _padding_problems(root: Path, split: str, out: dict, labels: dict) -> list[s
                             f"(True = real frame; 'xmodal data import' writes it)")
     text, tmask = out.get("text"), out.get("text_mask")
     if (tmask is None and "text_mask" not in labels and isinstance(text, np.ndarray) and text.ndim == 3
-            and np.issubdtype(text.dtype, np.floating) and np.isfinite(text).all()):
+            and np.issubdtype(text.dtype, np.floating) and not nonfinite_rows(text)[0]):
         rows = padded_rows(text)
         if rows.size:
             problems.append(f"{labels.get('text', 'text')}: {rows.size} text(s) end in all-zero tokens "
@@ -195,7 +205,8 @@ def _padding_problems(root: Path, split: str, out: dict, labels: dict) -> list[s
     return problems
 
 
-def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = True) -> PairedSplit:
+def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = True,
+                      mmap: bool = True) -> PairedSplit:
     """Load split ``split`` of a paired-split directory (:mod:`xmodal.data.layout`).
 
     Args:
@@ -203,9 +214,12 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
         split: the split prefix, e.g. ``"train"`` or ``"dev"``.
         captions: read ``{split}_texts.tsv`` / ``{split}_captions.tsv`` (and the video
             names) when present.
+        mmap: video, text and expert features stay on disk, memory-mapped read-only in
+            their stored dtype (float16 stays float16; the trainer gathers and upcasts each
+            batch's rows, :mod:`xmodal.training.batches`). ``False``: float32 copies in memory.
 
     Returns:
-        A :class:`PairedSplit` with float32 features (float16 storage is upcast),
+        A :class:`PairedSplit` with the features memory-mapped (``mmap``) or as float32 copies,
         ``text_to_video`` int64, the frame mask, the token mask (``S_text_mask.npy``, bool
         or 0/1 integers, beside token features ``[T, L, Dt]``), further experts, labels and names
         when their files exist, and ``relevancy`` from ``{split}_relevancy.npy`` (float
@@ -216,7 +230,7 @@ def load_paired_split(root: str | os.PathLike, split: str, *, captions: bool = T
             files, corrupt ``.npy``, wrong shapes or dtypes, mismatched counts, ids out
             of range, NaN/inf in real frames, videos without any real frame.
     """
-    arrays, problems = inspect_split(root, split, names=captions)
+    arrays, problems = inspect_split(root, split, names=captions, mmap=mmap)
     if problems:
         raise ValueError("; ".join(problems))
     labels = arrays.get("video_labels")

@@ -7,6 +7,11 @@ and refuses, in one line naming the file, an array whose declared size does not 
 bytes the file holds, that needs more memory than the machine has, or that holds Python
 objects; only then does it load. ``.npz`` members are checked the same way against their
 stored (uncompressed) size.
+
+``load_array(path, mmap=True)`` maps a ``.npy`` read-only instead of reading it
+(``np.load(mmap_mode="r")``): the array keeps its stored dtype (float16 stays float16) and
+its pages are page cache the kernel can drop, so a file larger than the machine's memory
+opens (only the memory check is skipped; the size and object checks stay).
 """
 
 from __future__ import annotations
@@ -56,8 +61,10 @@ def _human(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
-def _check_header(fp: IO[bytes], available: int, where: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Read and check one header; ``available``: bytes after the header in the file."""
+def _check_header(fp: IO[bytes], available: int, where: str, *, in_memory: bool = True
+                  ) -> tuple[tuple[int, ...], np.dtype]:
+    """Read and check one header; ``available``: bytes after the header in the file;
+    ``in_memory``: the array will be read into memory (else mapped: no memory check)."""
     try:
         shape, _fortran, dtype = _read_header(fp)
     except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
@@ -70,7 +77,7 @@ def _check_header(fp: IO[bytes], available: int, where: str) -> tuple[tuple[int,
     if need > have:
         raise ValueError(f"{where}: its header declares {_describe(shape, dtype)} ({_human(need)}) but the "
                          f"file holds {_human(max(have, 0))} of data: truncated or corrupt")
-    if need > memory_limit():
+    if in_memory and need > memory_limit():
         raise ValueError(f"{where}: {_describe(shape, dtype)} needs {_human(need)}, more than this machine's "
                          f"memory ({_human(memory_limit())})")
     return tuple(int(s) for s in shape), dtype
@@ -84,7 +91,8 @@ def array_header(path: str | os.PathLike) -> tuple[tuple[int, ...], np.dtype]:
         return _check_header(fp, path.stat().st_size, str(path))
 
 
-def load_array(path: str | os.PathLike, label: str | None = None, *, npz: str = "refuse") -> np.ndarray:
+def load_array(path: str | os.PathLike, label: str | None = None, *, npz: str = "refuse",
+               mmap: bool = False) -> np.ndarray:
     """One array from a ``.npy`` (or, with ``npz="features"``, a ``.npz``) file.
 
     Args:
@@ -92,6 +100,9 @@ def load_array(path: str | os.PathLike, label: str | None = None, *, npz: str = 
         label: how messages name it (default: the path), e.g. ``"--text-features: t.npz"``.
         npz: ``"refuse"`` (a ``.npz`` is an error saying to give a ``.npy``) or ``"features"``
             (the archive's only array, or the one named ``features``).
+        mmap: map a ``.npy`` read-only (a ``numpy.memmap`` in its stored dtype; nothing is
+            read until rows are indexed) instead of reading it. An ``.npz`` member is
+            always read (archives cannot be mapped).
 
     Raises:
         ValueError: one line naming the file: missing, not an array file, a header whose
@@ -115,8 +126,10 @@ def load_array(path: str | os.PathLike, label: str | None = None, *, npz: str = 
     if head != b"\x93NUMPY":
         raise ValueError(f"{where}: not a readable .npy array (no .npy header)")
     with open(path, "rb") as fp:
-        _check_header(fp, path.stat().st_size, where)
+        shape, _ = _check_header(fp, path.stat().st_size, where, in_memory=not mmap)
     try:
+        if mmap and 0 not in shape and len(shape):  # np.load cannot map an empty or 0-d array
+            return np.load(path, mmap_mode="r", allow_pickle=False)
         arr = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise ValueError(f"{where}: not a readable .npy array ({str(exc).splitlines()[0]})") from None

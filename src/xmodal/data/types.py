@@ -42,6 +42,45 @@ def rows_text(rows: np.ndarray, names: list[str] | None = None, what: str = "row
     return text
 
 
+#: Elements per block when a check reads an array (a memory-mapped one never comes in whole).
+BLOCK_ELEMENTS = 1 << 24
+
+
+def row_blocks(x: Any, elements: int = BLOCK_ELEMENTS):
+    """``slice`` s of about ``elements`` values each over the rows of ``x`` (at least one row each).
+
+    >>> [(s.start, s.stop) for s in row_blocks(np.zeros((5, 4)), elements=8)]
+    [(0, 2), (2, 4), (4, 5)]
+    """
+    n = int(x.shape[0])
+    per_row = max(1, int(np.prod(x.shape[1:], dtype=np.int64)))
+    step = max(1, int(elements) // per_row)
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def nonfinite_rows(x: np.ndarray, real: np.ndarray | None = None) -> tuple[int, np.ndarray]:
+    """``(count, rows)`` of the NaN/inf values of ``x`` (``[N, ...]``) where ``real`` (a bool
+    ``[N]`` or ``[N, F]`` mask; None = everywhere) says the value is real, read in row blocks
+    (:func:`row_blocks`), so a memory-mapped array is never read into memory whole.
+
+    >>> x = np.ones((3, 2)); x[1, 0] = np.nan
+    >>> nonfinite_rows(x)
+    (1, array([1]))
+    """
+    count, rows = 0, []
+    for sl in row_blocks(x):
+        bad = ~np.isfinite(x[sl])
+        if real is not None:
+            r = real[sl]
+            bad &= r.reshape(r.shape + (1,) * (x.ndim - r.ndim))
+        n = int(bad.sum())
+        if n:
+            count += n
+            rows.append(sl.start + np.flatnonzero(bad.reshape(bad.shape[0], -1).any(1)))
+    return count, (np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
+
+
 def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: str,
                       frame_mask_only: bool, names: list[str] | None = None) -> list[str]:
     """Problems of one video feature array and its mask (``n``: expected rows)."""
@@ -68,12 +107,8 @@ def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: 
             real = mask
     if not out and np.issubdtype(x.dtype, np.floating):
         # Padded frames and missing experts may hold anything: only real values must be finite.
-        bad_vals = ~np.isfinite(x)
-        if real is not None:
-            bad_vals &= real.reshape(real.shape + (1,) * (x.ndim - real.ndim))
-        bad = int(bad_vals.sum())
+        bad, rows = nonfinite_rows(x, real)
         if bad:
-            rows = np.flatnonzero(bad_vals.reshape(x.shape[0], -1).any(1))
             out.append(f"{label}: contains {bad} NaN/inf value(s)" + (" in real frames" if real is not None else "")
                        + f" in {rows_text(rows, names)}")
     return out
@@ -204,9 +239,16 @@ def check_relevancy(relevancy: Any, num_texts: int, num_videos: int, name: str =
 class PairedSplit:
     """One split of a paired video/image <-> text dataset (pre-extracted features).
 
+    Features may be float32 arrays in memory (:meth:`from_arrays`, the synthetic
+    generator) or read-only memory-mapped files in their stored dtype (float16 stays
+    float16; :func:`~xmodal.data.load_paired_split`): nothing here copies them whole.
+    Checks read them in row blocks, :meth:`video_input` / :meth:`text_input` with ``rows``
+    gather only those rows, and the trainer upcasts each batch as it is drawn
+    (:mod:`xmodal.training.batches`). :meth:`subset` copies the rows it keeps.
+
     Attributes:
-        video: float32 video/image features, ``[N, Dv]`` or ``[N, F, Dv]`` (frame axis).
-        text: float32 text features ``[M, Dt]`` (sentences) or ``[M, L, Dt]`` (tokens,
+        video: float video/image features, ``[N, Dv]`` or ``[N, F, Dv]`` (frame axis).
+        text: float text features ``[M, Dt]`` (sentences) or ``[M, L, Dt]`` (tokens,
             COOT's word level; padded tokens marked by ``text_mask``).
         text_to_video: int64 ``[M]``: row in ``video`` of each text's video.
         video_labels: optional int class id per video ``[N]``.

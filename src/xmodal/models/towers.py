@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -112,16 +113,42 @@ class Standardize(nn.Module):
         self.register_buffer("std", torch.ones(dim))
 
     @torch.no_grad()
-    def fit(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> "Standardize":
+    def fit(self, features: Any, mask: Any = None, *, block_rows: int | None = None) -> "Standardize":
         """Set statistics from training features ``[N, D]`` or ``[N, F, D]``: all rows and
         frames, or only those where ``mask`` (``[N]`` or ``[N, F]``) is True, so padded
-        frames and missing experts never enter the statistics."""
-        flat = features if mask is None else features[mask.to(torch.bool)]
-        flat = flat.reshape(-1, features.shape[-1]).to(torch.float64)
-        if flat.shape[0] == 0:
+        frames and missing experts never enter the statistics.
+
+        ``features`` may be a tensor or a numpy array (a memory-mapped one is read in row
+        blocks of about 2**22 values, ``block_rows`` to choose, never upcast whole): two
+        float64 passes, the mean then the mean squared deviation (population std)."""
+        d = features.shape[-1]
+        n = int(features.shape[0])
+        per_row = max(1, int(np.prod(features.shape[1:])))
+        step = int(block_rows) if block_rows else max(1, (1 << 22) // per_row)
+
+        def tensor(a: Any) -> torch.Tensor:  # a copy of one block: never a view of a read-only file
+            return torch.from_numpy(np.array(a)) if isinstance(a, np.ndarray) else a
+
+        def blocks():
+            for i in range(0, n, step):
+                x = tensor(features[i:i + step])
+                if mask is not None:
+                    m = tensor(mask[i:i + step])
+                    x = x[m.to(device=x.device, dtype=torch.bool)]
+                yield x.reshape(-1, d).to(torch.float64)
+
+        total, count = torch.zeros(d, dtype=torch.float64), 0
+        for x in blocks():
+            total += x.sum(0).cpu()
+            count += x.shape[0]
+        if count == 0:
             raise ValueError("features: no real rows or frames to measure the standardisation on")
-        self.mean.copy_(flat.mean(0).to(self.mean.dtype))
-        self.std.copy_(flat.std(0, unbiased=False).clamp_min(1e-6).to(self.std.dtype))
+        mean = total / count
+        sq = torch.zeros(d, dtype=torch.float64)
+        for x in blocks():
+            sq += (x - mean.to(x.device)).square().sum(0).cpu()
+        self.mean.copy_(mean.to(self.mean.dtype))
+        self.std.copy_((sq / count).sqrt().clamp_min(1e-6).to(self.std.dtype))
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

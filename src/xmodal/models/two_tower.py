@@ -202,6 +202,10 @@ class TwoTower(nn.Module):
         >>> torch.allclose(m.encode_video(x, mask), m.encode_video(junk, mask))
         True
         """
+        streamed = self._streamed(features, batch_size, lambda f, sl: self.encode_video(
+            _rows(f, sl), _rows(mask, sl), batch_size=batch_size, unit=unit))
+        if streamed is not None:
+            return streamed
         x, m = self._prepare_video(features, mask)
         n = next(iter(x.values())).shape[0] if isinstance(x, dict) else x.shape[0]
         return self._encode_rows(lambda sl: self.video_tower(_rows(x, sl), _rows(m, sl)), n, batch_size, unit)
@@ -229,8 +233,25 @@ class TwoTower(nn.Module):
         """
         if isinstance(text_mask, int) and not isinstance(text_mask, bool):
             raise TypeError("encode_text: pass batch_size by keyword (the second argument is text_mask)")
+        streamed = self._streamed(features, batch_size, lambda f, sl: self.encode_text(
+            f[sl], _rows(text_mask, sl), batch_size=batch_size, unit=unit))
+        if streamed is not None:
+            return streamed
         x, m = self._prepare_text(features, text_mask)
         return self._encode_rows(lambda sl: self.text_tower(x[sl], _rows(m, sl)), x.shape[0], batch_size, unit)
+
+    def _streamed(self, features: Any, batch_size: int, encode: Any) -> torch.Tensor | None:
+        """numpy features (memory-mapped ones too) of more than ``batch_size`` rows, encoded one
+        block of ``batch_size`` rows at a time, so only one block is ever converted and upcast
+        (the same slices, hence the same numbers, as the whole array); None for anything else."""
+        arrays = list(features.values()) if isinstance(features, dict) else [features]
+        if not arrays or not all(isinstance(a, np.ndarray) and a.ndim >= 2 for a in arrays):
+            return None
+        n = arrays[0].shape[0]
+        batch_size = integer(batch_size, "batch_size", minimum=1)
+        if n <= batch_size or any(a.shape[0] != n for a in arrays):
+            return None  # one block (or mismatched experts: the whole-array checks name them)
+        return torch.cat([encode(features, slice(i, i + batch_size)) for i in range(0, n, batch_size)])
 
     @torch.no_grad()
     def _encode_rows(self, fn: Any, n: int, batch_size: int, unit: bool = True) -> torch.Tensor:
@@ -285,10 +306,10 @@ class TwoTower(nn.Module):
         if isinstance(tower, ExpertFusion):
             masks = video_mask or {}
             for k in tower.names:
-                tower.towers[k].standardize.fit(torch.as_tensor(video[k]), _as_mask(masks.get(k)))
+                tower.towers[k].standardize.fit(_array(video[k]), _array(masks.get(k)))
         else:
-            tower.standardize.fit(torch.as_tensor(video), _as_mask(video_mask))
-        self.text_tower.standardize.fit(torch.as_tensor(text), _as_mask(text_mask))
+            tower.standardize.fit(_array(video), _array(video_mask))
+        self.text_tower.standardize.fit(_array(text), _array(text_mask))
 
     def architecture(self) -> dict:
         tower = self.video_tower
@@ -327,8 +348,10 @@ def _rows(x: Any, sl: slice) -> Any:
     return {k: v[sl] for k, v in x.items()} if isinstance(x, dict) else x[sl]
 
 
-def _as_mask(m: Any) -> torch.Tensor | None:
-    return None if m is None else torch.as_tensor(m).to(torch.bool)
+def _array(x: Any) -> Any:
+    """A numpy array (memory-mapped ones included) as it is, anything else as a tensor: the
+    statistics read arrays in row blocks (:meth:`Standardize.fit`)."""
+    return x if x is None or isinstance(x, np.ndarray) else torch.as_tensor(x)
 
 
 def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int = 256, width: int = 1024,

@@ -27,6 +27,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"xmodal.retrieval.{_EXPORTS[name]}"), name)
-    if name in ("evaluate", "testtime", "index", "search", "perquery", "selection"):
+    if name in ("evaluate", "testtime", "index", "search", "perquery", "selection", "recall", "rowstore"):
         return importlib.import_module(f"xmodal.retrieval.{name}")
     raise AttributeError(f"module 'xmodal.retrieval' has no attribute {name!r}")

@@ -1,16 +1,49 @@
-"""Large-gallery top-k search through FAISS (optional extra ``xmodal[faiss]``).
+"""Large-gallery top-k search through FAISS (optional extra ``xmodal[faiss]``), exact or
+approximate, with the approximation's measured recall.
 
 Per-gallery biases (DN's ``-lam mu_x . y_j``, NCL's Sinkhorn ``b_j``) are folded
 into the index: every gallery vector gets one extra coordinate ``b_j`` and every
 query a constant ``1``, so ``[x, 1] . [y_j, b_j] = x . y_j + b_j`` and the biased
-top-k stays a plain maximum-inner-product search (exact with ``IndexFlatIP``,
-approximate with ``IndexIVFFlat``).
+top-k stays a plain maximum-inner-product search, for every kind of index.
+
+Kinds (built with ``faiss.index_factory``, inner-product metric):
+
+==========  =====================  =====================================================
+kind        factory string         search parameter / what is stored
+==========  =====================  =====================================================
+``flat``    ``Flat``               none: exact (every vector, float32)
+``ivf``     ``IVF{nlist},Flat``    ``nprobe`` of ``nlist`` cells (k-means); float32 vectors
+``ivfpq``   ``IVF{nlist},PQ{m}x8`` ``nprobe``; each vector as ``m`` bytes (product quantiser)
+``hnsw``    ``HNSW32``             ``efSearch``; float32 vectors + a 32-neighbour graph
+==========  =====================  =====================================================
+
+An approximate index states its quality: given a sample of queries (``queries=``; the
+trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95
+by default), the build searches them exactly (:func:`xmodal.retrieval.recall.exact_topk`,
+blockwise brute force over the same folded vectors) and approximately, and keeps the
+smallest ``nprobe`` / ``efSearch`` whose recall@10 reaches the target
+(:func:`~xmodal.retrieval.recall.smallest_reaching`); ``recall_at_10``,
+``recall_queries`` and ``search_params`` record it. ``search(..., nprobe=, ef_search=)``
+overrides the parameter, ``exact=True`` searches exactly (``ivf``: every cell; ``hnsw``:
+its flat storage; not ``ivfpq``, which keeps no exact vectors).
+
+Product quantisation and the bias: ``ivfpq`` cuts the folded vector into ``m``
+sub-vectors of ``PQ_DSUB`` (4) values, each stored as one byte (the nearest of 256
+centroids fitted on the gallery, residuals to the IVF cell). The embedding is zero-padded
+to a multiple of ``PQ_DSUB`` and the bias coordinate gets a sub-vector of its own (it and
+``PQ_DSUB - 1`` zeros), so the bias is stored to 8 bits, one of 256 levels fitted to the
+residual biases, instead of being mixed into a sub-vector of embedding values; the
+scores, bias included, are approximate (the recall above measures the effect).
+
+The build streams the gallery: ``gallery`` may be a :class:`~xmodal.retrieval.rowstore.RowStore`
+(embeddings on disk) read in blocks of ``block_rows``; peak memory is the index plus one
+block (plus the IVF training sample of ``40 * nlist`` rows).
 
 A trained run's selected test-time normaliser is folded in by
 :func:`fold_run_normalizer`: DN exactly (the gallery is stored as ``y_j - lam mu_y``
 and every query is shifted by ``-lam mu_x`` before the search, so the index scores
 are eq. 7 of Zhou et al. 2023), NCL/Sinkhorn as the gallery bias ``b_j`` (Park et
-al. 2022, sec. 3.4). QB-Norm, IS and DSL depend on each query's scores against
+al. 2022, sec. 3.4), fitted in gallery blocks (:func:`gallery_bias`). QB-Norm, IS and DSL depend on each query's scores against
 the whole gallery and cannot be folded into an inner product.
 """
 
@@ -26,10 +59,20 @@ import torch
 from xmodal._validate import as_tensor, float_matrix, option, whole_number
 
 __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "selected_normalizer", "best_foldable",
-           "FOLDABLE"]
+           "FOLDABLE", "KINDS", "gallery_bias"]
 
 #: Run normalisers an inner-product index can hold exactly.
 FOLDABLE = ("none", "dn", "sinkhorn", "ncl")
+#: Index kinds (see the module docstring).
+KINDS = ("flat", "ivf", "ivfpq", "hnsw")
+#: Values per product-quantiser sub-vector (``ivfpq``).
+PQ_DSUB = 4
+#: HNSW neighbours per node.
+HNSW_M = 32
+#: Default target recall@10 of the approximate kinds.
+TARGET_RECALL = 0.95
+#: Gallery rows per block when building.
+BLOCK_ROWS = 16384
 
 
 def import_faiss():
@@ -52,6 +95,10 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
     """Append ``1`` to queries ``[Q, D]`` and ``bias`` ``[N]`` to gallery ``[N, D]`` (float32 copies).
 
     ``bias=None`` appends ``0`` to the gallery (an unbiased index of the same width).
+
+    >>> q, g = fold_bias(np.ones((1, 2)), np.zeros((2, 2)), [0.5, -1.0])
+    >>> (q @ g.T).tolist()
+    [[0.5, -1.0]]
     """
     q = g = None
     if queries is not None:
@@ -69,68 +116,246 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
     return q, g
 
 
+def _width(dim: int, kind: str) -> int:
+    """Width of the folded vectors: ``dim + 1``, or for ``ivfpq`` the embedding padded to a
+    multiple of :data:`PQ_DSUB` plus one sub-vector for the bias."""
+    if kind != "ivfpq":
+        return dim + 1
+    return -(-dim // PQ_DSUB) * PQ_DSUB + PQ_DSUB
+
+
+def _place(x: np.ndarray, last: np.ndarray, width: int) -> np.ndarray:
+    """``[x, 0..., last, 0...]``: ``x`` first, ``last`` at the start of the final
+    sub-vector (column ``dim`` for the non-PQ kinds, where the width is ``dim + 1``)."""
+    out = np.zeros((x.shape[0], width), np.float32)
+    out[:, :x.shape[1]] = x
+    out[:, width - (1 if width == x.shape[1] + 1 else PQ_DSUB)] = last
+    return out
+
+
+def _default_nlist(n: int) -> int:
+    """``4 sqrt(N)`` cells, at most ``N / 39`` (FAISS's minimum of 39 training points per cell)."""
+    return max(1, min(int(4 * np.sqrt(n)), n // 39))
+
+
 class BiasedIndex:
     """Top-k maximum-inner-product search over a gallery, with an optional folded bias.
 
     Args:
-        gallery: ``[N, D]`` embeddings (numpy or torch).
+        gallery: ``[N, D]`` embeddings (numpy or torch), or a row source read in blocks
+            (:class:`~xmodal.retrieval.rowstore.RowStore`: ``shape``, ``[a:b]``, ``take``).
         bias: optional ``[N]`` per-gallery bias (e.g. ``SinkhornBias(...).bias`` or
             ``DistributionNormalization.gallery_bias(gallery)``).
-        kind: ``"flat"`` (exact ``IndexFlatIP``) or ``"ivf"`` (``IndexIVFFlat``,
-            inner product, trained on the gallery itself).
-        nlist: IVF cells (default ``~4 sqrt(N)``, at most ``N``).
-        nprobe: IVF cells visited per query (default 8).
+        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"`` or ``"hnsw"`` (module docstring).
+        queries: ``[Q, D]`` sample queries (already shifted as searches will be) on which the
+            recall@10 is measured and the search parameter chosen; None: not measured.
+        target_recall: the recall@10 the search parameter must reach (default 0.95 for the
+            approximate kinds when ``queries`` are given); ignored by ``flat``.
+        nlist: IVF cells (default ``4 sqrt(N)``, at most ``N / 39``).
+        nprobe / ef_search: a fixed search parameter instead of one chosen by recall
+            (``nprobe`` default 8 without queries; ``ef_search`` default 64).
+        block_rows: gallery rows per block while building.
+        seed: of the training sample and the k-means.
+
+    Attributes:
+        recall_at_10: measured recall@10 at ``search_params`` (1.0 for ``flat``; None when
+            not measured), ``recall_queries`` (queries it was measured on), ``search_params``
+            (``{"nprobe": p}`` / ``{"efSearch": e}`` / ``{}``), ``target_met``.
 
     ``search(queries, k)`` returns ``(scores [Q, k], indices [Q, k])`` as numpy
     (float32 scores ``x . y_j + b_j``; indices int64, -1 where fewer than ``k`` found).
     """
 
-    def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat",
-                 nlist: int | None = None, nprobe: int = 8) -> None:
+    def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat", queries: Any = None,
+                 target_recall: float | None = None, nlist: int | None = None, nprobe: int | None = None,
+                 ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0) -> None:
         faiss = import_faiss()
-        self.kind = option(kind, "kind", ("flat", "ivf"))
+        self.kind = option(kind, "kind", KINDS)
         if gallery is None:
             raise TypeError("gallery: expected [N, D] embeddings (numpy or torch), got None")
-        _, g = fold_bias(None, gallery, bias)
-        self.num_items, self.dim = g.shape[0], g.shape[1] - 1
-        if self.kind == "flat":
-            self.index = faiss.IndexFlatIP(g.shape[1])
-        else:
-            nlist = (whole_number(nlist, "nlist", minimum=1) if nlist is not None
-                     else max(1, min(g.shape[0], int(4 * np.sqrt(g.shape[0])))))
-            if nlist > g.shape[0]:
-                raise ValueError(f"nlist: must be in [1, {g.shape[0]}], got {nlist}")
+        rows = gallery if _is_source(gallery) else float_matrix(gallery, "gallery").detach().cpu().float()
+        n, d = int(rows.shape[0]), int(rows.shape[1])
+        if n == 0:
+            raise ValueError("gallery: empty input, shape (0, D)")
+        b = np.zeros(n, np.float32)
+        if bias is not None:
+            b = float_matrix(bias, "bias", ndim=1).detach().cpu().numpy().astype(np.float32)
+            if b.shape[0] != n:
+                raise ValueError(f"bias: expected shape ({n},), got {tuple(b.shape)}")
+        block_rows = whole_number(block_rows, "block_rows", minimum=1)
+        self.num_items, self.dim, self.width = n, d, _width(d, self.kind)
+        self.nlist = None
+        if self.kind in ("ivf", "ivfpq"):
+            self.nlist = whole_number(nlist, "nlist", minimum=1) if nlist is not None else _default_nlist(n)
+            if self.nlist > n:
+                raise ValueError(f"nlist: must be in [1, {n}], got {self.nlist}")
+        if nprobe is not None:
             nprobe = whole_number(nprobe, "nprobe", minimum=1)
-            self._quantizer = faiss.IndexFlatIP(g.shape[1])
-            self.index = faiss.IndexIVFFlat(self._quantizer, g.shape[1], nlist,
-                                            faiss.METRIC_INNER_PRODUCT)
-            self.index.train(g)
-            self.index.nprobe = min(int(nprobe), nlist)
-        self.index.add(g)
+        if ef_search is not None:
+            ef_search = whole_number(ef_search, "ef_search", minimum=1)
+        self.factory = self._factory_string(n)
+        self.index = faiss.index_factory(self.width, self.factory, faiss.METRIC_INNER_PRODUCT)
 
-    def search(self, queries: Any, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """Biased top-``k``.  Shape: queries ``[Q, D]`` -> ``([Q, k], [Q, k])``."""
+        def blocks():  # folded gallery blocks, in order
+            for start in range(0, n, block_rows):
+                stop = min(n, start + block_rows)
+                yield start, stop, _place(_numpy(rows[start:stop]), b[start:stop], self.width)
+
+        if self.kind in ("ivf", "ivfpq"):
+            ivf = faiss.extract_index_ivf(self.index)
+            ivf.cp.niter, ivf.cp.seed = 10, int(seed)
+            if self.kind == "ivfpq":
+                self.index.pq.cp.niter, self.index.pq.cp.seed = 10, int(seed)  # the sub-quantisers' k-means
+            from xmodal.retrieval.recall import sample_rows
+
+            train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind == "ivfpq" else 0), seed)
+            self.index.train(_place(_take(rows, train_rows), b[train_rows], self.width))
+            _release_freed_memory()  # the training sample's pages, before the index grows
+            _add_presized(ivf, blocks, n)
+        else:
+            for _, _, block in blocks():
+                self.index.add(block)
+        _release_freed_memory()
+        self.recall_at_10: float | None = 1.0 if self.kind == "flat" else None
+        self.recall_queries = 0
+        self.target_met: bool | None = None
+        self.target_recall = None
+        self.recall_tried: dict[int, float] = {}
+        if self.kind == "flat":
+            self.search_params: dict = {}
+        elif queries is not None and nprobe is None and ef_search is None:
+            self.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
+            self._tune(_float32(queries, "queries"), blocks)
+        else:
+            self._set_params((ef_search or 64) if self.kind == "hnsw" else (nprobe or 8))
+            if queries is not None:
+                self._measure_fixed(_float32(queries, "queries"), blocks)
+
+    def _factory_string(self, n: int) -> str:
+        if self.kind == "flat":
+            return "Flat"
+        if self.kind == "hnsw":
+            return f"HNSW{HNSW_M}"
+        if self.kind == "ivf":
+            return f"IVF{self.nlist},Flat"
+        nbits = 8 if n >= 256 * 39 else max(1, min(8, int(np.log2(max(2, n // 39)))))
+        # "np": no polysemous training (index_factory's default for IVF-PQ; minutes of annealing for
+        # a code order only the polysemous filter uses)
+        return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x{nbits}" + ("np" if nbits == 8 else "")
+
+    # -- search parameters ----------------------------------------------------------------
+    @property
+    def _param_name(self) -> str | None:
+        return {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}.get(self.kind)
+
+    def _set_params(self, value: int) -> None:
+        """Make ``value`` the index's own default (saved with it)."""
+        faiss = import_faiss()
+        if self.kind == "hnsw":
+            self.index.hnsw.efSearch = int(value)
+        else:
+            faiss.extract_index_ivf(self.index).nprobe = min(int(value), self.nlist)
+            value = min(int(value), self.nlist)
+        self.search_params = {self._param_name: int(value)}
+
+    def _params(self, nprobe: int | None = None, ef_search: int | None = None):
+        faiss = import_faiss()
+        if nprobe is not None:
+            if self.kind not in ("ivf", "ivfpq"):
+                raise ValueError(f"nprobe: only the ivf and ivfpq kinds have cells to probe; this index is "
+                                 f"{self.kind}" + (" (use ef_search)" if self.kind == "hnsw" else ""))
+            return faiss.SearchParametersIVF(nprobe=min(whole_number(nprobe, "nprobe", minimum=1), self.nlist))
+        if ef_search is not None:
+            if self.kind != "hnsw":
+                raise ValueError(f"ef_search: only the hnsw kind has it; this index is {self.kind}"
+                                 + (" (use nprobe)" if self.kind != "flat" else ""))
+            return faiss.SearchParametersHNSW(efSearch=whole_number(ef_search, "ef_search", minimum=1))
+        return None
+
+    def _candidates(self, k: int) -> list[int]:
+        if self.kind == "hnsw":
+            top = max(k, 4096)
+            return sorted({max(k, 2 ** i) for i in range(3, 13)} | {top})
+        return sorted({2 ** i for i in range(0, 20) if 2 ** i < self.nlist} | {self.nlist})
+
+    def _search_with(self, q: np.ndarray, k: int, value: int) -> np.ndarray:
+        params = self._params(**({"ef_search": value} if self.kind == "hnsw" else {"nprobe": value}))
+        return self.index.search(q, k, params=params)[1]
+
+    def _exact(self, q: np.ndarray, blocks, k: int) -> np.ndarray:
+        from xmodal.retrieval.recall import exact_topk
+
+        return exact_topk(q, blocks(), k)[1]
+
+    def _tune(self, queries: np.ndarray, blocks) -> None:
+        from xmodal.retrieval.recall import recall_at_k, smallest_reaching
+
+        q = self._fold_queries(queries)
+        k = min(10, self.num_items)
+        exact = self._exact(q, blocks, k)
+        best, recall, met, tried = smallest_reaching(
+            lambda v: recall_at_k(self._search_with(q, k, v), exact, k), self._candidates(k), self.target_recall)
+        self._set_params(best)
+        self.recall_at_10, self.recall_queries, self.target_met = recall, int(q.shape[0]), met
+        self.recall_tried = tried
+
+    def _measure_fixed(self, queries: np.ndarray, blocks) -> None:
+        from xmodal.retrieval.recall import recall_at_k
+
+        q = self._fold_queries(queries)
+        k = min(10, self.num_items)
+        self.recall_at_10 = recall_at_k(self.index.search(q, k)[1], self._exact(q, blocks, k), k)
+        self.recall_queries = int(q.shape[0])
+
+    # -- search ---------------------------------------------------------------------------
+    def _fold_queries(self, q: np.ndarray) -> np.ndarray:
+        if q.shape[1] != self.dim:
+            raise ValueError(f"queries: embedding size {q.shape[1]} != gallery's {self.dim}")
+        return _place(q, np.ones(q.shape[0], np.float32), self.width)
+
+    def search(self, queries: Any, k: int = 10, *, nprobe: int | None = None, ef_search: int | None = None,
+               exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Biased top-``k``.  Shape: queries ``[Q, D]`` -> ``([Q, k], [Q, k])``.
+
+        Args:
+            nprobe: IVF cells to visit (``ivf``/``ivfpq``) instead of the stored parameter.
+            ef_search: HNSW's ``efSearch`` instead of the stored one.
+            exact: exact search (``flat``; ``ivf`` visiting every cell; ``hnsw`` scanning its
+                stored vectors); ``ivfpq`` keeps no exact vectors and refuses.
+        """
         k = whole_number(k, "k", minimum=1)
-        q, _ = fold_bias(queries, None)
-        if q.shape[1] != self.dim + 1:
-            raise ValueError(f"queries: embedding size {q.shape[1] - 1} != gallery's {self.dim}")
-        scores, indices = self.index.search(q, min(int(k), self.num_items))
+        q = self._fold_queries(_float32(queries, "queries"))
+        k = min(int(k), self.num_items)
+        if exact:
+            if nprobe is not None or ef_search is not None:
+                raise ValueError("exact: give exact or a search parameter (nprobe / ef_search), not both")
+            if self.kind == "ivfpq":
+                raise ValueError("exact: an ivfpq index stores compressed vectors, so no search over it is exact "
+                                 "(nprobe = nlist scans every code); build a flat, ivf or hnsw index for exact "
+                                 "answers")
+            if self.kind == "hnsw":
+                scores, indices = import_faiss().downcast_index(self.index.storage).search(q, k)
+                return scores, indices.astype(np.int64)
+            if self.kind in ("ivf",):
+                nprobe = self.nlist
+        scores, indices = self.index.search(q, k, params=self._params(nprobe, ef_search))
         return scores, indices.astype(np.int64)
 
-    def search_torch(self, queries: Any, k: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    def search_torch(self, queries: Any, k: int = 10, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`search`, returning tensors on the queries' device."""
         device = as_tensor(queries, "queries").device
-        scores, indices = self.search(queries, k)
+        scores, indices = self.search(queries, k, **kwargs)
         return torch.from_numpy(scores).to(device), torch.from_numpy(indices).to(device)
 
     # -- persistence -------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write the FAISS index (gallery with the folded bias) to the file ``path``."""
+        """Write the FAISS index (gallery with the folded bias, tuned search parameter) to ``path``."""
         import_faiss().write_index(self.index, str(path))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BiasedIndex":
-        """Read an index written by :meth:`save`."""
+    def load(cls, path: str | os.PathLike, *, dim: int | None = None) -> "BiasedIndex":
+        """Read an index written by :meth:`save`; ``dim``: the embedding size (needed for
+        ``ivfpq``, whose vectors are padded; default: the index width - 1)."""
         faiss = import_faiss()
         if not Path(path).is_file():
             raise FileNotFoundError(f"path: no such file: {path}")
@@ -140,9 +365,79 @@ class BiasedIndex:
         except RuntimeError as exc:  # FAISS reports a foreign/corrupt file as RuntimeError
             raise ValueError(f"path: {path} is not a FAISS index ({str(exc).splitlines()[0]})") from None
         obj = cls.__new__(cls)
-        obj.index, obj.num_items, obj.dim = index, int(index.ntotal), int(index.d) - 1
-        obj.kind = "ivf" if hasattr(index, "nprobe") else "flat"
+        obj.index, obj.num_items, obj.width = index, int(index.ntotal), int(index.d)
+        ivf = faiss.try_extract_index_ivf(index)  # read_index returns the index as its own class
+        if ivf is not None:
+            obj.kind = "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
+            obj.nlist = int(ivf.nlist)
+            obj.search_params = {"nprobe": int(ivf.nprobe)}
+        elif isinstance(index, faiss.IndexHNSW):
+            obj.kind, obj.nlist = "hnsw", None
+            obj.search_params = {"efSearch": int(index.hnsw.efSearch)}
+        else:
+            obj.kind, obj.nlist, obj.search_params = "flat", None, {}
+        obj.dim = int(dim) if dim is not None else obj.width - 1
+        if _width(obj.dim, obj.kind) != obj.width:
+            raise ValueError(f"path: {path} holds {obj.kind} vectors of width {obj.width}, which does not fit "
+                             f"embeddings of size {obj.dim}")
+        obj.recall_at_10 = 1.0 if obj.kind == "flat" else None
+        obj.recall_queries, obj.target_met, obj.target_recall, obj.recall_tried = 0, None, None, {}
         return obj
+
+
+def _release_freed_memory() -> None:
+    """Hand memory freed inside the process back to the system (glibc ``malloc_trim``), so
+    the k-means training's freed buffers do not stay resident under the index built next."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _add_presized(ivf: Any, blocks: Any, n: int) -> None:
+    """Fill an IVF index in two passes over the blocks: assign every vector to its cell, give
+    each cell's list exactly that capacity, then add with the assignments. A list growing by
+    doubling would hold up to twice the index at its peak."""
+    faiss = import_faiss()
+    assign = np.empty(n, np.int64)
+    for start, stop, block in blocks():
+        assign[start:stop] = ivf.quantizer.search(block, 1)[1][:, 0]
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    for cell, count in enumerate(np.bincount(assign, minlength=ivf.nlist).tolist()):
+        if count:
+            lists.resize(cell, count)  # allocates exactly count entries ...
+            lists.resize(cell, 0)      # ... and keeps them while empty
+    for start, stop, block in blocks():
+        block = np.ascontiguousarray(block, dtype=np.float32)
+        ids = np.arange(start, stop, dtype=np.int64)
+        ivf.add_core(stop - start, faiss.swig_ptr(block), faiss.swig_ptr(ids), faiss.swig_ptr(assign[start:stop]))
+
+
+def _is_source(x: Any) -> bool:
+    """A row source read in blocks (RowStore, ShiftedRows), not an array."""
+    return hasattr(x, "take") and hasattr(x, "shape") and not isinstance(x, (np.ndarray, torch.Tensor))
+
+
+def _numpy(block: Any) -> np.ndarray:
+    return block.detach().cpu().numpy() if isinstance(block, torch.Tensor) else np.asarray(block)
+
+
+def _take(rows: Any, idx: np.ndarray) -> np.ndarray:
+    from xmodal.retrieval.rowstore import take_rows
+
+    return take_rows(rows, idx)
+
+
+def _recall_target(value: Any) -> float:
+    from xmodal._validate import finite_number
+
+    v = finite_number(value, "target_recall")
+    if not 0 < v <= 1:
+        raise ValueError(f"target_recall: must lie in (0, 1], got {v}")
+    return float(v)
 
 
 def _check_declared_size(path: Path) -> None:
@@ -218,7 +513,8 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
 
     Args:
         model: a loaded run (``xmodal.load_model``).
-        video_embeddings: ``[N, D]`` L2-normalised gallery embeddings (``model.encode_video``).
+        video_embeddings: ``[N, D]`` L2-normalised gallery embeddings (``model.encode_video``),
+            or a row source read in blocks (:class:`~xmodal.retrieval.rowstore.RowStore`).
         normalizer: ``"selected"``, ``"none"``, ``"dn"``, ``"sinkhorn"`` or ``"ncl"``. When the
             run selected a normaliser that cannot be folded (QB-Norm, IS, DSL), ``"selected"``
             falls back to :func:`best_foldable` and says so in ``fallback_from``.
@@ -227,13 +523,14 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
     Returns:
         ``{"normalizer": name, "gallery": [N, D], "bias": [N] or None,
         "query_shift": [D] or None}`` (and ``"fallback_from"`` after a fallback): the biased score of a text embedding ``x`` is
-        ``(x - query_shift) . gallery_j + bias_j``.
+        ``(x - query_shift) . gallery_j + bias_j``. For a row source, ``gallery`` is a row
+        source too (:class:`~xmodal.retrieval.rowstore.ShiftedRows` for DN).
 
     Shape:
         video_embeddings ``[N, D]`` -> gallery ``[N, D]``, bias ``[N]``, query_shift ``[D]``.
     """
     name = selected_normalizer(model, normalizer)
-    video = float_matrix(video_embeddings, "video_embeddings")
+    video = video_embeddings if _is_source(video_embeddings) else float_matrix(video_embeddings, "video_embeddings")
     out: dict[str, Any] = {"normalizer": name, "gallery": video, "bias": None, "query_shift": None}
     if normalizer == "selected" and name not in FOLDABLE:
         out.update(normalizer=best_foldable(model, metric), fallback_from=name)
@@ -244,18 +541,60 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
         raise ValueError(f"normalizer: {name!r} depends on each query's scores against the whole "
                          f"gallery and cannot be folded into an index; use one of "
                          f"{', '.join(FOLDABLE)} (or 'xmodal eval --run' for exact metrics)")
-    from xmodal.retrieval.testtime import _METHODS, fit_normalizer
+    from xmodal.retrieval.testtime import _METHODS
 
     tt = _test_time(model)
     if name == "dn":
         from xmodal.normalize import DistributionNormalization
+        from xmodal.retrieval.rowstore import ShiftedRows
 
         dn = DistributionNormalization.from_state_dict(tt.dn)
-        out.update(gallery=video - dn.lam * dn.mu_gallery.to(video), query_shift=dn.lam * dn.mu_queries.to(video))
+        mu_g, mu_q = dn.mu_gallery.float().cpu(), dn.mu_queries.float().cpu()
+        gallery = ShiftedRows(video, dn.lam * mu_g) if _is_source(video) else video - dn.lam * mu_g.to(video)
+        out.update(gallery=gallery, query_shift=dn.lam * mu_q)
         return out
     bank = _METHODS[name][1]
     if bank not in tt.banks:
         raise ValueError(f"normalizer: {name!r} needs the {bank!r} query bank, which this run lacks")
-    sink = fit_normalizer(name, video, video, tt.banks[bank][0].to(video), **tt._hp())
-    out["bias"] = sink.bias.to(video)
+    out["bias"] = gallery_bias(name, video, tt.banks[bank][0], **tt._hp())
     return out
+
+
+@torch.no_grad()
+def gallery_bias(name: str, gallery: Any, bank: Any, **hparams: Any) -> torch.Tensor:
+    """The Sinkhorn / NCL gallery bias ``[N]`` of ``gallery`` against the query ``bank``, as
+    :func:`xmodal.retrieval.testtime.fit_normalizer` computes it, reading a row source in
+    gallery blocks (:func:`xmodal.normalize.sinkhorn.gallery_block_log_sinkhorn`, ``iters + 1``
+    passes; the same blocks, hence the same numbers, as the gallery held in memory).
+
+    Shape:
+        gallery ``[N, D]`` (tensor or row source), bank ``[K, D]`` -> ``[N]``.
+    """
+    from xmodal.retrieval.testtime import _canonical, _METHODS, fit_normalizer
+
+    if _METHODS[_canonical(name, "name")][0] != "sinkhorn":
+        raise ValueError(f"name: {name!r} has no gallery bias; expected sinkhorn or ncl")
+    bank_t = float_matrix(bank, "bank").detach().float().cpu()
+    if not _is_source(gallery):
+        gallery = float_matrix(gallery, "gallery")
+    n = int(gallery.shape[0])
+    if not _is_source(gallery) or bank_t.shape[0] > n:
+        g = gallery if not _is_source(gallery) else gallery[0:n]
+        return fit_normalizer(name, g, g, bank_t.to(g), **hparams).bias.to(g)
+    import math
+
+    from xmodal.normalize._base import default_block_rows
+    from xmodal.normalize.sinkhorn import gallery_block_log_sinkhorn
+    from xmodal.retrieval.testtime import build_normalizer
+
+    norm = build_normalizer(name, **hparams)  # a SinkhornBias with the run's temperature / iterations
+    k = bank_t.shape[0]
+    if bank_t.shape[1] != gallery.shape[1]:
+        raise ValueError(f"bank and gallery: embedding sizes differ ({bank_t.shape[1]} vs {gallery.shape[1]})")
+    log_r = torch.full((k,), -math.log(k))
+    log_c = torch.full((n,), -math.log(n))
+    _, log_beta, _ = gallery_block_log_sinkhorn(bank_t, gallery, gamma=norm.temperature, iters=norm.iters,
+                                                log_r=log_r, log_c=log_c,
+                                                block_cols=default_block_rows(k, norm.block_size),
+                                                track_error=norm.track_error)
+    return norm.temperature * (log_beta - torch.logsumexp(log_beta, dim=0))

@@ -30,33 +30,68 @@ INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.
                "model.safetensors", "config.json") + EXTRA_FILES  # a run's model.pt, or an export's two files
 
 
+#: Embedded train texts the recall of an approximate index is measured on (at most).
+RECALL_QUERIES = 1000
+
+
 def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
-          kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
-          overwrite: bool = False, video_mask: Any = None, log: Any = None, texts: Any = None) -> dict:
+                kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
+                overwrite: bool = False, video_mask: Any = None, target_recall: float | None = None,
+                recall_queries: int = RECALL_QUERIES, nlist: int | None = None, nprobe: int | None = None,
+                ef_search: int | None = None, block_rows: int | None = None, seed: int = 0,
+                log: Any = None, texts: Any = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
-    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts);
-    ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines)."""
+    ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts;
+    memory-mapped arrays are read one block at a time). The gallery is embedded block by
+    block into a :class:`~xmodal.retrieval.rowstore.RowStore` (a temporary file beside ``out``
+    when large), the run's normaliser is fitted on it blockwise and the index is built from
+    its blocks (:class:`~xmodal.retrieval.index.BiasedIndex`), so the peak memory is the index
+    plus one block. Approximate kinds measure their recall@10 on up to ``recall_queries``
+    of the run's stored text embeddings (seeded sample of the held-out train texts no
+    normaliser was fitted on; older runs: the train text bank), shifted as searches are, and keep the smallest search parameter reaching ``target_recall``
+    (default 0.95); ``nprobe`` / ``ef_search`` fix it instead (the recall is still measured).
+
+    ``meta.json`` holds ``recall_at_10`` (1.0 for flat; None when the run has no stored text
+    embeddings), ``recall_queries``, ``search_params`` (``{"nprobe": p}``, ``{"efSearch": e}``,
+    ``{}``), ``target_recall``, ``target_met``, ``recall_source``, ``factory`` and ``exact``.
+
+    ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines);
+    ``texts`` (:func:`caption_texts`) adds the search page's video -> text files (:func:`write_extras`).
+    """
     if log is not None and not callable(log):
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
     say = log if log is not None else (lambda line: None)
     from xmodal.models.io import model_files
-    from xmodal.retrieval.index import BiasedIndex, fold_run_normalizer
+    from xmodal.retrieval.index import BLOCK_ROWS, KINDS, BiasedIndex, fold_run_normalizer
+    from xmodal._validate import option, whole_number
     from xmodal.runs import atomic_save_npy, atomic_write
 
     out = Path(out)
+    kind = option(kind, "kind", KINDS)
+    recall_queries = whole_number(recall_queries, "recall_queries", minimum=1)
+    block_rows = whole_number(block_rows or BLOCK_ROWS, "block_rows", minimum=1)
     check_out(out, run, overwrite=overwrite)
     model = _load(run, "--run")
-    say("index: encoding the gallery with the run's video head")
-    video = model.encode_video(video_features, video_mask)
-    say(f"index: folding the normaliser into {video.shape[0]} gallery embeddings")
-    folded = fold_run_normalizer(model, video, normalizer, metric=_run_metric(run))
-    if names is not None and len(names) != video.shape[0]:
-        raise ValueError(f"--names: {len(names)} names but --video-features has {video.shape[0]} rows")
-    say(f"index: building the {kind} index ({folded['normalizer']} folded in)")
-    index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind)
-    shift = folded["query_shift"]
-    shift = np.zeros(video.shape[1], np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
+    n = _num_rows(video_features)
+    if names is not None and len(names) != n:
+        raise ValueError(f"--names: {len(names)} names but --video-features has {n} rows")
+    say(f"index: encoding {n} gallery videos with the run's video head")
+    store = _embed_gallery(model, video_features, video_mask, out, block_rows)
+    try:
+        say(f"index: folding the normaliser into {n} gallery embeddings")
+        folded = fold_run_normalizer(model, store, normalizer, metric=_run_metric(run))
+        shift = folded["query_shift"]
+        shift = np.zeros(store.dim, np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
+        queries, recall_source = (None, None) if kind == "flat" else _recall_sample(model, recall_queries, seed)
+        say(f"index: building the {kind} index ({folded['normalizer']} folded in"
+            + ("; measuring its recall@10)" if kind != "flat" else ")"))
+        index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
+                            queries=None if queries is None else queries - shift[None, :],
+                            target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
+                            block_rows=block_rows, seed=seed)
+    finally:
+        store.close()
     out.mkdir(parents=True, exist_ok=True)
     # meta.json goes first and comes back last: a half-rewritten folder is never a valid index
     (out / "meta.json").unlink(missing_ok=True)
@@ -74,15 +109,81 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     else:  # the previous gallery's names never label this one
         (out / "names.txt").unlink(missing_ok=True)
     meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
-            "normalizer": folded["normalizer"], "kind": kind, "num_items": int(video.shape[0]),
-            "dim": int(video.shape[1]), "text_dim": _text_dim(model),
-            "text_encoder": text_encoder, "names": names is not None}
+            "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
+            "dim": int(store.dim), "text_dim": _text_dim(model),
+            "text_encoder": text_encoder, "names": names is not None,
+            "factory": index.factory, "exact": kind == "flat",
+            "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
+            "search_params": dict(index.search_params), "target_recall": index.target_recall,
+            "target_met": index.target_met, "recall_source": recall_source}
     if "fallback_from" in folded:
         meta["fallback_from"] = folded["fallback_from"]
+    say("index: writing the search page's embeddings (videos.npy" + (", texts.npy)" if texts is not None else ")"))
     meta.update(write_extras(out, model, video_features, video_mask, texts))  # the search page's files
     atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
                                                                 encoding="utf-8"))
     return meta
+
+
+def _num_rows(features: Any) -> int:
+    first = next(iter(features.values())) if isinstance(features, dict) else features
+    shape = getattr(first, "shape", None)
+    if not shape:
+        raise TypeError(f"features: expected an array [N, D] or [N, F, D] (or a dict of them), got "
+                        f"{type(first).__name__}")
+    return int(shape[0])
+
+
+def _rows(x: Any, sl: slice) -> Any:
+    if x is None:
+        return None
+    return {k: v[sl] for k, v in x.items()} if isinstance(x, dict) else x[sl]
+
+
+def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: int):
+    """The gallery's embeddings ``[N, D]`` in a :class:`~xmodal.retrieval.rowstore.RowStore`,
+    encoded ``block_rows`` videos at a time (a large store is a temporary file beside ``out``;
+    stale ones of a killed build are removed first)."""
+    from xmodal.retrieval.rowstore import RowStore
+
+    n = _num_rows(features)
+    if n == 0:
+        raise ValueError("features: no videos to index (0 rows)")
+    directory = out.parent if out.parent.is_dir() else None
+    prefix = f".{out.name}.embeddings.tmp-"
+    if directory is not None:
+        for stale in directory.glob(prefix + "*"):
+            stale.unlink(missing_ok=True)
+    store = None
+    try:
+        for start in range(0, n, block_rows):
+            sl = slice(start, min(n, start + block_rows))
+            # batches of 8192 as model.encode_video(features) takes them: the same numbers
+            emb = model.encode_video(_rows(features, sl), _rows(mask, sl), batch_size=min(block_rows, 8192))
+            if store is None:
+                store = RowStore(n, emb.shape[1], directory=directory, prefix=prefix)
+            store.append(emb)
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    return store
+
+
+def _recall_sample(model: Any, size: int, seed: int) -> tuple[np.ndarray | None, str | None]:
+    """``(queries, source)``: up to ``size`` of the run's stored text embeddings (seeded sample)
+    an approximate index measures its recall on: the held-out train texts no normaliser was
+    fitted on (``banks["heldout"]``, runs since issue 24), else the train text bank of the
+    Sinkhorn / DN fits (older runs); ``(None, None)`` when the run stores none."""
+    from xmodal.retrieval.recall import sample_rows
+
+    tt = getattr(model, "test_time", None)
+    banks = getattr(tt, "banks", None) or {}
+    for name, source in (("heldout", "held-out train texts"), ("train", "the train text bank")):
+        if name in banks and len(banks[name][0]):
+            bank = banks[name][0].detach().float().cpu().numpy()
+            return bank[sample_rows(bank.shape[0], size, seed)], source
+    return None, None
 
 
 def _run_metric(run: str) -> str:
@@ -141,7 +242,11 @@ class SearchIndex:
             raise ValueError(f"--index: {meta_path} is not valid JSON ({exc})") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
-        self.index = BiasedIndex.load(self.path / "index.faiss")
+        dim = self.meta.get("dim")
+        try:
+            self.index = BiasedIndex.load(self.path / "index.faiss", dim=dim if isinstance(dim, int) else None)
+        except ValueError as exc:
+            raise ValueError(f"--index: {exc}".replace("path: ", "")) from None
         self.model = _load(str(self.path if (self.path / "config.json").is_file() else self.path / "model.pt"),
                            "--index")
         shift_path = self.path / "query_shift.npy"
@@ -179,15 +284,52 @@ class SearchIndex:
         return encode_captions(self.model, captions, text_encoder or self.meta.get("text_encoder", "minilm"),
                                progress=progress)
 
-    def search(self, text_features, k: int, text_mask: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def recall_at_10(self) -> float | None:
+        """The index's measured recall@10 at its stored search parameter (1.0 for an exact
+        ``flat`` index; None when it was not measured)."""
+        value = self.meta.get("recall_at_10", 1.0 if self.index.kind == "flat" else None)
+        return None if value is None else float(value)
+
+    def quality(self, *, nprobe: int | None = None, ef_search: int | None = None, exact: bool = False) -> dict:
+        """What a search with these settings returns: ``{"exact": bool, "recall_at_10": float or
+        None, "recall_queries": int, "search_params": dict, "note": str}`` (``recall_at_10`` is
+        None for a search parameter other than the measured one)."""
+        kind = self.index.kind
+        stored = dict(self.meta.get("search_params", self.index.search_params))
+        queries = int(self.meta.get("recall_queries", 0) or 0)
+        if kind == "flat" or exact:
+            how = "flat index" if kind == "flat" else ("--exact: every cell" if kind == "ivf" else
+                                                       "--exact: the stored vectors scanned")
+            return {"exact": True, "recall_at_10": 1.0, "recall_queries": 0, "search_params": {},
+                    "note": f"exact search ({how})"}
+        asked = ({"nprobe": min(int(nprobe), self.index.nlist or int(nprobe))} if nprobe is not None
+                 else {"efSearch": int(ef_search)} if ef_search is not None else stored)
+        setting = ", ".join(f"{k} {v}" for k, v in asked.items())
+        recall = self.recall_at_10
+        if asked != stored:
+            known = "" if recall is None else f"; {recall:.3f} at " + ", ".join(f"{k} {v}" for k, v in stored.items())
+            return {"exact": False, "recall_at_10": None, "recall_queries": 0, "search_params": asked,
+                    "note": f"approximate ({kind}, {setting}): recall@10 not measured at this setting{known}"}
+        if recall is None:
+            return {"exact": False, "recall_at_10": None, "recall_queries": 0, "search_params": asked,
+                    "note": f"approximate ({kind}, {setting}): recall@10 not measured"}
+        return {"exact": False, "recall_at_10": recall, "recall_queries": queries, "search_params": asked,
+                "note": f"approximate ({kind}, {setting}): recall@10 {recall:.3f} measured on {queries} "
+                        f"held-out queries"}
+
+    def search(self, text_features, k: int, text_mask: Any = None, *, nprobe: int | None = None,
+               ef_search: int | None = None, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores [T, k], video indices [T, k])`` of raw caption features ``[T, Dt]``,
-        or token features ``[T, L, Dt]`` with ``text_mask`` (or a ``(tokens, mask)`` pair)."""
+        or token features ``[T, L, Dt]`` with ``text_mask`` (or a ``(tokens, mask)`` pair).
+
+        ``nprobe`` (``ivf``/``ivfpq``) / ``ef_search`` (``hnsw``) override the index's measured
+        search parameter; ``exact=True`` searches exactly (not ``ivfpq``). :meth:`quality`
+        says what recall the answer comes with."""
         if isinstance(text_features, tuple):
             text_features, text_mask = text_features
         emb = self.model.encode_text(text_features, text_mask).cpu().numpy().astype(np.float32)
-        return self.index.search(emb - self.shift[None, :], k)
-
-
+        return self.index.search(emb - self.shift[None, :], k, nprobe=nprobe, ef_search=ef_search, exact=exact)
 
 def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progress: bool = False) -> Any:
     """Raw features of ``captions`` as ``model``'s text tower takes them: ``[T, Dt]`` from
@@ -416,4 +558,5 @@ def _load(path: str, flag: str):
 
 
 __all__ = ["write_index", "SearchIndex", "check_out", "FORMAT", "VERSION", "INDEX_FILES", "EXTRA_FILES",
-           "caption_texts", "write_extras", "IndexExtras", "encode_captions", "top_k"]
+           "caption_texts", "write_extras", "IndexExtras", "encode_captions", "top_k",
+           "RECALL_QUERIES"]

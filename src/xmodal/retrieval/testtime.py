@@ -301,7 +301,8 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
                   ncl_bank: tuple[torch.Tensor, torch.Tensor] | None = None, temperature: float,
                   iters: int = 4, lam: float = 0.25, k: int = 1, beta: float = 20.0,
                   dn_bank: tuple[torch.Tensor, torch.Tensor] | None = None, dn_num_samples: int | None = 100,
-                  dn_seeds: int = 1, dn_source: str = "train") -> TestTime:
+                  dn_seeds: int = 1, dn_source: str = "train",
+                  heldout_bank: tuple[torch.Tensor, torch.Tensor] | None = None) -> TestTime:
     """Fit the candidate normalisers ``names`` once (``ncl`` is dropped without ``ncl_bank``).
 
     Args:
@@ -315,6 +316,10 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
         dn_num_samples, dn_seeds: DN's sample size and number of sampling seeds whose
             means are averaged (:class:`~xmodal.normalize.DistributionNormalization`).
         dn_source: recorded in ``hparams`` (``train`` or ``val``), nothing else.
+        heldout_bank: ``(texts, videos)`` train queries embedded by the final model that no
+            normaliser is fitted on, stored as ``banks["heldout"]``: the queries an approximate
+            index measures its recall on (:func:`xmodal.retrieval.search.write_index`), so the
+            recall is not measured on the very queries a Sinkhorn bias was fitted to.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> t, v = torch.randn(20, 4, generator=g), torch.randn(20, 4, generator=g)
@@ -337,6 +342,9 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
     ncl = _bank_pair(ncl_bank, "ncl_bank")
     if ncl is not None and len(ncl[0]) and len(ncl[1]):
         banks["ncl"] = ncl
+    held = _bank_pair(heldout_bank, "heldout_bank")
+    if held is not None and len(held[0]):
+        banks["heldout"] = held
     dn_bank = _bank_pair(dn_bank, "dn_bank")
     keep = []
     for n in ["none", *names]:

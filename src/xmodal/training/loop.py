@@ -20,8 +20,12 @@ the global torch RNG (dropout) is checkpointed, the LR is a function of the step
 so a run killed after any epoch and resumed ends with the same weights as an
 uninterrupted run.
 
+Data: the training split's arrays stay where the loader put them (memory-mapped files
+in their stored dtype); each step's rows are gathered and upcast as the batch is drawn
+(:mod:`xmodal.training.batches`, a ``DataLoader`` with ``train.workers`` processes).
+
 Distributed: launched with ``torchrun``, each rank takes an equal slice of every
-global batch; the losses all-gather embeddings with gradient and gradients are
+global batch (and reads only those rows); the losses all-gather embeddings with gradient and gradients are
 averaged over ranks (:mod:`xmodal.dist`), so one step equals the single-process step
 on the global batch.
 """
@@ -55,6 +59,7 @@ from xmodal.training import hierarchy
 from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, check_run_dir,
                          clear_run_outputs, load_checkpoint, prepare_run_dir, remove_stale_temporaries)
 from xmodal.training import provenance
+from xmodal.training.batches import EpochBatches, batch_loader, to_device
 from xmodal.training.runlog import RunLog
 from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401  (former home)
 from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
@@ -167,10 +172,22 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
     video_bank = model.encode_video(*train.video_input(vi))
     ncl_bank = loss.query_bank() if hasattr(loss, "query_bank") else None
+    # up to HELDOUT_QUERIES further train texts / videos that no normaliser sees: an approximate
+    # index measures its recall on them (xmodal.retrieval.search.write_index)
+    rest_t, rest_v = np.setdiff1d(np.arange(train.num_texts), ti), np.setdiff1d(np.arange(train.num_videos), vi)
+    hi = np.sort(g.choice(rest_t, min(HELDOUT_QUERIES, rest_t.size), replace=False))
+    hv = np.sort(g.choice(rest_v, min(HELDOUT_QUERIES, rest_v.size), replace=False))
+    heldout = (model.encode_text(*train.text_input(hi)), model.encode_video(*train.video_input(hv))) \
+        if hi.size and hv.size else None
     return fit_test_time(tc.normalizers, text_bank=model.encode_text(*train.text_input(ti)), video_bank=video_bank,
                          ncl_bank=ncl_bank, temperature=model.temperature, iters=tc.sinkhorn_iters,
                          lam=tc.dn_lam, k=tc.qb_k, beta=tc.qb_beta, dn_bank=dn_bank,
-                         dn_num_samples=tc.dn_num_samples, dn_seeds=tc.dn_seeds, dn_source=tc.dn_source)
+                         dn_num_samples=tc.dn_num_samples, dn_seeds=tc.dn_seeds, dn_source=tc.dn_source,
+                         heldout_bank=heldout)
+
+
+#: Train texts (and videos) embedded at the end of training besides the normalisers' banks.
+HELDOUT_QUERIES = 1000
 
 
 def candidate_normalizers(cfg: Config, test_time: TestTime) -> list[str]:
@@ -287,8 +304,10 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                         pool_heads=cfg.model.pool_heads, pool_hidden=cfg.model.pool_hidden)
     if cfg.model.hierarchy:  # clips inside videos: global towers (CrossCLR app. A, xmodal.training.hierarchy)
         model = with_global_towers(model, hierarchy.global_spec(cfg))
-    video_all, mask_all = video_inputs.video_tensors(train_split)  # (features, mask); dicts with experts
-    text_all, text_mask_all = video_inputs.text_tensors(train_split)  # [T, Dt] or tokens [T, L, Dt] + mask
+    # the split's own arrays (memory-mapped when read from files): never upcast whole; each batch's
+    # rows are gathered and upcast to float32 as it is drawn (xmodal.training.batches)
+    video_all, mask_all = train_split.video_input()  # (features, mask); dicts with experts
+    text_all, text_mask_all = train_split.text_input()  # [T, Dt] or tokens [T, L, Dt] + mask
     if cfg.model.standardize:
         model.fit_standardization(video_all, text_all, video_mask=mask_all, text_mask=text_mask_all)
     model.to(device)
@@ -352,7 +371,11 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         t0 = time.perf_counter()
         model.train()
         loss_fn.train()
-        bar = tqdm(batches_of(epoch), desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not show,
+        epoch_list = batches_of(epoch)
+        items = epoch_list if hier is not None else batch_loader(
+            EpochBatches(epoch_list, text=text_all, text_mask=text_mask_all, video=video_all, video_mask=mask_all,
+                         text_to_video=t2v_np, rank=dist.rank(), local_batch=local_bs), workers=tc.workers)
+        bar = tqdm(items, total=len(epoch_list), desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not show,
                    leave=False, mininterval=0.5, dynamic_ncols=True)
         losses, terms = [], {}
         for batch in bar:
@@ -368,10 +391,9 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
                 loss = hier.loss(model, loss_fn, batch, device=device, amp=amp,
                                  scheduled=plan(step, hier.texts(batch)), keyword=plan.keyword)
             else:
-                mine = batch[dist.rank() * local_bs:(dist.rank() + 1) * local_bs]
-                ids_np = t2v_np[mine]
-                text_in, tmask_in = video_inputs.take(text_all, text_mask_all, mine, device)
-                video_in, mask_in = video_inputs.take(video_all, mask_all, ids_np, device)
+                mine, ids_np = batch.rows, batch.ids  # this rank's rows of the global batch, gathered
+                text_in, tmask_in = to_device(batch.text, batch.text_mask, device)
+                video_in, mask_in = to_device(batch.video, batch.video_mask, device)
                 ids = torch.as_tensor(ids_np, device=device)
                 with amp:
                     v = model.forward_video(video_in, mask_in)

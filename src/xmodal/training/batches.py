@@ -1,0 +1,96 @@
+"""Training batches gathered from the split's arrays as they are drawn.
+
+The trainer never holds a float32 copy of a training split: the features stay where
+the split keeps them (memory-mapped ``.npy`` files in their stored dtype, as
+:func:`xmodal.data.load_paired_split` opens them, or arrays in memory), and each step
+gathers its rows and upcasts them to float32 (:func:`xmodal.data.inputs.gather_rows`).
+Gathering then upcasting gives the same float32 values as upcasting the whole array
+first, so a memory-mapped float16 layout trains to bit-identical weights as the same data
+held in memory as float32 (``tests/test_scale_data.py``).
+
+:class:`EpochBatches` is a map-style ``torch.utils.data.Dataset`` whose item ``i`` is this
+rank's share of the epoch's ``i``-th global batch: under ``torchrun`` rank ``r`` reads only
+rows ``r * b:(r + 1) * b`` of every global batch of ``world * b`` texts, i.e. its own
+rows of the epoch's permutation (the ``DistributedSampler`` idea), so no rank reads or
+holds the other ranks' rows and per-rank memory does not grow with the world size.
+:func:`batch_loader` wraps it in a ``DataLoader`` (``train.workers`` worker processes
+gather the next batches while the model steps; 0 = in the training process).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from xmodal.data.inputs import gather_rows
+
+__all__ = ["Batch", "EpochBatches", "batch_loader", "to_device"]
+
+
+class Batch(NamedTuple):
+    """One rank's share of a global batch: text rows, their video rows (``ids``) and the
+    gathered float32 inputs (``video`` / ``video_mask`` dicts with several experts)."""
+
+    rows: np.ndarray
+    ids: np.ndarray
+    text: torch.Tensor
+    text_mask: torch.Tensor | None
+    video: Any
+    video_mask: Any
+
+
+class EpochBatches(Dataset):
+    """The batches of one epoch for one rank (a map-style dataset; item ``i`` = batch ``i``).
+
+    Args:
+        batches: the epoch's global batches, int ``[world * local_batch]`` text indices each
+            (:func:`xmodal.training.sampling.epoch_batches`).
+        text, text_mask: ``split.text_input()`` (arrays, possibly memory-mapped).
+        video, video_mask: ``split.video_input()`` (arrays or dicts of arrays).
+        text_to_video: int ``[T]``.
+        rank, local_batch: this rank's slice ``[rank * local_batch, (rank + 1) * local_batch)``.
+    """
+
+    def __init__(self, batches: list[np.ndarray], *, text: Any, text_mask: Any, video: Any, video_mask: Any,
+                 text_to_video: np.ndarray, rank: int = 0, local_batch: int | None = None) -> None:
+        self.batches = batches
+        self.text, self.text_mask, self.video, self.video_mask = text, text_mask, video, video_mask
+        self.text_to_video = np.asarray(text_to_video)
+        self.rank = int(rank)
+        self.local_batch = local_batch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Batch:
+        batch = self.batches[i]
+        b = len(batch) if self.local_batch is None else self.local_batch
+        rows = batch[self.rank * b:(self.rank + 1) * b]
+        ids = self.text_to_video[rows]
+        return Batch(rows, ids, gather_rows(self.text, rows), gather_rows(self.text_mask, rows),
+                     gather_rows(self.video, ids), gather_rows(self.video_mask, ids))
+
+
+def _as_is(item: Batch) -> Batch:
+    return item  # batch_size=None: the dataset's item is the batch (no numpy -> tensor conversion)
+
+
+def batch_loader(dataset: EpochBatches, *, workers: int = 0) -> DataLoader:
+    """A ``DataLoader`` over the batches of ``dataset`` in order; ``workers`` processes
+    gather ahead (``prefetch_factor`` 2 each), 0 gathers in this process."""
+    kwargs: dict[str, Any] = {"prefetch_factor": 2} if workers else {}
+    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=int(workers),
+                      collate_fn=_as_is, **kwargs)
+
+
+def to_device(features: Any, mask: Any, device: torch.device | str) -> tuple[Any, Any]:
+    """``(features, mask)`` moved to ``device`` (tensors or dicts of tensors; None stays None)."""
+    def move(x: Any) -> Any:
+        if x is None:
+            return None
+        return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+
+    return move(features), move(mask)
