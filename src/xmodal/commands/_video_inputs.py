@@ -92,7 +92,7 @@ def _check_one(model: Any, name: str, x: np.ndarray, mask: np.ndarray | None, fl
     rows = padded_rows(x, missing_rows=expert)
     if rows.size:
         what = "end in all-zero or non-finite frames" if x.ndim == 3 else "are all zero or non-finite"
-        fix = (f"--video-mask MASK.npy (bool [V, F], True = real frame) or --data DIR --split S" if not expert
+        fix = ("--video-mask MASK.npy (bool [V, F], True = real frame) or --data DIR --split S" if not expert
                else f"--expert-mask {name}=MASK.npy (bool [V] or [V, F], True = present / real frame)")
         raise ValueError(f"{flag}: {rows.size} video(s) {what} ({rows_text(rows)}) and no mask was given: "
                          f"they look zero-padded; pass {fix}, or --no-mask to count those frames as real")

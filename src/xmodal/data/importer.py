@@ -586,8 +586,8 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         if not whole or max_frames < 1:
             raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
         max_frames = int(max_frames)
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {short_repr(dtype)}")
     rows = read_pairs(pairs)
     table_rows = len(rows)
     texts = None

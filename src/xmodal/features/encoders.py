@@ -74,6 +74,11 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
 
 
 def get_encoder(name: str, kind: str) -> Encoder:
+    """The registered encoder ``name`` of ``kind`` (``"text"`` / ``"image"``); ValueError otherwise."""
+    from xmodal._validate import short_repr
+
+    if not isinstance(name, str) or not isinstance(kind, str):
+        raise TypeError(f"model: expected encoder and kind names, got {short_repr(name)}, {short_repr(kind)}")
     enc = ENCODERS.get(name)
     if enc is None:
         raise ValueError(f"model: unknown encoder {name!r}; registered: {', '.join(sorted(ENCODERS))}")
@@ -83,8 +88,10 @@ def get_encoder(name: str, kind: str) -> Encoder:
 
 
 def _batch_size(v) -> int:
+    from xmodal._validate import short_repr
+
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"batch_size: expected a positive integer, got {v!r}")
+        raise ValueError(f"batch_size: expected a positive integer, got {short_repr(v)}")
     return int(v)
 
 

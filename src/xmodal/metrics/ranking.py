@@ -131,15 +131,22 @@ def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 5
     Shape:
         sim_tv: [num_texts, num_videos]; text_to_video: int [num_texts].
     """
+    ks = check_ks(ks)
+    counts = _text_video_counts(sim_tv, text_to_video, ties, v2t, block_size)
+    return {d: summarize(*c, ks) for d, c in counts.items()}
+
+
+def _text_video_counts(sim_tv: Any, text_to_video: Any, ties: str, v2t: str, block_size: int | None) -> dict:
+    """``{"t2v": (lo, n, p), "v2t": (lo, n, p)}``: the rank counts behind :func:`text_video` and
+    :func:`text_video_ranks` (arguments checked here)."""
     s = similarity(sim_tv, "sim_tv")
     v2t = choice(v2t, "v2t", V2T)
-    ks = check_ks(ks)
     ties = check_ties(ties)
     if block_size is not None:
         block_size = check_block_size(block_size)
     num_t, num_v = s.shape
     t2v = caption_groups(text_to_video, num_t, num_v)
-    out = {"t2v": summarize(*_ranks(s, t2v.to(s.device), ties, block_size), ks)}
+    out = {"t2v": _ranks(s, t2v.to(s.device), ties, block_size)}
     st = s.t()
     b = default_block(num_t) if block_size is None else block_size
     parts = []
@@ -147,11 +154,10 @@ def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 5
         blk = st[start:start + b].contiguous()
         vids = torch.arange(start, start + blk.shape[0], device=s.device)
         if v2t == "all-captions":
-            mask = t2v.to(s.device)[None, :] == vids[:, None]
-            parts.append(block_counts(blk, mask=mask, ties=ties))
+            parts.append(block_counts(blk, mask=t2v.to(s.device)[None, :] == vids[:, None], ties=ties))
         else:
             parts.append(block_counts(group_max(blk, t2v, num_v), index=vids, ties=ties))
-    out["v2t"] = summarize(*(torch.cat(x) for x in zip(*parts)), ks)
+    out["v2t"] = tuple(torch.cat(x) for x in zip(*parts))
     return out
 
 
@@ -201,26 +207,9 @@ def text_video_ranks(sim_tv: Any, text_to_video: Any, ties: str = "pessimistic",
     >>> r["t2v"].tolist(), r["v2t"].tolist()
     ([1, 1, 2], [1, 1])
     """
-    s = similarity(sim_tv, "sim_tv")
-    v2t = choice(v2t, "v2t", V2T)
     ties = check_ties(ties)
-    if block_size is not None:
-        block_size = check_block_size(block_size)
-    num_t, num_v = s.shape
-    t2v = caption_groups(text_to_video, num_t, num_v)
-    out = {"t2v": _as_ranks(*_ranks(s, t2v.to(s.device), ties, block_size), ties)}
-    st = s.t()
-    b = default_block(num_t) if block_size is None else block_size
-    parts = []
-    for start in range(0, num_v, b):
-        blk = st[start:start + b].contiguous()
-        vids = torch.arange(start, start + blk.shape[0], device=s.device)
-        if v2t == "all-captions":
-            parts.append(block_counts(blk, mask=t2v.to(s.device)[None, :] == vids[:, None], ties=ties))
-        else:
-            parts.append(block_counts(group_max(blk, t2v, num_v), index=vids, ties=ties))
-    out["v2t"] = _as_ranks(*(torch.cat(x) for x in zip(*parts)), ties)
-    return out
+    return {d: _as_ranks(*c, ties) for d, c in _text_video_counts(sim_tv, text_to_video, ties, v2t,
+                                                                    block_size).items()}
 
 
 @torch.no_grad()

@@ -42,6 +42,9 @@ class CootLayerNorm(nn.Module):
     """
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        from xmodal._validate import positive_int, positive_number
+
+        dim, eps = positive_int(dim, "dim"), positive_number(eps, "eps")
         super().__init__()
         self.gain = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))

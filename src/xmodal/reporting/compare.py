@@ -13,6 +13,7 @@ otherwise :func:`compare` refuses and names the fields, unless ``force``.
 from __future__ import annotations
 
 import glob
+import os
 import json
 import math
 from dataclasses import dataclass, field
@@ -88,6 +89,13 @@ def load_result(path: str | Path) -> Result:
 def expand(pattern: str, flag: str) -> list[str]:
     """Paths a run argument names: itself when it exists, else its glob matches (sorted) that are
     run directories or ``.npz`` files (``runs/x_s*`` also matches a sweep's ``x_s0.log``)."""
+    from xmodal._validate import short_repr
+
+    if not isinstance(flag, str):
+        raise TypeError(f"flag: expected the flag's name, got {short_repr(flag)}")
+    if not isinstance(pattern, (str, os.PathLike)):
+        raise TypeError(f"{flag}: expected a path or glob pattern, got {short_repr(pattern)}")
+    pattern = os.fspath(pattern)
     if Path(pattern).exists():
         return [pattern]
     found = [p for p in sorted(glob.glob(pattern)) if Path(p).is_dir() or p.endswith(".npz")]

@@ -46,7 +46,8 @@ _ROW_BYTES = 1 << 24
 def arrays_sha256(arrays: dict[str, Any]) -> str:
     """SHA-256 over named arrays (name, dtype, shape and bytes of each, in sorted name order;
     ``None`` entries skipped; a dict value is hashed as ``name:key`` entries). Memory-mapped
-    arrays are read in blocks of rows, never copied whole.
+    arrays are read in blocks of rows, never copied whole. Real floating arrays are hashed as the
+    float32 numbers the models read (a float16 layout and its float32 copy in memory hash alike).
 
     >>> arrays_sha256({"a": np.arange(3)}) == arrays_sha256({"a": np.arange(3), "b": None})
     True
@@ -67,10 +68,12 @@ def arrays_sha256(arrays: dict[str, Any]) -> str:
         x = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
         if x.dtype.kind not in "biufc":
             raise TypeError(f"arrays[{name!r}]: expected a numeric array, got {x.dtype}")
-        h.update(f"{name}|{x.dtype.str}|{x.shape}\n".encode())
+        as_f32 = x.dtype.kind == "f"
+        h.update(f"{name}|{np.dtype(np.float32).str if as_f32 else x.dtype.str}|{x.shape}\n".encode())
         rows = max(1, _ROW_BYTES // max(1, x[:1].nbytes)) if x.ndim else 1
         for start in range(0, max(1, x.shape[0] if x.ndim else 1), rows):
-            h.update(np.ascontiguousarray(x[start:start + rows] if x.ndim else x).tobytes())
+            block = x[start:start + rows] if x.ndim else x
+            h.update(np.ascontiguousarray(block, dtype=np.float32 if as_f32 else None).tobytes())
     return h.hexdigest()
 
 

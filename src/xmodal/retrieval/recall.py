@@ -36,11 +36,26 @@ def exact_topk(queries: np.ndarray, blocks: Iterable[tuple[int, int, np.ndarray]
     >>> exact_topk(q, [(0, 2, g[:2]), (2, 4, g[2:])], 2)[1].tolist()
     [[2, 3]]
     """
+    from xmodal._validate import positive_int, short_repr
+
+    k = positive_int(k, "k")
+    if not isinstance(queries, np.ndarray) or queries.ndim != 2 or queries.dtype.kind != "f":
+        raise TypeError(f"queries: expected a float array [Q, W], got {short_repr(queries)}")
+    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+        raise TypeError(f"blocks: expected (start, stop, rows) blocks, got {short_repr(blocks)}")
     q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
     best_s = torch.full((q.shape[0], 0), float("-inf"))
     best_i = torch.zeros((q.shape[0], 0), dtype=torch.long)
     step = max(1, (1 << 20) // max(1, q.shape[0]))  # score buffers of about 1M values (4 MB)
-    for start, stop, block in blocks:
+    for item in blocks:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError(f"blocks: expected (start, stop, rows) tuples, got {short_repr(item)}")
+        start, stop, block = item
+        if not hasattr(block, "shape") or len(block.shape) != 2 or block.shape[1] != q.shape[1] \
+                or not isinstance(start, (int, np.integer)) or not isinstance(stop, (int, np.integer)) \
+                or block.shape[0] != stop - start:
+            raise ValueError(f"blocks: block ({short_repr(start)}, {short_repr(stop)}) must hold stop - start "
+                             f"rows of {q.shape[1]} values")
         g = block if isinstance(block, torch.Tensor) else torch.from_numpy(np.asarray(block, np.float32))
         for a in range(0, stop - start, step):
             part = g[a:a + step].float()
@@ -62,7 +77,13 @@ def recall_at_k(approx: np.ndarray, exact: np.ndarray, k: int) -> float:
     >>> recall_at_k(np.array([[1, 2, -1]]), np.array([[2, 1, 3]]), 3)
     0.6666666666666666
     """
-    a, e = np.asarray(approx)[:, :k], np.asarray(exact)[:, :k]
+    from xmodal._validate import int_array, positive_int
+
+    k = positive_int(k, "k")
+    a, e = int_array(approx, "approx", ndim=2)[:, :k], int_array(exact, "exact", ndim=2)[:, :k]
+    if a.shape[0] != e.shape[0] or e.shape[1] < k or not e.shape[0]:
+        raise ValueError(f"approx, exact: expected the same queries (rows) and at least k={k} exact results, "
+                         f"got {list(a.shape)} and {list(e.shape)}")
     hits = (a[:, :, None] == e[:, None, :]).any(2) & (a >= 0)
     return float(hits.sum()) / float(e.shape[0] * k)
 
@@ -81,6 +102,15 @@ def smallest_reaching(measure: Callable[[int], float], candidates: list[int], ta
     >>> smallest_reaching(lambda p: min(1.0, p / 10), [1, 2, 4, 8, 16], 0.95)[:3]
     (10, 1.0, True)
     """
+    from xmodal._validate import number, short_repr
+
+    if not callable(measure):
+        raise TypeError(f"measure: expected a callable parameter -> recall, got {short_repr(measure)}")
+    if not isinstance(candidates, (list, tuple)) or not candidates or not all(
+            isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 1 for c in candidates) \
+            or list(candidates) != sorted(set(candidates)):
+        raise ValueError(f"candidates: expected increasing positive integers, got {short_repr(candidates)}")
+    target = number(target, "target")
     tried: dict[int, float] = {}
 
     def at(p: int) -> float:
@@ -110,6 +140,9 @@ def smallest_reaching(measure: Callable[[int], float], candidates: list[int], ta
 
 def sample_rows(n: int, size: int, seed: int) -> np.ndarray:
     """``min(n, size)`` sorted distinct rows of ``range(n)``, seeded."""
+    from xmodal._validate import whole_number
+
+    n, size, seed = whole_number(n, "n"), whole_number(size, "size"), whole_number(seed, "seed")
     return np.sort(np.random.default_rng(seed).choice(n, min(int(n), int(size)), replace=False))
 
 

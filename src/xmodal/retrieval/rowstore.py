@@ -44,7 +44,14 @@ class RowStore:
 
     def __init__(self, num_rows: int, dim: int, *, directory: str | os.PathLike | None = None,
                  in_memory_bytes: int = IN_MEMORY_BYTES, prefix: str = ".xmodal-rows-") -> None:
-        self.num_rows, self.dim = int(num_rows), int(dim)
+        from xmodal._validate import positive_int, short_repr, whole_number
+
+        self.num_rows, self.dim = whole_number(num_rows, "num_rows"), positive_int(dim, "dim")
+        in_memory_bytes = whole_number(in_memory_bytes, "in_memory_bytes")
+        if directory is not None and not (isinstance(directory, (str, os.PathLike)) and Path(directory).is_dir()):
+            raise ValueError(f"directory: expected an existing folder or None, got {short_repr(directory)}")
+        if not isinstance(prefix, str) or "/" in prefix or os.sep in prefix:
+            raise ValueError(f"prefix: expected a file name prefix, got {short_repr(prefix)}")
         self._filled = 0
         self._row_bytes = 4 * self.dim
         self._array: np.ndarray | None = None
@@ -143,6 +150,13 @@ class ShiftedRows:
     """``rows[a:b] - shift`` for a :class:`RowStore` (or tensor) and a ``[D]`` shift."""
 
     def __init__(self, rows: Any, shift: torch.Tensor) -> None:
+        from xmodal._validate import short_repr
+
+        shape = getattr(rows, "shape", None)
+        if shape is None or len(shape) != 2 or not hasattr(rows, "__getitem__"):
+            raise TypeError(f"rows: expected a RowStore or a tensor [N, D], got {short_repr(rows)}")
+        if not isinstance(shift, torch.Tensor) or shift.shape != (shape[1],) or not shift.is_floating_point():
+            raise ValueError(f"shift: expected a float tensor of {shape[1]} values, got {short_repr(shift)}")
         self.rows, self.shift = rows, shift.float().cpu()
 
     @property

@@ -70,7 +70,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     out = Path(out)
     kind = option(kind, "kind", KINDS)
     recall_queries = whole_number(recall_queries, "recall_queries", minimum=1)
-    block_rows = whole_number(block_rows or BLOCK_ROWS, "block_rows", minimum=1)
+    block_rows = BLOCK_ROWS if block_rows is None else whole_number(block_rows, "block_rows", minimum=1)
     check_out(out, run, overwrite=overwrite)
     model = _load(run, "--run")
     n = _num_rows(video_features)

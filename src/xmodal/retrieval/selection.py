@@ -57,8 +57,22 @@ def select_normalizer(names: list[str] | tuple[str, ...], val: dict, per_query: 
         ``tests[name]``: the paired test of ``name`` against ``none`` on val (``diff``, ``ci_low``,
         ``ci_high``, ``p_value``, ``clear``), for every candidate but ``none``.
     """
-    if rule not in RULES:
-        raise ValueError(f"rule: expected one of {', '.join(RULES)}, got {rule!r}")
+    from xmodal._validate import number, positive_int, short_repr
+
+    if not isinstance(rule, str) or rule not in RULES:
+        raise ValueError(f"rule: expected one of {', '.join(RULES)}, got {short_repr(rule)}")
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"names: expected a list of normaliser names, got {short_repr(names)}")
+    if not isinstance(val, dict) or not all(isinstance(v, dict) for v in val.values()):
+        raise TypeError(f"val: expected {{normaliser: metrics}}, got {short_repr(val)}")
+    if per_query is not None and not isinstance(per_query, dict):
+        raise TypeError(f"per_query: expected {{normaliser: per-query results}} or None, got {short_repr(per_query)}")
+    if not isinstance(metric, str):
+        raise TypeError(f"metric: expected a metric name, got {short_repr(metric)}")
+    level = number(level, "level")
+    if not 0 < level < 1:
+        raise ValueError(f"level: must lie in (0, 1), got {level}")
+    n_boot = positive_int(n_boot, "n_boot")
     candidates = [n for n in dict.fromkeys(["none", *names]) if not uses_test_queries(n) and n in val]
     record: dict[str, Any] = {"rule": rule, "metric": metric, "level": level, "tests": {}}
     if not candidates:

@@ -56,10 +56,20 @@ class EpochBatches(Dataset):
 
     def __init__(self, batches: list[np.ndarray], *, text: Any, text_mask: Any, video: Any, video_mask: Any,
                  text_to_video: np.ndarray, rank: int = 0, local_batch: int | None = None) -> None:
-        self.batches = batches
+        from xmodal._validate import int_array, short_repr, whole_number
+
+        if not isinstance(batches, (list, tuple)):
+            raise TypeError(f"batches: expected a list of index arrays, got {short_repr(batches)}")
+        self.batches = [int_array(b, f"batches[{i}]") for i, b in enumerate(batches)]
+        for name, x in (("text", text), ("video", video)):
+            if not (hasattr(x, "shape") and len(x.shape) >= 2) and not isinstance(x, dict):
+                raise TypeError(f"{name}: expected an array [N, ...] (or a dict of them), got {short_repr(x)}")
+        rank = whole_number(rank, "rank")
+        if local_batch is not None:
+            local_batch = whole_number(local_batch, "local_batch", minimum=1)
         self.text, self.text_mask, self.video, self.video_mask = text, text_mask, video, video_mask
-        self.text_to_video = np.asarray(text_to_video)
-        self.rank = int(rank)
+        self.text_to_video = int_array(text_to_video, "text_to_video")
+        self.rank = rank
         self.local_batch = local_batch
 
     def __len__(self) -> int:
@@ -81,6 +91,11 @@ def _as_is(item: Batch) -> Batch:
 def batch_loader(dataset: EpochBatches, *, workers: int = 0) -> DataLoader:
     """A ``DataLoader`` over the batches of ``dataset`` in order; ``workers`` processes
     gather ahead (``prefetch_factor`` 2 each), 0 gathers in this process."""
+    from xmodal._validate import short_repr, whole_number
+
+    if not isinstance(dataset, EpochBatches):
+        raise TypeError(f"dataset: expected an EpochBatches, got {short_repr(dataset)}")
+    workers = whole_number(workers, "workers")
     kwargs: dict[str, Any] = {"prefetch_factor": 2} if workers else {}
     return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=int(workers),
                       collate_fn=_as_is, **kwargs)
@@ -88,9 +103,19 @@ def batch_loader(dataset: EpochBatches, *, workers: int = 0) -> DataLoader:
 
 def to_device(features: Any, mask: Any, device: torch.device | str) -> tuple[Any, Any]:
     """``(features, mask)`` moved to ``device`` (tensors or dicts of tensors; None stays None)."""
+    from xmodal._validate import short_repr
+
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError, ValueError):
+        raise ValueError(f"device: expected a torch device, got {short_repr(device)}") from None
+
     def move(x: Any) -> Any:
         if x is None:
             return None
+        if not isinstance(x, (torch.Tensor, dict)) or (isinstance(x, dict) and not all(
+                isinstance(v, torch.Tensor) for v in x.values())):
+            raise TypeError(f"features, mask: expected tensors (or dicts of tensors), got {short_repr(x)}")
         return {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
 
     return move(features), move(mask)

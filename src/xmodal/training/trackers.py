@@ -221,6 +221,15 @@ class Trackers:
     and dropped, so training goes on."""
 
     def __init__(self, out: Path, log_to: tuple, *, history: list[dict]) -> None:
+        from xmodal._validate import short_repr
+
+        if not isinstance(out, (str, os.PathLike)):
+            raise TypeError(f"out: expected a run directory, got {short_repr(out)}")
+        if isinstance(log_to, str) or not isinstance(log_to, (list, tuple)) or \
+                not all(isinstance(n, str) for n in log_to):
+            raise TypeError(f"log_to: expected a list of log names, got {short_repr(log_to)}")
+        if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+            raise TypeError(f"history: expected a list of epoch records, got {short_repr(history)}")
         self.out = Path(out)
         names = [n for n in TRACKERS if n in log_to]
         self.pending: list[tuple[int, dict[str, float]]] = []
