@@ -468,6 +468,10 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             logs.close()
             return {"stopped": True, "epoch": state["epoch"]}
 
+    if not is_main:  # rank 0 alone fits the test-time normalisers and evaluates (no collective follows):
+        logs.close()  # the other ranks neither repeat that work nor hold its memory
+        return {"rank": dist.rank(), "best_epoch": state["best_epoch"] + 1, "epochs_run": state["epoch"],
+                "val_score": state["best_score"]}
     summary = finish(cfg, out, model, loss_fn, splits, state, show=show)
     logs.final(summary, state["step"])
     if is_main:
