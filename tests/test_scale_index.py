@@ -162,6 +162,7 @@ def test_index_and_query_commands_state_the_recall(run, tmp_path, capsys):
 
     s = SearchIndex(idx)
     assert s.recall_at_10 == meta["recall_at_10"] and s.meta["search_params"] == meta["search_params"]
+    _serve_states_the_recall(idx, meta)
     texts = str(root / "test_text_features.npy")
     assert main(["query", "--index", str(idx), "--text-features", texts, "--k", "10", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -184,3 +185,23 @@ def test_index_and_query_commands_state_the_recall(run, tmp_path, capsys):
     assert main(["index", "--run", str(out), "--data", str(root), "--split", "train", "--kind", "flat",
                  "--target-recall", "0.9", "--out", str(tmp_path / "x")]) == 2
     assert "--target-recall: a flat index is exact" in capsys.readouterr().err
+
+
+def _serve_states_the_recall(idx, meta):
+    """The search page and its API, on the real ivf index just built, give the recall and the
+    nprobe of its meta.json (not a flat index's 'exact search')."""
+    try:
+        import httpx  # noqa: F401  (Starlette's TestClient needs it)
+        from starlette.testclient import TestClient
+    except ImportError:  # the serve extra is not installed: the page is tested elsewhere when it is
+        return
+    from xmodal.serve.app import create_app
+
+    client = TestClient(create_app(idx, warm_up=False, uploads=False))  # 8-d text features: no MiniLM query
+    html = client.get("/").text
+    want = (f'data-recall="{meta["recall_at_10"]:.6f}">recall@10 {100 * meta["recall_at_10"]:.2f}% of exact '
+            f'search (ivf index; nprobe {meta["search_params"]["nprobe"]}, {meta["recall_queries"]} queries)')
+    assert want in html, html[:2000]
+    # more like this searches the stored embeddings exactly, whatever the FAISS index's kind
+    body = client.get("/api/search", params={"video": "0", "direction": "v2v", "k": 3}).json()
+    assert body["exact"] is True and body["recall_at_10"] == 1.0 and len(body["results"]) == 3

@@ -45,7 +45,8 @@ sinkhorn or ncl for such runs; with --normalizer selected on such a run the
 one the run's summary names for an index is used (metrics.json "index_normalizer": the
 best foldable one clear of none on val, else none), and a note says why. DIR holds index.faiss,
 query_shift.npy, meta.json and a copy of the run's checkpoint (for the text head), and for 'xmodal serve'
-videos.npy (the gallery's video embeddings: "more like this") and, with --data (the layout's captions,
+videos.npy (the gallery's video embeddings, float32 [V, D]: "more like this"; as large as a flat
+index, whatever --kind) and, with --data (the layout's captions,
 S_texts.tsv) or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search)."""
 
 

@@ -60,7 +60,9 @@ class EpochBatches(Dataset):
 
         if not isinstance(batches, (list, tuple)):
             raise TypeError(f"batches: expected a list of index arrays, got {short_repr(batches)}")
-        self.batches = [int_array(b, f"batches[{i}]") for i, b in enumerate(batches)]
+        self.batches = [b if isinstance(b, np.ndarray) and b.ndim == 1 and b.dtype != np.bool_
+                        and np.issubdtype(b.dtype, np.integer) else int_array(b, f"batches[{i}]")
+                        for i, b in enumerate(batches)]  # the epoch's arrays as given: no copy
         for name, x in (("text", text), ("video", video)):
             if not (hasattr(x, "shape") and len(x.shape) >= 2) and not isinstance(x, dict):
                 raise TypeError(f"{name}: expected an array [N, ...] (or a dict of them), got {short_repr(x)}")
@@ -68,7 +70,11 @@ class EpochBatches(Dataset):
         if local_batch is not None:
             local_batch = whole_number(local_batch, "local_batch", minimum=1)
         self.text, self.text_mask, self.video, self.video_mask = text, text_mask, video, video_mask
-        self.text_to_video = int_array(text_to_video, "text_to_video")
+        if isinstance(text_to_video, np.ndarray) and text_to_video.ndim == 1 and text_to_video.dtype != np.bool_ \
+                and np.issubdtype(text_to_video.dtype, np.integer):
+            self.text_to_video = text_to_video  # as given (a memory-mapped map stays on disk: no copy per epoch)
+        else:
+            self.text_to_video = int_array(text_to_video, "text_to_video")
         self.rank = rank
         self.local_batch = local_batch
 
