@@ -492,3 +492,21 @@ def test_browser_text_more_like_this_captions_and_upload(client, index_dir, imag
     assert v2t_text == [r["caption"] for r in api]
     api = client.get("/api/search", params={"video": "clip_015", "direction": "v2t", "k": 5}).json()["results"]
     assert [i for _, i, _ in up] == [r["item"] for r in api] and "upload.mp4" in heading
+
+
+def test_uploads_unavailable_when_the_encoder_does_not_fit_the_video_tower():
+    """The page never offers an upload that can only fail: EfficientNet-Lite0 gives 1280 values a
+    frame, a run trained on 512-d features cannot take them (the reason is shown instead)."""
+    from types import SimpleNamespace
+
+    from xmodal.serve.uploads import unavailable_reason
+
+    pytest.importorskip("av", reason="PyAV not installed (pip install 'xmodal[video]')")
+    pytest.importorskip("python_multipart", reason="python-multipart not installed (pip install 'xmodal[serve]')")
+
+    def model(d):
+        return SimpleNamespace(experts=None, video_tower=SimpleNamespace(spec=SimpleNamespace(in_dim=d)))
+
+    why = unavailable_reason(model(512), "efficientnet-lite0")
+    assert why is not None and "gives 1280 values a frame" in why and "takes 512" in why
+    assert unavailable_reason(model(1280), "efficientnet-lite0") is None

@@ -48,6 +48,8 @@ class Encoder:
 
 
 ENCODERS: dict[str, Encoder] = {}
+#: Feature sizes of the built-in encoders (a registered one's size is known only once it has run).
+FEATURE_DIMS = {"minilm": 384, "efficientnet-lite0": 1280}
 
 
 def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "text",

@@ -60,6 +60,10 @@ def unavailable_reason(model: Any, image_encoder: str) -> str | None:
     experts = [e for e in (getattr(model, "experts", None) or []) if e != "video"]
     if experts:
         return f"this run fuses the experts {', '.join(experts)}, which an uploaded file does not give"
+    known, want = encoders.FEATURE_DIMS.get(image_encoder), _video_in_dim(model)
+    if known is not None and want is not None and known != want:
+        return (f"the image encoder {image_encoder} gives {known} values a frame, but this run's video tower "
+                f"takes {want} (it was trained on other features)")
     return None
 
 
