@@ -168,3 +168,30 @@ def test_deep_seed_3643064420_findings():
 
     _one_line(lambda: import_pairs(None, features=False, out=False, max_frames=float("inf")), match="--max-frames:")
     assert sinkhorn_plan(np.array([[4.0]]), gamma=1, iters=1).tolist() == [[1.0]]  # numpy in, as log_sinkhorn
+
+
+def test_round6_cases_name_junk():
+    """Found after the scale / compare / hierarchy merges (quick profile, seeds 4253809690, 5-12;
+    deep profile, seeds 161803398, 271828182, 314159265)."""
+    from xmodal.data import PairedSplit
+    from xmodal.functional import mil_nce
+    from xmodal.retrieval.index import BiasedIndex
+    from xmodal.retrieval.recall import recall_at_k, smallest_reaching
+    from xmodal.retrieval.rowstore import RowStore, ShiftedRows
+    from xmodal.retrieval.selection import select_normalizer
+    from xmodal.training.batches import EpochBatches, batch_loader, to_device
+
+    x = torch.tensor([[0.1257]])
+    _one_line(lambda: mil_nce(x, x, joint=EMPTY), match="joint:")
+    _one_line(lambda: BiasedIndex(np.False_), match="gallery")
+    _one_line(lambda: PairedSplit(video=None, text=ARRAY, text_to_video=np.arange(5)), match="video:")
+    _one_line(lambda: recall_at_k(None, None, None), match="k:")
+    _one_line(lambda: smallest_reaching(None, [1], 0.9), match="measure:")
+    _one_line(lambda: ShiftedRows(None, None), match="rows:")
+    _one_line(lambda: RowStore(3, float("inf")), match="dim:")
+    _one_line(lambda: select_normalizer("", {}, None, "rsum"), match="names:")
+    _one_line(lambda: select_normalizer(["none"], {}, None, "rsum", rule=torch.tensor([[4], [2]])), match="rule:")
+    _one_line(lambda: EpochBatches(None, text=False, text_mask=None, video=ARRAY, video_mask=None,
+                                   text_to_video=np.arange(5), rank=float("inf")), match="batches:")
+    _one_line(lambda: batch_loader(None, workers=EMPTY), match="dataset:")
+    _one_line(lambda: to_device(None, None, "no-such-device"), match="device:")

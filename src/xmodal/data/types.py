@@ -294,6 +294,10 @@ class PairedSplit:
     text_mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        for attr in ("video", "text"):
+            value = getattr(self, attr)
+            if not hasattr(value, "shape") or not hasattr(value, "__getitem__") or len(value.shape) < 2:
+                raise TypeError(f"{attr}: expected a feature array [N, D] or [N, F, D], got {short_repr(value)}")
         t2v = np.asarray(self.text_to_video)
         if t2v.ndim == 1 and t2v.size and not np.issubdtype(t2v.dtype, np.integer):
             raise TypeError(f"text_to_video: expected integers, got {t2v.dtype}")

@@ -82,9 +82,11 @@ def mil_nce(video: torch.Tensor, text: torch.Tensor, *, temperature: Temperature
     Shape:
         video, text: ``[B, D]``; returns a scalar.
     """
+    from xmodal._validate import flag
+
     v, t = prepare_pair(video, text, normalize)
     n = v.shape[0]
-    if joint:
+    if flag(joint, "joint"):
         if not isinstance(temperature, (int, float)) or t2v_temperature is not None \
                 or v2t_temperature is not None or rows is not None:
             raise ValueError("temperature: joint=True takes one float temperature, no per-direction "

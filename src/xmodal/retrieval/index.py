@@ -418,7 +418,8 @@ def _add_presized(ivf: Any, blocks: Any, n: int) -> None:
 
 def _is_source(x: Any) -> bool:
     """A row source read in blocks (RowStore, ShiftedRows), not an array."""
-    return hasattr(x, "take") and hasattr(x, "shape") and not isinstance(x, (np.ndarray, torch.Tensor))
+    return hasattr(x, "take") and len(getattr(x, "shape", ())) == 2 and \
+        not isinstance(x, (np.ndarray, np.generic, torch.Tensor))
 
 
 def _numpy(block: Any) -> np.ndarray:
