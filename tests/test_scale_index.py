@@ -205,3 +205,22 @@ def _serve_states_the_recall(idx, meta):
     # more like this searches the stored embeddings exactly, whatever the FAISS index's kind
     body = client.get("/api/search", params={"video": "0", "direction": "v2v", "k": 3}).json()
     assert body["exact"] is True and body["recall_at_10"] == 1.0 and len(body["results"]) == 3
+
+
+def test_a_rebuild_removes_what_a_killed_build_left(run, tmp_path, capsys):
+    """A build killed while writing leaves ``.NAME.tmpPID`` files (e.g. a gallery-sized
+    ``.videos.npy.tmp…``) in --out; the next build into that folder removes them."""
+    root, out = run
+    idx = tmp_path / "idx"
+    args = ["index", "--run", str(out), "--data", str(root), "--split", "train", "--normalizer", "none",
+            "--out", str(idx)]
+    assert main(args) == 0
+    stale = [idx / ".videos.npy.tmp424242", idx / ".index.faiss.tmp7"]
+    for p in stale:
+        p.write_bytes(b"half written")
+    (idx / "meta.json").unlink()  # killed after meta.json went, before it came back
+    assert main(args + ["--overwrite"]) == 0
+    capsys.readouterr()
+    assert not any(p.exists() for p in stale)
+    assert sorted(p.name for p in idx.iterdir() if p.name.startswith(".")) == []
+    assert json.loads((idx / "meta.json").read_text())["kind"] == "flat"

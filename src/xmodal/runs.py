@@ -21,6 +21,7 @@ failure modes of a run directory have one home:
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import pickle
 import re
@@ -237,13 +238,14 @@ def atomic_save_npy(path: str | os.PathLike, array: Any) -> None:
     atomic_write(path, write)
 
 
-def remove_stale_temporaries(out: str | os.PathLike) -> list[Path]:
-    """Delete ``.checkpoint.pt.tmp*`` (and log/model/metrics) temporaries of killed saves.
+def remove_stale_temporaries(out: str | os.PathLike, names: tuple[str, ...] | None = None) -> list[Path]:
+    """Delete ``.checkpoint.pt.tmp*`` (and log/model/metrics) temporaries of killed saves; with
+    ``names``, the ``.NAME.tmp*`` temporaries of those file names instead (an index folder's).
 
     Call with the run's :class:`RunLock` held: no other writer can own them then.
     """
     removed = []
-    for pattern in _TMP_PATTERNS:
+    for pattern in _TMP_PATTERNS if names is None else tuple(f".{glob.escape(n)}.tmp*" for n in names):
         for p in Path(out).glob(pattern):
             p.unlink(missing_ok=True)
             removed.append(p)

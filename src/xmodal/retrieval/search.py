@@ -65,13 +65,15 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     from xmodal.models.io import model_files
     from xmodal.retrieval.index import BLOCK_ROWS, KINDS, BiasedIndex, fold_run_normalizer
     from xmodal._validate import option, whole_number
-    from xmodal.runs import atomic_save_npy, atomic_write
+    from xmodal.runs import atomic_save_npy, atomic_write, remove_stale_temporaries
 
     out = Path(out)
     kind = option(kind, "kind", KINDS)
     recall_queries = whole_number(recall_queries, "recall_queries", minimum=1)
     block_rows = BLOCK_ROWS if block_rows is None else whole_number(block_rows, "block_rows", minimum=1)
     check_out(out, run, overwrite=overwrite)
+    if out.is_dir():  # what a killed build left (the next build would not overwrite a name with its PID)
+        remove_stale_temporaries(out, INDEX_FILES)
     model = _load(run, "--run")
     n = _num_rows(video_features)
     if names is not None and len(names) != n:
