@@ -56,13 +56,11 @@ class EpochBatches(Dataset):
 
     def __init__(self, batches: list[np.ndarray], *, text: Any, text_mask: Any, video: Any, video_mask: Any,
                  text_to_video: np.ndarray, rank: int = 0, local_batch: int | None = None) -> None:
-        from xmodal._validate import int_array, short_repr, whole_number
+        from xmodal._validate import short_repr, whole_number
 
         if not isinstance(batches, (list, tuple)):
             raise TypeError(f"batches: expected a list of index arrays, got {short_repr(batches)}")
-        self.batches = [b if isinstance(b, np.ndarray) and b.ndim == 1 and b.dtype != np.bool_
-                        and np.issubdtype(b.dtype, np.integer) else int_array(b, f"batches[{i}]")
-                        for i, b in enumerate(batches)]  # the epoch's arrays as given: no copy
+        self.batches = [_indices(b, f"batches[{i}]") for i, b in enumerate(batches)]
         for name, x in (("text", text), ("video", video)):
             if not (hasattr(x, "shape") and len(x.shape) >= 2) and not isinstance(x, dict):
                 raise TypeError(f"{name}: expected an array [N, ...] (or a dict of them), got {short_repr(x)}")
@@ -70,11 +68,7 @@ class EpochBatches(Dataset):
         if local_batch is not None:
             local_batch = whole_number(local_batch, "local_batch", minimum=1)
         self.text, self.text_mask, self.video, self.video_mask = text, text_mask, video, video_mask
-        if isinstance(text_to_video, np.ndarray) and text_to_video.ndim == 1 and text_to_video.dtype != np.bool_ \
-                and np.issubdtype(text_to_video.dtype, np.integer):
-            self.text_to_video = text_to_video  # as given (a memory-mapped map stays on disk: no copy per epoch)
-        else:
-            self.text_to_video = int_array(text_to_video, "text_to_video")
+        self.text_to_video = _indices(text_to_video, "text_to_video")
         self.rank = rank
         self.local_batch = local_batch
 
@@ -88,6 +82,16 @@ class EpochBatches(Dataset):
         ids = self.text_to_video[rows]
         return Batch(rows, ids, gather_rows(self.text, rows), gather_rows(self.text_mask, rows),
                      gather_rows(self.video, ids), gather_rows(self.video_mask, ids))
+
+
+def _indices(x: Any, name: str) -> np.ndarray:
+    """A 1-D integer row array as given (a memory-mapped text -> video map stays on disk, the
+    epoch's batches are not copied), anything else through :func:`~xmodal._validate.int_array`."""
+    from xmodal._validate import int_array
+
+    if isinstance(x, np.ndarray) and x.ndim == 1 and x.dtype != np.bool_ and np.issubdtype(x.dtype, np.integer):
+        return x
+    return int_array(x, name)
 
 
 def _as_is(item: Batch) -> Batch:
