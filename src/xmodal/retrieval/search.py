@@ -92,38 +92,38 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                             queries=None if queries is None else queries - shift[None, :],
                             target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
                             block_rows=block_rows, seed=seed)
+        out.mkdir(parents=True, exist_ok=True)
+        # meta.json goes first and comes back last: a half-rewritten folder is never a valid index
+        (out / "meta.json").unlink(missing_ok=True)
+        sources = model_files(run)  # the text head: model.pt, or an export's model.safetensors + config.json
+        atomic_write(out / "index.faiss", index.save)
+        atomic_save_npy(out / "query_shift.npy", shift)
+        for name in ("model.pt", "model.safetensors", "config.json"):
+            if name in sources:
+                atomic_write(out / name, lambda tmp, src=sources[name]: shutil.copyfile(src, tmp))
+            else:  # the previous index's head never answers for this one
+                (out / name).unlink(missing_ok=True)
+        if names is not None:
+            atomic_write(out / "names.txt", lambda tmp: tmp.write_text("".join(n + "\n" for n in names),
+                                                                      encoding="utf-8"))
+        else:  # the previous gallery's names never label this one
+            (out / "names.txt").unlink(missing_ok=True)
+        meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
+                "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
+                "dim": int(store.dim), "text_dim": _text_dim(model),
+                "text_encoder": text_encoder, "names": names is not None,
+                "factory": index.factory, "exact": kind == "flat",
+                "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
+                "search_params": dict(index.search_params), "target_recall": index.target_recall,
+                "target_met": index.target_met, "recall_source": recall_source}
+        if "fallback_from" in folded:
+            meta["fallback_from"] = folded["fallback_from"]
+        say("index: writing the search page's embeddings (videos.npy" + (", texts.npy)" if texts is not None else ")"))
+        meta.update(write_extras(out, model, video_features, video_mask, texts, videos=store))  # encoded once
+        atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
+                                                                    encoding="utf-8"))
     finally:
         store.close()
-    out.mkdir(parents=True, exist_ok=True)
-    # meta.json goes first and comes back last: a half-rewritten folder is never a valid index
-    (out / "meta.json").unlink(missing_ok=True)
-    sources = model_files(run)  # the text head: model.pt, or an export's model.safetensors + config.json
-    atomic_write(out / "index.faiss", index.save)
-    atomic_save_npy(out / "query_shift.npy", shift)
-    for name in ("model.pt", "model.safetensors", "config.json"):
-        if name in sources:
-            atomic_write(out / name, lambda tmp, src=sources[name]: shutil.copyfile(src, tmp))
-        else:  # the previous index's head never answers for this one
-            (out / name).unlink(missing_ok=True)
-    if names is not None:
-        atomic_write(out / "names.txt", lambda tmp: tmp.write_text("".join(n + "\n" for n in names),
-                                                                  encoding="utf-8"))
-    else:  # the previous gallery's names never label this one
-        (out / "names.txt").unlink(missing_ok=True)
-    meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
-            "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
-            "dim": int(store.dim), "text_dim": _text_dim(model),
-            "text_encoder": text_encoder, "names": names is not None,
-            "factory": index.factory, "exact": kind == "flat",
-            "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
-            "search_params": dict(index.search_params), "target_recall": index.target_recall,
-            "target_met": index.target_met, "recall_source": recall_source}
-    if "fallback_from" in folded:
-        meta["fallback_from"] = folded["fallback_from"]
-    say("index: writing the search page's embeddings (videos.npy" + (", texts.npy)" if texts is not None else ")"))
-    meta.update(write_extras(out, model, video_features, video_mask, texts))  # the search page's files
-    atomic_write(out / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n",
-                                                                encoding="utf-8"))
     return meta
 
 
@@ -372,15 +372,17 @@ def caption_texts(captions: list[str] | None, features: Any, *, mask: Any = None
 
 
 def write_extras(out: str | Path, model: Any, video_features: Any, video_mask: Any = None,
-                 texts: dict | None = None, *, block_rows: int = 8192) -> dict:
+                 texts: dict | None = None, *, block_rows: int = 8192, videos: Any = None) -> dict:
     """Write an index folder's optional files (the search page's video -> video and video -> text):
     ``videos.npy``, the gallery's embeddings ``[V, D]`` (``model.encode_video`` of ``video_features`` /
     ``video_mask``, ``block_rows`` videos at a time into a memory-mapped file: never the whole gallery
     in memory); with ``texts`` (:func:`caption_texts`) ``texts.npy``, the captions' text embeddings
     ``[T, D]``, and ``texts.json``, ``{"captions": [...] | null, "video": [row, ...] | null}``; without,
     a previous index's text files are removed. Returns the ``meta.json`` keys ``"texts"`` (how many,
-    0 for none) and ``"captions"`` (whether their strings are known)."""
-    from xmodal._validate import duck, positive_int
+    0 for none) and ``"captions"`` (whether their strings are known). ``videos``: the gallery's
+    embeddings already computed (``[V, D]`` sliced by rows, e.g. :func:`write_index`'s row store),
+    copied instead of encoded again."""
+    from xmodal._validate import duck, positive_int, short_repr
     from xmodal.runs import atomic_save_npy, atomic_write
 
     if not isinstance(out, (str, os.PathLike)) or not Path(out).is_dir():
@@ -395,6 +397,8 @@ def write_extras(out: str | Path, model: Any, video_features: Any, video_mask: A
     if texts is not None and (not isinstance(texts, dict) or "features" not in texts):
         raise TypeError("texts: expected caption_texts(...) or None")
     n = int(first.shape[0])
+    if videos is not None and tuple(getattr(videos, "shape", ()))[:1] != (n,):
+        raise ValueError(f"videos: expected the {n} gallery embeddings, got {short_repr(videos)}")
 
     def rows(x, start):
         if x is None:
@@ -405,7 +409,8 @@ def write_extras(out: str | Path, model: Any, video_features: Any, video_mask: A
     def write_videos(tmp):
         arr = None
         for start in range(0, n, block_rows):
-            emb = model.encode_video(rows(video_features, start), rows(video_mask, start))
+            emb = videos[start:start + block_rows] if videos is not None else \
+                model.encode_video(rows(video_features, start), rows(video_mask, start))
             emb = emb.detach().cpu().numpy().astype(np.float32) if hasattr(emb, "detach") else np.asarray(emb)
             if arr is None:
                 arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, emb.shape[1]))
