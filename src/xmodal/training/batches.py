@@ -98,17 +98,25 @@ def _as_is(item: Batch) -> Batch:
     return item  # batch_size=None: the dataset's item is the batch (no numpy -> tensor conversion)
 
 
-def batch_loader(dataset: EpochBatches, *, workers: int = 0) -> DataLoader:
+def batch_loader(dataset: EpochBatches, *, workers: int = 0, seed: int = 0) -> DataLoader:
     """A ``DataLoader`` over the batches of ``dataset`` in order; ``workers`` processes
-    gather ahead (``prefetch_factor`` 2 each), 0 gathers in this process."""
+    gather ahead (``prefetch_factor`` 2 each), 0 gathers in this process.
+
+    The loader draws its workers' base seed from a generator of its own, seeded with ``seed``:
+    ``iter(DataLoader)`` otherwise draws one number from the *global* torch RNG, which shifts
+    every later dropout mask, so a run's trajectory would depend on whether batches pass
+    through a loader (issue 35: the albums flat rows moved when the loader came in).
+    """
     from xmodal._validate import short_repr, whole_number
 
     if not isinstance(dataset, EpochBatches):
         raise TypeError(f"dataset: expected an EpochBatches, got {short_repr(dataset)}")
     workers = whole_number(workers, "workers")
     kwargs: dict[str, Any] = {"prefetch_factor": 2} if workers else {}
+    seed = whole_number(seed, "seed")
+    generator = torch.Generator().manual_seed(int(seed))
     return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=int(workers),
-                      collate_fn=_as_is, **kwargs)
+                      collate_fn=_as_is, generator=generator, **kwargs)
 
 
 def to_device(features: Any, mask: Any, device: torch.device | str) -> tuple[Any, Any]:

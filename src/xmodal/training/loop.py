@@ -374,7 +374,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         epoch_list = batches_of(epoch)
         items = epoch_list if hier is not None else batch_loader(
             EpochBatches(epoch_list, text=text_all, text_mask=text_mask_all, video=video_all, video_mask=mask_all,
-                         text_to_video=t2v_np, rank=dist.rank(), local_batch=local_bs), workers=tc.workers)
+                         text_to_video=t2v_np, rank=dist.rank(), local_batch=local_bs), workers=tc.workers,
+            seed=tc.seed * 100003 + epoch)
         bar = tqdm(items, total=len(epoch_list), desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not show,
                    leave=False, mininterval=0.5, dynamic_ncols=True)
         losses, terms = [], {}
