@@ -156,7 +156,7 @@ def _hf_encoder(spec: str, kind: str) -> Encoder:
             def forward(part):
                 import torch
 
-                return model.images(torch.cat([model.pixels(_rgb(x)) for x in part]))
+                return model.images(torch.cat([model.pixels(_opened(x)) for x in part]))
             return _batched(forward, items, batch_size, progress, "images")
     else:
         def fn(clips, *, batch_size, progress):
@@ -176,15 +176,17 @@ def _batched(forward, items: list, batch_size: int, progress: bool, unit: str) -
     return np.concatenate(out)
 
 
-def _rgb(item):
-    """An image file or a decoded PIL image as an RGB ``PIL.Image`` (errors as :func:`load_image`)."""
+def _opened(item):
+    """An image file (decoded, as the file holds it: the folder's processor converts it as the library
+    would) or a decoded PIL image as it is; errors as :func:`load_image`."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
-        return item.convert("RGB")
+        return item
     try:
         with Image.open(item) as im:
-            return im.convert("RGB")
+            im.load()
+            return im.copy()
     except FileNotFoundError:
         raise FileNotFoundError(f"{item}: image file not found") from None
     except (OSError, Image.DecompressionBombError) as exc:

@@ -141,7 +141,10 @@ class HFModel:
             return _pooled(self.model.get_text_features(**inputs))
 
     def pixels(self, image) -> Any:
-        """The processor's ``pixel_values`` of one image ``[1, 3, H, W]``."""
+        """The processor's ``pixel_values`` of one image ``[1, 3, H, W]`` (the image as opened: a processor
+        with ``do_convert_rgb`` converts it as the library does; for one without, it is made RGB first)."""
+        if not getattr(self.processor.image_processor, "do_convert_rgb", False) and image.mode != "RGB":
+            image = image.convert("RGB")
         return self.processor(images=[image], return_tensors="pt")["pixel_values"]
 
     def images(self, pixel_values):
@@ -221,9 +224,11 @@ def identity(spec: str, kind: str) -> dict:
         raise ValueError(unsupported_kind(spec, model_type, kind))
     level = {"text": "sentence", "image": "image", "video": "clip"}[kind]
     processor = [folder / n for n in PROCESSOR_FILES if (folder / n).is_file()]
-    pre = {"text": {"padding": "max_length" if model_type == "siglip" else "longest", "truncation": True},
-           "image": {"one image at a time through the folder's image processor": True},
-           "video": {"clip of num_frames frames through the folder's video processor": True}}[kind]
+    pre = {"text": {"input": "captions through the folder's tokenizer", "truncation": True,
+                    "padding": "max_length" if model_type == "siglip" else "longest"},
+           "image": {"input": "each image as decoded (video frames: RGB) through the folder's image processor"},
+           "video": {"input": "num_frames frames sampled uniformly over the video, through the folder's video "
+                              "processor, one clip"}}[kind]
     if model_type == "xclip" and kind == "video":
         pre["num_frames"] = int((cfg.get("vision_config") or {}).get("num_frames", 8))
     return {"spec": f"hf:{folder}", "kind": kind, "level": level, "family": model_type, "hub_name": hub_name(cfg),

@@ -33,9 +33,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["sidecar_path", "write_sidecar", "read_sidecar", "check_record", "read_encoders", "write_encoders",
-           "mismatch", "assumed_builtin", "spec_of", "portable", "stated", "recorded_text", "resolve_text", "resolve", "recorded_video", "index_encoders", "file_sha256", "files_sha256", "run_encoders",
-           "ENCODERS_NAME", "SIDECAR_NAME"]
+__all__ = ["sidecar_path", "read_sidecar", "write_sidecar", "check_record", "read_encoders", "write_encoders",
+           "run_encoders", "mismatch", "assumed_builtin", "portable", "resolve_text", "ENCODERS_NAME", "SIDECAR_NAME"]
 
 #: ``FEATS/encoder.json`` (a folder of per-video features), and the suffix of a file's sidecar.
 SIDECAR_NAME = "encoder.json"
@@ -60,8 +59,20 @@ def sidecar_path(out: str | os.PathLike) -> Path:
     >>> sidecar_path("feats/caps.npy").as_posix()
     'feats/caps.npy.encoder.json'
     """
-    p = Path(out)
+    p = _path(out, "out")
     return p / SIDECAR_NAME if p.is_dir() else p.with_name(p.name + "." + SIDECAR_NAME)
+
+
+def _path(value: Any, name: str) -> Path:
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise TypeError(f"{name}: expected a path, got {type(value).__name__}")
+    return Path(value)
+
+
+def _record_or_none(value: Any, name: str) -> dict | None:
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"{name}: expected an encoder record (dict) or None, got {type(value).__name__}")
+    return value
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -95,6 +106,8 @@ def files_sha256(paths: list[Path]) -> str | None:
 
 def check_record(record: Any, where: str) -> dict | None:
     """A validated identity record (None stays None); ValueError naming ``where`` otherwise."""
+    if not isinstance(where, str):
+        raise TypeError(f"where: expected text, got {type(where).__name__}")
     if record is None:
         return None
     if not isinstance(record, dict):
@@ -157,6 +170,8 @@ def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
     """Write the identity ``record`` of ``features`` (a file or a folder) atomically; returns its path."""
     from xmodal.runs import atomic_write_text
 
+    if not isinstance(record, dict):
+        raise TypeError(f"record: expected an encoder record (dict), got {type(record).__name__}")
     record = check_record(record, "record")
     path = sidecar_path(features)
     atomic_write_text(path, json.dumps({"format": SIDECAR_FORMAT, "version": VERSION, **record}, indent=1) + "\n")
@@ -166,7 +181,7 @@ def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
 def read_encoders(folder: str | os.PathLike, where: str = "data") -> dict | None:
     """``{"text", "video", "experts"}`` records of a layout's or a run's ``encoders.json``, or None
     when the folder has none."""
-    path = Path(folder) / ENCODERS_NAME
+    path = _path(folder, "folder") / ENCODERS_NAME
     if not path.is_file():
         return None
     body = _read_json(path, where)
@@ -184,6 +199,10 @@ def write_encoders(folder: str | os.PathLike, encoders: dict) -> Path:
     """Write ``{"text", "video", "experts"}`` as ``folder/encoders.json`` (atomic)."""
     from xmodal.runs import atomic_write_text
 
+    if not isinstance(encoders, dict):
+        raise TypeError(f"encoders: expected {{'text', 'video', 'experts'}}, got {type(encoders).__name__}")
+    if not isinstance(encoders.get("experts") or {}, dict):
+        raise TypeError("encoders['experts']: expected a dict of expert name -> record")
     body = {"format": ENCODERS_FORMAT, "version": VERSION,
             "text": check_record(encoders.get("text"), "encoders['text']"),
             "video": check_record(encoders.get("video"), "encoders['video']"),
@@ -198,7 +217,7 @@ def run_encoders(run: str | os.PathLike, where: str = "--run") -> dict:
     """``{"text", "video", "experts"}`` records of a run folder (``RUN/encoders.json``), a checkpoint
     file (its folder's) or an export folder (``config.json``'s ``encoders``); records missing or not
     written are None (a run made before xmodal recorded encoders, in-memory data ...)."""
-    p = Path(run)
+    p = _path(run, "run")
     folder = p if p.is_dir() else p.parent
     empty = {"text": None, "video": None, "experts": {}}
     if (folder / "config.json").is_file() and not (folder / ENCODERS_NAME).is_file():
@@ -225,7 +244,7 @@ def portable(record: dict | None) -> dict | None:
     >>> portable({"spec": "hf:/home/me/models/clip-b32", "kind": "text", "hub_name": None})["spec"]
     'hf:clip-b32'
     """
-    if record is None:
+    if _record_or_none(record, "record") is None:
         return None
     out = dict(record)
     spec = str(out.get("spec", ""))
@@ -253,9 +272,9 @@ def mismatch(recorded: dict | None, given: dict | None) -> str | None:
     >>> mismatch(a, {"spec": "hf:/m/clip", "kind": "text", "dim": 512})
     'hf:/m/clip gives 512-d features, but the recorded encoder minilm gives 384-d'
     """
-    if recorded is None or given is None:
+    if _record_or_none(recorded, "recorded") is None or _record_or_none(given, "given") is None:
         return None
-    a, b = recorded, given
+    a, b = check_record(recorded, "recorded"), check_record(given, "given")
     if a.get("dim") and b.get("dim") and a["dim"] != b["dim"]:
         return f"{b['spec']} gives {b['dim']}-d features, but the recorded encoder {a['spec']} gives {a['dim']}-d"
     if a.get("kind") == "text" and b.get("kind") == "text" and _level(a) and _level(b) and _level(a) != _level(b):
@@ -340,6 +359,11 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
     """:func:`resolve_text` for ``kind`` ``text`` (captions) or ``video`` (an uploaded video's frames or clip)."""
     if kind not in ("text", "video"):
         raise ValueError(f"kind: expected text or video, got {str(kind)[:40]!r}")
+    recorded = check_record(_record_or_none(recorded, "recorded"), "recorded")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+        raise ValueError(f"dim: expected a positive integer or None, got {str(dim)[:40]!r}")
+    if given is not None and not isinstance(given, str):
+        raise TypeError(f"{flag}: expected an encoder spec, got {type(given).__name__}")
     what = "text encoder" if kind == "text" else "image encoder"
     if given == "none":
         return {"spec": None, "status": "off", "reason": f"{flag} none", "record": recorded}
