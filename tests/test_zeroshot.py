@@ -176,7 +176,7 @@ def test_commands_take_the_zero_shot_run_unchanged(run, layout, tmp_path, capsys
 
 
 def test_shipped_config_is_the_dn_protocol(layout):
-    cfg = load_config(ROOT / "configs" / "zeroshot" / "clip_dn.yaml", [f"data.root={layout}", "data.val_split=val"])
+    cfg = load_config(ROOT / "configs" / "zeroshot" / "clip_dn.yaml", ["data.name=paired", f"data.root={layout}"])
     t = cfg.test_time
     assert (cfg.model.kind, cfg.train.epochs, cfg.model.standardize) == ("identity", 0, False)
     assert (t.dn_lam, t.dn_num_samples, t.dn_seeds, t.dn_source) == (0.25, 100, 5, "val")
