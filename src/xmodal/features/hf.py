@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -199,17 +200,19 @@ def _first(exc: BaseException) -> str:
 
 
 _MODELS: dict[tuple, HFModel] = {}
+_LOCK = threading.Lock()  # serve's upload thread and its text queries may both ask for one folder
 
 
 def load(spec: str) -> HFModel:
     """The :class:`HFModel` of ``hf:DIR`` (loaded once while its weight files stay the same)."""
     folder = folder_of(spec)
     key = (str(folder), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in weight_files(folder)))
-    if key not in _MODELS:
-        for old in [k for k in _MODELS if k[0] == key[0]]:
-            del _MODELS[old]
-        _MODELS[key] = HFModel(folder, spec)
-    return _MODELS[key]
+    with _LOCK:
+        if key not in _MODELS:
+            for old in [k for k in _MODELS if k[0] == key[0]]:
+                del _MODELS[old]
+            _MODELS[key] = HFModel(folder, spec)
+        return _MODELS[key]
 
 
 def identity(spec: str, kind: str) -> dict:

@@ -367,8 +367,9 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
     what = "text encoder" if kind == "text" else "image encoder"
     if given == "none":
         return {"spec": None, "status": "off", "reason": f"{flag} none", "record": recorded}
+    tokens = recorded is not None and recorded.get("level") == "tokens"  # the same encoder's token features
     if given is not None:
-        mine = stated(given, kind, dim, flag)
+        mine = _as_tokens(stated(given, kind, dim, flag), tokens)
         if recorded is None:
             return {"spec": mine["spec"], "status": "stated", "reason": None, "record": mine}
         why = mismatch(recorded, mine)
@@ -377,7 +378,7 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
         return {"spec": mine["spec"], "status": "recorded", "reason": None, "record": recorded}
     if recorded is not None:
         try:
-            here = stated(recorded["spec"], kind, dim, what)
+            here = _as_tokens(stated(recorded["spec"], kind, dim, what), tokens)
         except ValueError as exc:
             return {"spec": None, "status": "off", "record": recorded,
                     "reason": f"the recorded {what} {recorded['spec']} is not usable here "
@@ -398,6 +399,12 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
     return {"spec": None, "status": "off", "record": None,
             "reason": f"no {what} is recorded, and {shown} {side} features match no built-in encoder "
                       f"(name the one that made them with {flag} SPEC)"}
+
+
+def _as_tokens(record: dict, tokens: bool) -> dict:
+    """A text encoder's record for its token-level features (``encode text --tokens``) where those were
+    recorded: the encoder is the same, only the level differs."""
+    return {**record, "level": "tokens", "normalized": False} if tokens else record
 
 
 def recorded_video(meta: dict) -> dict | None:
