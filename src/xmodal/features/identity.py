@@ -26,12 +26,13 @@ which built-in encoder a feature size matches: an *assumption*, shown as such, n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any
+
+from xmodal.features.hashing import file_sha256, files_sha256  # noqa: F401  (used by the encoders)
 
 __all__ = ["sidecar_path", "read_sidecar", "write_sidecar", "check_record", "read_encoders", "write_encoders",
            "run_encoders", "mismatch", "assumed_builtin", "portable", "resolve_text", "ENCODERS_NAME", "SIDECAR_NAME"]
@@ -73,35 +74,6 @@ def _record_or_none(value: Any, name: str) -> dict | None:
     if value is not None and not isinstance(value, dict):
         raise TypeError(f"{name}: expected an encoder record (dict) or None, got {type(value).__name__}")
     return value
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file, read 1 MiB at a time; cached while the file's size, mtime and inode stay."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-    if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
-
-
-_HASHES: dict[tuple, str] = {}
-
-
-def files_sha256(paths: list[Path]) -> str | None:
-    """One file: its SHA-256 (what ``sha256sum FILE`` prints); several: the SHA-256 of their ``sha256sum``
-    lines (``HASH  NAME``, sorted by name); none: None."""
-    paths = sorted(paths, key=lambda p: p.name)
-    if not paths:
-        return None
-    if len(paths) == 1:
-        return file_sha256(paths[0])
-    lines = "".join(f"{file_sha256(p)}  {p.name}\n" for p in paths)
-    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def check_record(record: Any, where: str) -> dict | None:
