@@ -120,6 +120,10 @@ def identity_of(spec: str, kind: str, *, dim: int | None = None) -> dict:
     spec, weights' and preprocessing's SHA-256 (built-ins and ``hf:`` folders; a registered encoder is
     known by its name only), preprocessing, feature size (``dim`` where the spec does not say) and
     whether its features are L2-normalised. No weights are loaded for an ``hf:`` folder."""
+    if kind == "text" and spec not in ENCODERS and spec in TOKEN_ENCODERS:  # a token-level encoder only
+        return {"spec": spec, "kind": "text", "level": "tokens", "family": "registered", "hub_name": None,
+                "weights_sha256": None, "preprocessing_sha256": None, "preprocessing": None,
+                "dim": None if dim is None else int(dim), "normalized": False}
     enc = get_encoder(spec, kind)
     record = dict(enc.identity()) if enc.identity is not None else {
         "spec": spec, "kind": enc.kind, "level": "sentence" if enc.kind == "text" else "image",
