@@ -135,7 +135,9 @@ OTHER_ARGS = {
     "data synthetic": {"--seed", "--threads"},
     "data import": {"--split", "--text-model", "--max-frames", "--threads", "--dtype"},
     "demo": {"--losses", "--normalizers", "--seed", "--epochs", "--num-train", "--num-eval", "--threads"},
-    "encode": {"kind", "--frames", "--fps", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels"},
+    # --weights: open_clip's weights file, never read here (open_clip:ARCH is refused on this torch: issue 33)
+    "encode": {"kind", "--frames", "--fps", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels",
+               "--weights"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search"},
@@ -145,7 +147,7 @@ OTHER_ARGS = {
     "query": {"--captions", "--k", "--text-encoder", "--threads", "--nprobe", "--ef-search"},
     "report": {"--examples", "--seed", "--threads"},
     "serve": {"--host", "--port", "--k", "--text-encoder", "--threads", "--uploads", "--max-upload-mb",
-              "--max-upload-seconds", "--upload-frames", "--image-encoder"},
+              "--max-upload-seconds", "--upload-frames", "--image-encoder", "--max-upload-decode"},
     "train": {"rest", "--set", "--threads"},
 }
 
