@@ -1,12 +1,14 @@
 """Flickr8k "albums": a real-feature testbed for the two-level model (clips inside videos).
 
     OMP_NUM_THREADS=1 python bench/albums.py --data ../shared/data/flickr8k --out runs/albums \\
-        [--seeds 0 1 2] [--epochs 15] [--albums related unrelated] [--models coot hier flat] \\
-        [--write docs/results/albums_related.md]
+        [--seeds 0 1 2] [--epochs 15] [--albums related unrelated fixed] [--models coot hier flat] \\
+        [--controls] [--write docs/results/albums_related.md]
 
 An album is a "video" whose images are its clips (in album order); one of each image's 5 captions
 (drawn at random) is the clip's sentence, so an album's paragraph is its captions in image order.
-Album sizes are drawn uniformly from 3-8. Two kinds (``--albums``):
+Album sizes are drawn uniformly from 3-8, so a paragraph is exactly as long as its album: a model
+that encodes length (the release block's sine/cosine positions do) can match a paragraph to the
+albums of its length without reading it. Three kinds (``--albums``):
 
 - ``unrelated``: the split's images shuffled and cut into albums: an album's images have nothing
   to do with each other.
@@ -15,6 +17,9 @@ Album sizes are drawn uniformly from 3-8. Two kinds (``--albums``):
   album ordered along the cluster's first principal axis (in caption space), the albums then
   shuffled. Related albums share a topic with about 6 others in the test gallery (hard negatives),
   and their order carries meaning.
+- ``fixed``: related albums of exactly ``FIXED`` (5) images each, train and test, so paragraph
+  length says nothing about the album; the test albums are the same for every seed (cut with seed
+  0), so ``xmodal compare`` pairs the seeds' per-query results.
 
 Train albums: Flickr8k train, 100 of them carved out as the validation split (epoch selection on
 its paragraph <-> video R@1,5,10, ``train.metric: p2v_rsum``, for every model); test albums:
@@ -32,6 +37,22 @@ local transformer and its attention pooling do not apply):
 
 Every hierarchical run also reports its flat reference (``p2v_flat``: its own local embeddings
 mean-pooled), so the table says whether the global level or the local training made a difference.
+``--controls`` adds the rows that need no training (test albums only):
+
+- the controls without training: the flat run's local towers under *untrained* global towers (the
+  ``coot`` model's release block and mean pooling, seeded, without the context branch, whose
+  untrained half is LayerNorm-amplified noise), once as built and once with the global towers'
+  positions zeroed. Untrained (truncated-normal std 0.01), the block passes each clip's layer-normed
+  embedding plus its sine/cosine position to the average, so the average carries the album's length
+  (the mean of its positions) and, mixed by the layer norms, which clip sat where; what the control
+  gains over the positions-zeroed one is what positions give without training: length and order on
+  albums of 3-8, order alone among albums of one length;
+- ``coot, positions zeroed at test``: the trained COOT global level without its positions;
+
+and a column "among same-length albums": each paragraph ranked only against the albums of its own
+length (on ``fixed`` the same as p2v R@1). Each row's per-query ranks go to
+``OUT/perquery/KIND/LOSS/ROW/seedS.npz`` (p2v, v2p; ``ROW-samelength/`` the same-length p2v ranks as
+p2v), with the protocol card of the run they come from, for ``xmodal compare``.
 ``--diagnose`` prints, per run, the global and local loss and validation p2v R@1 per epoch, the
 final model's p2v R@1 on its own training albums, and the share of a 16- and a 64-album batch
 that CrossCLR's global-level pruning removes; ``--batch`` changes the albums per step; ``--tag T
@@ -43,6 +64,8 @@ reused); album splits in ``OUT/data`` (derived data: never commit).
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -65,7 +88,13 @@ MODELS = {"coot": {"hierarchy": True, "block": "release", "global_pooling": "mea
 LABELS = {"coot": "COOT global level (release block, mean + context)",
           "hier": "global level before issue 27 (attention pooling)", "flat": "flat, mean-pooled"}
 VAL_ALBUMS = 100
-ALBUM_KINDS = ("related", "unrelated")
+ALBUM_KINDS = ("related", "unrelated", "fixed")
+#: Images per album of the ``fixed`` kind (train and test); test albums cut with this seed for every run.
+FIXED, FIXED_TEST_SEED = 5, 0
+#: Rows of ``--controls`` (no training): label, per-query folder name.
+CONTROLS = {"untrained": "control, no training: flat towers + untrained release global towers (mean, no context)",
+            "untrained-nopos": "control, no training: the same, positions zeroed",
+            "coot-nopos": "COOT global level, positions zeroed at test"}
 
 
 def _cut(rng: np.random.Generator, n: int, low: int, high: int) -> list[int]:
@@ -157,16 +186,21 @@ def _save(root: Path, name: str, s: PairedSplit) -> None:
 def write_albums(data: Path, root: Path, seed: int, kind: str = "unrelated") -> None:
     if (root / "test_video_to_group.npy").is_file():
         return
-    make = make_related_albums if kind == "related" else make_albums
-    train = make(load_paired_split(data, "train"), seed)
-    test = make(load_paired_split(data, "dev"), seed)
+    if kind == "fixed":
+        train = make_related_albums(load_paired_split(data, "train"), seed, low=FIXED, high=FIXED)
+        test = make_related_albums(load_paired_split(data, "dev"), FIXED_TEST_SEED, low=FIXED, high=FIXED)
+    else:
+        make = make_related_albums if kind == "related" else make_albums
+        train = make(load_paired_split(data, "train"), seed)
+        test = make(load_paired_split(data, "dev"), seed)
     cut = int(np.searchsorted(train.video_to_group, train.num_groups - VAL_ALBUMS))
     _save(root, "val", train.subset(np.arange(cut, train.num_videos)))
     _save(root, "test", test)
     _save(root, "train", train.subset(np.arange(cut)))
 
 
-def config(root: Path, loss: str, model: str, seed: int, epochs: int, batch: int = 16, **model_keys):
+def config(root: Path, loss: str, model: str, seed: int, epochs: int, batch: int = 16, album_size: float = 5.5,
+           **model_keys):
     hierarchy = MODELS[model]["hierarchy"]
     return from_dict({
         "data": {"name": "paired", "root": str(root), "train_split": "train", "val_split": "val",
@@ -175,9 +209,9 @@ def config(root: Path, loss: str, model: str, seed: int, epochs: int, batch: int
         "loss": {**LOSSES[loss], "global_weight": 0.6},
         "optim": {"name": "adam", "lr": 1e-3, "warmup_epochs": 1},
         "test_time": {"normalizers": ["none"], "bank_size": 1000, "oracle": False},
-        # about 88 clips per step either way: 16 albums of 5.5 images on average, or 88 pairs
+        # the same clips per step either way: 16 albums of 5.5 images on average (fixed: 5), or 88 (80) pairs;
         # epochs selected on the validation albums' paragraph <-> video retrieval, for both models
-        "train": {"seed": seed, "epochs": epochs, "batch_size": batch if hierarchy else round(batch * 5.5),
+        "train": {"seed": seed, "epochs": epochs, "batch_size": batch if hierarchy else round(batch * album_size),
                   "patience": 4, "progress": False, "metric": "p2v_rsum"},
     })
 
@@ -185,6 +219,96 @@ def config(root: Path, loss: str, model: str, seed: int, epochs: int, batch: int
 def _run_dir(args, kind: str, loss: str, model: str, seed: int) -> Path:
     tag = ("" if args.batch == 16 else f"-b{args.batch}") + (f"-{args.tag}" if args.tag else "")
     return Path(args.out) / "runs" / kind / f"{loss}-{model}{tag}" / f"seed{seed}"
+
+
+def _ranks(paragraph: torch.Tensor, video: torch.Tensor, lengths: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-query ranks (pessimistic ties): p2v and v2p over the whole gallery, and p2v among the
+    albums of the query's own length (``same``: 1 + the other same-length albums scoring >= the right one)."""
+    from xmodal.metrics import text_video_ranks
+
+    sim = paragraph @ video.T
+    r = text_video_ranks(sim, np.arange(sim.shape[0]))
+    same_length = torch.as_tensor(lengths[:, None] == lengths[None, :], device=sim.device)
+    same = ((sim >= sim.diagonal()[:, None]) & same_length).sum(1).cpu().numpy()  # counts the album itself once
+    if bool((lengths == lengths[0]).all()) and not np.array_equal(same, r["t2v"]):
+        raise AssertionError("same-length ranks differ from the ranks on a gallery of one length")
+    return {"p2v": r["t2v"].astype(np.int32), "v2p": r["v2t"].astype(np.int32), "same": same.astype(np.int32)}
+
+
+def _group_embeddings(model, split: PairedSplit, flat: bool) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(paragraphs, videos, album lengths): the global towers', or the mean-pooled clips' with ``flat``."""
+    from xmodal.retrieval.evaluate import mean_pooled_groups
+
+    lengths = np.bincount(split.video_to_group)
+    if flat or not hasattr(model, "encode_groups"):
+        p, v = mean_pooled_groups(model, split)
+        return p, v, lengths
+    p, v, have = model.encode_groups(*split.video_input(), split.text, split.text_to_video, split.video_to_group)
+    return p, v, lengths[have.numpy()]
+
+
+def _zero_positions(model) -> None:
+    with torch.no_grad():
+        for tower in (model.global_video, model.global_text):
+            tower.pos.zero_()
+
+
+def _summary(ranks: dict[str, np.ndarray], base: dict) -> dict:
+    """A table row from per-query ranks (R@K in percent); clip t2v and the best epoch from ``base``."""
+    at = lambda r, k: float(100.0 * np.mean(r <= k))  # noqa: E731
+    return {**base, "p2v": {"R@1": at(ranks["p2v"], 1), "R@5": at(ranks["p2v"], 5)},
+            "v2p": {"R@1": at(ranks["v2p"], 1)}, "same": {"R@1": at(ranks["same"], 1)}}
+
+
+def evaluate_rows(args, kind: str, loss: str, model_name: str, seed: int, run: Path, root: Path) -> dict:
+    """``--controls``: each row of one run re-evaluated on the test albums from its embeddings (overall and
+    same-length ranks), its per-query ranks written for ``xmodal compare``; the control rows built on it."""
+    from xmodal.models import load_model
+    from xmodal.models.hierarchy import with_global_towers
+    from xmodal.retrieval.perquery import read_per_query, write_per_query
+    from xmodal.training.hierarchy import global_spec
+
+    split = load_paired_split(root, "test")
+    own, cards = read_per_query(run / "per_query.npz")
+    summary = json.loads((run / "metrics.json").read_text())
+    base = {"t2v": summary["test"]["none"]["t2v"], "best_epoch": summary["best_epoch"]}
+    hierarchical = MODELS[model_name]["hierarchy"]
+    rows: dict[str, tuple[object, bool, bool]] = {model_name: (load_model(run), False, False)}
+    if hierarchical:
+        rows[f"{model_name}-flatref"] = (rows[model_name][0], True, False)
+    if model_name == "flat":
+        # the release block's global level without the context branch: an untrained context half is
+        # LayerNorm-amplified noise that drowns the pooled half (p2v R@1 about 15 on related albums)
+        spec = dataclasses.replace(global_spec(config(root, loss, "coot", seed, args.epochs)), context=False)
+        torch.manual_seed(seed)
+        rows["untrained"] = (with_global_towers(rows[model_name][0], spec), False, False)
+        rows["untrained-nopos"] = (rows["untrained"][0], False, True)
+    if model_name == "coot":
+        rows["coot-nopos"] = (load_model(run), False, True)
+    out = {}
+    for name, (model, flat, zero) in rows.items():
+        if zero:
+            model = copy.deepcopy(model)
+            _zero_positions(model)
+        ranks = _ranks(*_group_embeddings(model, split, flat))
+        if name == model_name and not np.array_equal(ranks["p2v"], own["test"]["none"]["p2v"]["rank"]):
+            raise AssertionError(f"{run}: re-evaluated p2v ranks differ from the run's per_query.npz")
+        folder = Path(args.out) / "perquery" / kind / loss
+        for sub, p2v in ((name, ranks["p2v"]), (f"{name}-samelength", ranks["same"])):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+            write_per_query(folder / sub / f"seed{seed}.npz",
+                            {"test": {"none": {"p2v": {"rank": p2v}, "v2p": {"rank": ranks["v2p"]}}}},
+                            {"test": cards["test"]})
+        out[name] = _summary(ranks, base)
+    return out
+
+
+def _label(args, name: str) -> str:
+    if name in CONTROLS:
+        return CONTROLS[name]
+    if name.endswith("-flatref"):
+        return f"{name[:-len('-flatref')]}: its local embeddings mean-pooled"
+    return LABELS[name] + (f" [{args.tag}: {args.keys}]" if args.tag and MODELS[name]["hierarchy"] else "")
 
 
 def run_seed(args, kind: str, seed: int) -> dict:
@@ -198,33 +322,39 @@ def run_seed(args, kind: str, seed: int) -> dict:
             run = _run_dir(args, kind, loss, model, seed)
             if not (run / "metrics.json").is_file():
                 keys = json.loads(args.keys) if MODELS[model]["hierarchy"] else {}
-                train(config(root, loss, model, seed, args.epochs, args.batch, **keys), run)
+                train(config(root, loss, model, seed, args.epochs, args.batch,
+                             album_size=FIXED if kind == "fixed" else 5.5, **keys), run)
             summary = json.loads((run / "metrics.json").read_text())
             metrics = {**summary["test"]["none"], "best_epoch": summary["best_epoch"]}
-            label = LABELS[model] + (f" [{args.tag}: {args.keys}]" if args.tag and MODELS[model]["hierarchy"] else "")
-            rows[(kind, loss, label)] = metrics
-            if "p2v_flat" in metrics:  # the hierarchical run's own local embeddings, mean-pooled
-                rows[(kind, loss, f"{model}: its local embeddings mean-pooled")] = {
-                    **metrics, "p2v": metrics["p2v_flat"], "v2p": metrics["v2p_flat"]}
             print(f"{kind} seed {seed} {loss} {model}: p2v R@1 {metrics['p2v']['R@1']:.2f} "
                   f"(best epoch {summary['best_epoch']})", flush=True)
+            if args.controls:
+                for name, row in evaluate_rows(args, kind, loss, model, seed, run, root).items():
+                    rows[(kind, loss, _label(args, name))] = row
+                continue
+            rows[(kind, loss, _label(args, model))] = metrics
+            if "p2v_flat" in metrics:  # the hierarchical run's own local embeddings, mean-pooled
+                rows[(kind, loss, _label(args, f"{model}-flatref"))] = {
+                    **metrics, "p2v": metrics["p2v_flat"], "v2p": metrics["v2p_flat"]}
     return rows
 
 
 def table(per_seed: dict[int, dict], command: str, sizes: dict[str, int]) -> str:
     seeds = sorted(per_seed)
     keys = list(per_seed[seeds[0]])
-    lines = [f"### Flickr8k albums: test = dev images ({', '.join(f'{k}: {n} albums' for k, n in sizes.items())} "
-             f"of 3-8, seed {seeds[0]}), mean ± std over {len(seeds)} seeds", "",
+    same = any("same" in per_seed[seeds[0]][k] for k in keys)
+    lines = [f"### Flickr8k albums: test = dev images ({', '.join(f'{k}: {n} albums' for k, n in sizes.items())}), "
+             f"mean ± std over {len(seeds)} seeds", "",
              f"Command: `{command}`", "",
-             "| albums | loss (each level) | model | p2v R@1 | v2p R@1 | p2v R@5 | clip t2v R@1 | p2v R@1 per seed "
-             "| best epochs |",
-             "|---|---|---|---:|---:|---:|---:|---|---|"]
+             "| albums | loss (each level) | model | p2v R@1 | " + ("p2v R@1 among same-length albums | " if same else "")
+             + "v2p R@1 | p2v R@5 | clip t2v R@1 | p2v R@1 per seed | best epochs |",
+             "|---|---|---|---:|" + ("---:|" if same else "") + "---:|---:|---:|---|---|"]
     for key in keys:
         get = lambda d, k: np.array([per_seed[s][key][d][k] for s in seeds])  # noqa: E731
         ms = lambda a: f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0:.1f}"  # noqa: E731
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(get('p2v', 'R@1'))} | {ms(get('v2p', 'R@1'))} | "
-                     f"{ms(get('p2v', 'R@5'))} | {ms(get('t2v', 'R@1'))} | "
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(get('p2v', 'R@1'))} | "
+                     + (f"{ms(get('same', 'R@1'))} | " if same else "")
+                     + f"{ms(get('v2p', 'R@1'))} | {ms(get('p2v', 'R@5'))} | {ms(get('t2v', 'R@1'))} | "
                      f"{', '.join(f'{x:.1f}' for x in get('p2v', 'R@1'))} | "
                      f"{', '.join(str(per_seed[s][key]['best_epoch']) for s in seeds)} |")
     return "\n".join(lines) + "\n"
@@ -296,6 +426,8 @@ def main(argv=None) -> int:
                    "e.g. '{\"global_context\": false}'; needs --tag")
     p.add_argument("--tag", default="", help="name of the variant: its runs go to LOSS-MODEL-TAG")
     p.add_argument("--diagnose", action="store_true", help="print loss curves and CrossCLR's pruning share")
+    p.add_argument("--controls", action="store_true", help="re-evaluate every run on the test albums with the "
+                   "same-length column, add the length-only control rows, write per-query ranks to OUT/perquery")
     p.add_argument("--write", default=None, help="also write the table to this markdown file")
     args = p.parse_args(argv)
     if json.loads(args.keys) and not args.tag:

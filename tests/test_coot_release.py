@@ -269,14 +269,16 @@ def test_attention_pool_heads_split_the_channels_like_the_release(heads, hidden)
                 assert abs(float(out[b, h * dh + c] - want)) < 1e-12
 
 
-@pytest.mark.parametrize("pooling", ["atn", "mean"])
-def test_release_local_tower_against_the_release_transformer(pooling):
+@pytest.mark.parametrize("pooling, ref_pool", [("atn", "atn"), ("mean", "avg"), ("max", "max")])
+def test_release_local_tower_against_the_release_transformer(pooling, ref_pool):
+    # max: the release's LSMDC local level (config/lsmdc.yaml video_local pooler_config name max; Table 7
+    # LSMDC "Pooler Max"), the release's MaxPool l. 653-656
     torch.manual_seed(2)
     spec = TowerSpec(kind="transformer", in_dim=6, out_dim=8, hidden=8, heads=2, layers=1, block="release",
                      pooling=pooling, pool_heads=2, pool_hidden=12, max_frames=10)
     tower = Tower(spec).double().eval()
     _jitter(tower, 2)
-    ref = RefTransformer(6, 8, 2, "atn" if pooling == "atn" else "avg", atn_hidden=12, atn_heads=2).double().eval()
+    ref = RefTransformer(6, 8, 2, ref_pool, atn_hidden=12, atn_heads=2).double().eval()
     _copy_norm(tower.input_norm, ref.input_norm)
     ref.input_fc[0].weight.data.copy_(tower.inp[0].weight)
     ref.input_fc[0].bias.data.copy_(tower.inp[0].bias)
@@ -321,6 +323,38 @@ def test_release_global_tower_with_context_against_the_release(pooling, ref_pool
             torch.testing.assert_close(out[i], want, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="context"):
         tower(x, mask)
+
+
+def test_local_max_pooling_against_a_loop_and_in_the_xmodal_block():
+    from xmodal.models import masked_max
+
+    rng = np.random.default_rng(8)
+    x = torch.as_tensor(rng.normal(size=(4, 5, 3)))
+    lengths = [5, 1, 3, 0]
+    mask = _lengths_mask(lengths, 5)
+    out = masked_max(x.masked_fill(~mask[..., None], 1e9), mask)
+    for i, n in enumerate(lengths):
+        for c in range(3):
+            want = max(float(x[i, f, c]) for f in range(n)) if n else 0.0  # a row without frames: 0
+            assert float(out[i, c]) == want
+    torch.testing.assert_close(masked_max(x, None), x.amax(1), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="mask"):
+        masked_max(x, mask[:, :4])
+    with pytest.raises(TypeError, match="mask"):
+        masked_max(x, mask.long())
+    # the xmodal block pools max before its output Linear: padded frames cannot change an output
+    torch.manual_seed(8)
+    tower = Tower(TowerSpec(kind="transformer", in_dim=3, out_dim=4, hidden=8, heads=2, layers=1,
+                            pooling="max")).double().eval()
+    m = mask.clone()
+    m[3, 0] = True
+    with torch.no_grad():
+        full = tower(x.masked_fill(~m[..., None], -7.0), m)
+        for i in range(4):
+            n = int(m[i].sum())
+            torch.testing.assert_close(full[i], tower(x[i:i + 1, :n])[0], rtol=0, atol=1e-12)
+        h = tower.encoder(tower.inp(tower.standardize(x[:1])) + tower.pos[:5])
+        torch.testing.assert_close(full[0], tower.net(h.amax(1))[0], rtol=0, atol=1e-12)
 
 
 def test_release_init_is_truncated_normal_and_keeps_gains():
@@ -402,9 +436,11 @@ def test_doctests_of_the_coot_module():
     import doctest
 
     import xmodal.models.coot
+    import xmodal.models.towers
 
-    result = doctest.testmod(xmodal.models.coot)
-    assert result.attempted > 0 and result.failed == 0
+    for mod in (xmodal.models.coot, xmodal.models.towers):
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0, mod.__name__
 
 
 def test_config_keys_of_the_two_levels_are_checked_and_reach_the_model():
@@ -416,6 +452,10 @@ def test_config_keys_of_the_two_levels_are_checked_and_reach_the_model():
         from_dict({"model": {"pooling": "atn"}})
     with pytest.raises(ValueError, match="model.local_pooling: atn pools a transformer"):
         from_dict({"model": {"local_pooling": "atn"}})
+    with pytest.raises(ValueError, match="model.local_pooling: max pools a transformer"):
+        from_dict({"model": {"local_pooling": "max"}})
+    with pytest.raises(ValueError, match="model.local_pooling: unknown value 'avg'"):
+        from_dict({"model": {"kind": "transformer", "local_pooling": "avg"}})
     with pytest.raises(ValueError, match="model.hidden: the release block"):
         from_dict({"model": {"kind": "transformer", "block": "release", "hidden": 512, "dim": 256}})
     with pytest.raises(ValueError, match="model.pool_heads"):
@@ -431,3 +471,25 @@ def test_config_keys_of_the_two_levels_are_checked_and_reach_the_model():
                                           pool_hidden=8, context=False, block="release")
     group = make_optimizer(cfg, [nn.Parameter(torch.zeros(2))]).param_groups[0]
     assert (group["betas"], group["eps"]) == ((0.56, 0.98), 1.5e-9)
+
+
+def test_local_max_pooling_reaches_both_towers_and_trains(tmp_path):
+    """LSMDC as the release builds it (config/lsmdc.yaml): local transformers pool max, the global
+    level averages; the key reaches the video and the text transformer and a run trains and reloads."""
+    from xmodal.config import from_dict
+    from xmodal.data import synthetic
+    from xmodal.models import load_model
+    from xmodal.training import fit
+
+    cfg = from_dict({"data": {"name": "synthetic"},
+                     "model": {"kind": "transformer", "text_kind": "transformer", "dim": 8, "hidden": 8, "heads": 2,
+                               "layers": 1, "block": "release", "local_pooling": "max", "hierarchy": True,
+                               "global_heads": 2, "global_pooling": "mean"},
+                     "optim": {"warmup_unit": "epoch", "warmup_epochs": 1},
+                     "test_time": {"normalizers": ["none"], "bank_size": 20},
+                     "train": {"epochs": 1, "batch_size": 4, "progress": False, "device": "cpu"}})
+    s = synthetic(num_train=48, num_val=24, num_test=24, frames=3, clips_per_group=4, seed=0)
+    model, _ = fit(cfg, splits={"train": s["train"], "val": s["val"]}, out=tmp_path / "run")
+    assert model.video_tower.spec.pooling == model.text_tower.spec.pooling == "max"
+    assert model.global_spec.pooling == "mean"
+    assert load_model(tmp_path / "run").video_tower.spec.pooling == "max"

@@ -232,13 +232,15 @@ class ModelConfig:
                                "feed-forward 4x, learned positions, output Linear) | release (COOT / CrossCLR "
                                "release: post-norm, feed-forward = width, sine/cosine positions, input layer "
                                "norm, truncated-normal init, no output Linear: needs hidden = dim)")
-    local_pooling: str = key("mean", "how transformer towers pool their frames (tokens): mean | atn (COOT's "
-                                     "attention-aware feature aggregation, CrossCLR Table 7 'Pooler ATN')")
+    local_pooling: str = key("mean", "how transformer towers pool their frames (tokens): mean | max (per channel; "
+                                     "CrossCLR Table 7 LSMDC 'Pooler Max', the release's local level) | atn "
+                                     "(COOT's attention-aware feature aggregation, Table 7 YouCook2 'Pooler ATN')")
     pool_heads: int = key(2, "heads of atn pooling, each weighting its own slice of channels (Table 7 'AF heads 2')")
     pool_hidden: int = key(0, "scoring width of atn pooling over all heads; 0 = the pooled width (COOT YouCook2: "
                               "768 = 2 x 384)")
-    global_pooling: str = key("mean", "global pooler: mean (COOT / the release's global level) | max (Table 7 "
-                                      "LSMDC) | atn")
+    global_pooling: str = key("mean", "global pooler: mean (COOT / the release's global level, LSMDC and "
+                                      "YouCook2 alike) | max | atn (Table 7's Pooler row is the local level's: "
+                                      "model.local_pooling)")
     global_context: bool = key(True, "COOT's context branch: the global towers cross-attend from the local "
                                      "embedding of the whole video (paragraph) to its clips (sentences) and "
                                      "concatenate the result (release block: embeddings of 2 x dim)")
@@ -271,6 +273,9 @@ class OptimConfig:
     eps: float = key(1e-8, "Adam epsilon (the CrossCLR / COOT release: 1.5e-9)")
     grad_clip: float = key(1.0, "clip the gradient norm to this value; 0 disables clipping")
     warmup_epochs: float = key(1.0, "linear LR warm-up over this many epochs, then cosine decay")
+    warmup_unit: str = key("step", "how the warm-up rises: step (the LR grows every step) | epoch (one LR per "
+                                   "epoch, lr * (e + 1) / warmup_epochs in epoch e = 0, 1, ...: the CrossCLR / "
+                                   "COOT release's ReduceLROnPlateauWarmup; needs whole warmup_epochs)")
     min_lr_ratio: float = key(0.0, "final LR as a fraction of lr, in [0, 1]")
     scheduler: str = key("cosine", "cosine (after warm-up) | plateau (ReduceLROnPlateau on the val metric after "
                                    "warm-up; CrossCLR sec. 4.3 / Table 7: patience 6, cooldown 4)")
@@ -632,7 +637,7 @@ def validate(cfg: Config) -> None:
     if m.kind == "transformer" and m.hidden % m.heads:
         raise ValueError(f"model.heads: must divide model.hidden ({m.hidden}), got {m.heads}")
     _one_of(m.block, "model.block", ("xmodal", "release"))
-    _one_of(m.local_pooling, "model.local_pooling", ("mean", "atn"))
+    _one_of(m.local_pooling, "model.local_pooling", ("mean", "max", "atn"))
     _one_of(m.global_pooling, "model.global_pooling", ("mean", "max", "atn"))
     if m.pool_heads <= 0:
         raise ValueError(f"model.pool_heads: must be positive, got {m.pool_heads}")
@@ -642,9 +647,9 @@ def validate(cfg: Config) -> None:
         if getattr(m, name) > MAX_MODEL_SIZE[name]:  # refused before any module is allocated
             raise ValueError(f"model.{name}: at most {MAX_MODEL_SIZE[name]}, got {getattr(m, name)}")
     transformer_towers = "transformer" in (m.kind, m.text_kind)
-    if m.local_pooling == "atn" and not transformer_towers:
-        raise ValueError("model.local_pooling: atn pools a transformer tower's frames; set model.kind or "
-                         "model.text_kind to transformer (or local_pooling: mean)")
+    if m.local_pooling != "mean" and not transformer_towers:
+        raise ValueError(f"model.local_pooling: {m.local_pooling} pools a transformer tower's frames; set "
+                         f"model.kind or model.text_kind to transformer (or local_pooling: mean)")
     if m.local_pooling == "atn" and transformer_towers and (m.hidden % m.pool_heads
                                                            or (m.pool_hidden or m.hidden) % m.pool_heads):
         raise ValueError(f"model.pool_heads: must divide model.hidden ({m.hidden}) and model.pool_hidden, got "
@@ -684,6 +689,10 @@ def validate(cfg: Config) -> None:
     _nonneg(o.grad_clip, "optim.grad_clip")
     _positive(o.eps, "optim.eps")
     _nonneg(o.warmup_epochs, "optim.warmup_epochs")
+    _one_of(o.warmup_unit, "optim.warmup_unit", ("step", "epoch"))
+    if o.warmup_unit == "epoch" and o.warmup_epochs != int(o.warmup_epochs):
+        raise ValueError(f"optim.warmup_epochs: must be a whole number with optim.warmup_unit: epoch (one LR per "
+                         f"epoch), got {o.warmup_epochs}")
     if len(o.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in o.betas):
         raise ValueError(f"optim.betas: expected two numbers in [0, 1), got {list(o.betas)}")
     if not 0 <= o.min_lr_ratio <= 1:

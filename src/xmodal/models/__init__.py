@@ -10,8 +10,9 @@ Towers (``kind``):
     - ``meanp``: CLIP4Clip "meanP": mean over the frame axis, then a linear map.
     - ``transformer``: Cali-NCE style temporal pooling, a small transformer encoder
       (2 layers, 512 hidden, 8 heads) over frames with a learned position
-      embedding, mean-pooled (or ``atn``: COOT's attention-aware aggregation), then a linear
-      map; ``block: release`` is COOT's local transformer (:mod:`~xmodal.models.towers`).
+      embedding, mean-pooled (or ``max``: per-channel maximum, the CrossCLR release's LSMDC local
+      pooler; or ``atn``: COOT's attention-aware aggregation), then a linear map;
+      ``block: release`` is COOT's local transformer (:mod:`~xmodal.models.towers`).
 Features without a frame axis pass through ``meanp``/``transformer`` as one frame;
 features with a frame axis given to ``linear``/``mlp`` are mean-pooled first.
 
@@ -19,7 +20,8 @@ Input standardisation (per-feature mean/std measured on the training split) is a
 buffer of each tower, so it is saved and restored with the weights.
 
 Layout of this package:
-    - :mod:`~xmodal.models.towers`: ``TOWER_KINDS``, ``TowerSpec``, ``Standardize``, ``masked_mean``, ``Tower``
+    - :mod:`~xmodal.models.towers`: ``TOWER_KINDS``, ``TowerSpec``, ``Standardize``, ``masked_mean``,
+      ``masked_max``, ``Tower``
     - :mod:`~xmodal.models.fusion`: ``FUSIONS``, ``ExpertFusion`` (several video experts)
     - :mod:`~xmodal.models.two_tower`: ``TwoTower``, ``build_model``
     - :mod:`~xmodal.models.hierarchy`: ``GlobalSpec``, ``GlobalTower``, ``HierarchicalTwoTower``
@@ -36,10 +38,10 @@ Layout of this package:
 
 from xmodal.models.fusion import FUSIONS, ExpertFusion
 from xmodal.models.io import CHECKPOINT_NAMES, checkpoint_file, load_model, model_from_payload, model_payload
-from xmodal.models.towers import TOWER_KINDS, Standardize, Tower, TowerSpec, masked_mean
+from xmodal.models.towers import TOWER_KINDS, Standardize, Tower, TowerSpec, masked_max, masked_mean
 from xmodal.models.two_tower import MAIN_EXPERT, TwoTower, build_model, parameter_count
 from xmodal.runs import atomic_save, load_checkpoint  # noqa: F401  (former home)
 
 __all__ = ["CHECKPOINT_NAMES", "checkpoint_file", "FUSIONS", "MAIN_EXPERT", "TOWER_KINDS", "ExpertFusion", "Standardize", "Tower",
-           "TowerSpec", "TwoTower", "build_model", "load_model", "masked_mean", "model_from_payload",
+           "TowerSpec", "TwoTower", "build_model", "load_model", "masked_max", "masked_mean", "model_from_payload",
            "model_payload", "parameter_count"]

@@ -8,10 +8,12 @@ variable group sizes), a pooler, and optionally COOT's context branch.
 
 COOT (sec. 3.2, Fig. 2) and the CrossCLR release (``models/model.py`` l. 164-175, 471-516):
 
-- ``pooling``: ``mean`` over the group's real rows (the release's global "avg"), ``max``
-  (CrossCLR Table 7, LSMDC) or ``atn`` (COOT's attention-aware aggregation,
-  :class:`~xmodal.models.coot.AttentionPool`, ``pool_heads`` heads); Table 7's "Pooler ATN" and
-  "AF heads 2" are the *local* level's (:mod:`xmodal.models.towers`), the global level averages.
+- ``pooling``: ``mean`` over the group's real rows (the release's global "avg"), ``max`` or
+  ``atn`` (COOT's attention-aware aggregation, :class:`~xmodal.models.coot.AttentionPool`,
+  ``pool_heads`` heads). CrossCLR Table 7's "Pooler" row (LSMDC "Max", YouCook2 "ATN", with "AF
+  heads 2") is the *local* level's (:mod:`xmodal.models.towers`, ``model.local_pooling``): the
+  release's ``config/lsmdc.yaml`` sets ``max`` for ``video_local`` and ``avg`` for ``video_global``,
+  so the global level averages for both datasets; ``max`` here is ours, not Table 7's.
 - ``context``: the local tower also embeds the *whole* video's frames (all its clips' frames in
   order; the whole paragraph's tokens or sentences) into one context vector; a
   Linear + GELU (``ctx_project``) and one cross-attention layer, the context as the query and the

@@ -10,8 +10,10 @@ A ``transformer`` tower's block (``BLOCKS``): ``xmodal`` (standardise -> Linear 
 transformer as the CrossCLR release builds it, :mod:`xmodal.models.coot`: input layer norm ->
 Linear + GELU -> fixed sine/cosine positions -> post-norm encoder, feed-forward = width ->
 pool; no output Linear, so ``hidden == out_dim``; truncated-normal init, std 0.01). Its pooling
-(``POOLINGS``): ``mean`` over the real frames or ``atn``, COOT's attention-aware feature
-aggregation with ``pool_heads`` heads (CrossCLR Table 7, YouCook2: "Pooler ATN", "AF heads 2").
+(``POOLINGS``): ``mean`` over the real frames, ``max`` over the real frames (per channel; CrossCLR
+Table 7, LSMDC: "Pooler Max", which the release's ``config/lsmdc.yaml`` sets at the local level) or
+``atn``, COOT's attention-aware feature aggregation with ``pool_heads`` heads (Table 7, YouCook2:
+"Pooler ATN", "AF heads 2").
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from xmodal.models.coot import AttentionPool, CootLayerNorm, ReleaseEncoder, ini
 
 TOWER_KINDS = ("linear", "mlp", "meanp", "transformer", "identity")
 BLOCKS = ("xmodal", "release")
-POOLINGS = ("mean", "atn")
+POOLINGS = ("mean", "max", "atn")
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,36 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return total / mask.sum(1, keepdim=True).clamp_min(1).to(x.dtype)
 
 
+def masked_max(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Per-channel maximum over the frame axis of the real frames (the CrossCLR release's
+    ``MaxPool``, ``models/model.py`` l. 653-656, which takes it over every row, padding included).
+
+    Padded values are replaced by ``-inf`` (``masked_fill``), so nothing in a padded frame can
+    win. A row without real frames gives 0 (as :func:`masked_mean`).
+
+    Shape:
+        - x: ``[N, F, D]``; mask: ``[N, F]`` bool, True = real frame
+        - output: ``[N, D]``
+
+    >>> x = torch.tensor([[[1.0, 5.0], [3.0, -2.0], [1e30, 1e30]]])
+    >>> masked_max(x, torch.tensor([[True, True, False]]))
+    tensor([[3., 5.]])
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x: expected a floating tensor, got {short_repr(x)}")
+    if x.ndim != 3:
+        raise ValueError(f"x: expected shape [N, F, D], got {tuple(x.shape)}")
+    if mask is None:
+        return x.amax(1)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask: expected a bool tensor (True = real frame), got {short_repr(mask)}")
+    if mask.shape != x.shape[:2]:
+        raise ValueError(f"mask: expected shape {list(x.shape[:2])} for x of shape {list(x.shape)}, "
+                         f"got {list(mask.shape)}")
+    out = x.masked_fill(~mask[..., None], float("-inf")).amax(1)
+    return out.masked_fill(~mask.any(1, keepdim=True), 0.0)
+
+
 def position_table(length: int, width: int) -> nn.Parameter:
     """A learned position embedding ``[length, width]``, initialised N(0, 0.02^2)."""
     table = nn.Parameter(torch.zeros(length, width))
@@ -270,7 +302,12 @@ class Tower(nn.Module):
                 h = self.encoder(self.drop(self.inp(self.input_norm(x)) + self.pos[: x.shape[1]]), pad)
             else:
                 h = self.encoder(self.inp(self.drop(x)) + self.pos[: x.shape[1]], src_key_padding_mask=pad)
-            pooled = self.pool(h, mask) if self.spec.pooling == "atn" else masked_mean(h, mask)
+            if self.spec.pooling == "atn":
+                pooled = self.pool(h, mask)
+            elif self.spec.pooling == "max":
+                pooled = masked_max(h, mask)
+            else:
+                pooled = masked_mean(h, mask)
             return self.net(pooled)
         if x.ndim == 3:  # meanP (and frame-averaged input for linear/mlp)
             x = masked_mean(x, mask)

@@ -368,7 +368,7 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     ``text_tokens``: the text tower is trained on token features of up to this many
     tokens (its spec records ``tokens``; a ``transformer`` text tower's position table
     covers ``max(64, text_tokens)``).
-    ``block``, ``local_pooling`` (``mean`` or ``atn``), ``pool_heads``, ``pool_hidden``: the block
+    ``block``, ``local_pooling`` (``mean``, ``max`` or ``atn``), ``pool_heads``, ``pool_hidden``: the block
     and frame pooling of ``transformer`` towers (:mod:`xmodal.models.towers`; COOT's local level).
     ``kind="identity"``: no parameters; each side's features (frames averaged over the real ones),
     L2-normalised, are the embeddings, so ``video_dim`` must equal ``text_dim`` (``dim`` is unused):

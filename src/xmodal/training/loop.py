@@ -385,7 +385,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             step = state["step"]
             if plateau is None or step < warmup_steps:  # plateau: warm-up here, then ReduceLROnPlateau
                 lr = cosine_lr(step, base_lr=cfg.optim.lr, warmup_steps=warmup_steps, total_steps=total_steps,
-                               min_ratio=cfg.optim.min_lr_ratio)
+                               min_ratio=cfg.optim.min_lr_ratio,
+                               epoch_steps=steps_per_epoch if cfg.optim.warmup_unit == "epoch" else 0)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
             else:

@@ -89,10 +89,23 @@ def make_plateau(cfg: Config, optimizer: torch.optim.Optimizer):
                                                       patience=o.plateau_patience, cooldown=o.plateau_cooldown)
 
 
-def cosine_lr(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
+def cosine_lr(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.0,
+              epoch_steps: int = 0) -> float:
     """Linear warm-up to ``base_lr`` over ``warmup_steps``, then cosine decay to
-    ``min_ratio * base_lr`` at ``total_steps`` (nanoGPT)."""
+    ``min_ratio * base_lr`` at ``total_steps`` (nanoGPT).
+
+    ``epoch_steps > 0`` (``optim.warmup_unit: epoch``): the warm-up rises once per epoch of that
+    many steps, ``base_lr * (e + 1) * epoch_steps / warmup_steps`` for every step of epoch ``e``
+    (``(e + 1) / W`` with ``warmup_steps = W * epoch_steps``), as the CrossCLR / COOT release's
+    ``ReduceLROnPlateauWarmup`` (``trainer/optimizer.py``) sets it before each epoch; 0: it rises
+    every step, ``base_lr * (step + 1) / warmup_steps``.
+
+    >>> [cosine_lr(s, base_lr=1.0, warmup_steps=4, total_steps=8, epoch_steps=2) for s in range(4)]
+    [0.5, 0.5, 1.0, 1.0]
+    """
     if step < warmup_steps:
+        if epoch_steps > 0:
+            return base_lr * (step // epoch_steps + 1) * epoch_steps / warmup_steps
         return base_lr * (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return base_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
