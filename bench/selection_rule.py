@@ -1,0 +1,189 @@
+"""Which normaliser-selection rule generalises? Measured on a test split carved off Flickr8k train (issue 35.5).
+
+Flickr8k's official test split is held back and dev is the split the documented configs select on
+(the epoch and the test-time normaliser), so neither can say whether a selection rule picks a
+normaliser that holds up on unseen data. This script carves a test split off *train* (``--carve``
+images with all their captions, a fixed seed; dev is never touched), trains each documented config
+on the remaining train images with dev as its validation split (as documented: dev picks the epoch
+and the normaliser candidates are scored on dev), for several seeds, and then applies each rule to
+the same runs offline (the rule only reads the val per-query results every run stores):
+
+* ``paired@L``: :func:`xmodal.retrieval.selection.select_normalizer` with ``rule="paired"`` at
+  confidence level ``L`` (a candidate replaces ``none`` only when the lower end of its paired
+  bootstrap interval on val is above 0; the default is 0.95);
+* ``best``: the highest val score (``rule="best"``, the rule before issue 26).
+
+For each rule the table gives what it selected per seed and the carved-test score of that choice
+(``train.metric`` = rsum, and t2v R@1), beside the carved-test score of every normaliser. The rule
+that generalises is the one whose choices score best on the carved split across configs and seeds;
+the per-seed gain of each rule over ``none`` on the carved split is tested with the seed-level
+sign-flip test of :func:`xmodal.metrics.paired.seed_test` over the (config, seed) runs.
+
+Usage (2-core shared CPU; one thread a run; ``--work`` holds the carved layout and the runs):
+    python bench/selection_rule.py --work /tmp/claims-sel --configs best,infonce_linear,ncl --seeds 0,1,2
+    python bench/selection_rule.py --work /tmp/claims-sel --table-only    # tabulate the finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "flickr8k"
+CARVE_SEED = 35  # the carved test split is the same for every run (paired across runs and rules)
+LEVELS = (0.95, 0.8, 0.5)
+
+
+def carve(work: Path, data: Path, num_images: int) -> Path:
+    """``work/data``: train minus ``num_images`` seeded images (with their captions), ``test`` = those
+    images, ``dev`` = Flickr8k dev unchanged. Idempotent (an existing layout is reused)."""
+    from xmodal.data import load_paired_split
+    from xmodal.training.loop import carved_rows
+
+    root = work / "data"
+    done = root / "carve.json"
+    if done.is_file():
+        return root
+    train = load_paired_split(data, "train")
+    keep, held = carved_rows(train.num_videos, num_images, seed=CARVE_SEED)
+    train.subset(keep).save(root, "train")
+    train.subset(held).save(root, "test")
+    load_paired_split(data, "dev").save(root, "dev")
+    names = (data / "train_images.txt").read_text().split()
+    done.write_text(json.dumps({"source": str(data), "seed": CARVE_SEED, "train_images": int(keep.size),
+                                "test_images": int(held.size), "test_rows": held.tolist(),
+                                "first_test_names": [names[i] for i in held[:5]]}, indent=1))
+    return root
+
+
+def train_one(work: Path, root: Path, config: str, seed: int, extra: list[str]) -> tuple[str, float, int]:
+    name = f"{config}_s{seed}"
+    out = work / "runs" / name
+    if (out / "metrics.json").is_file():
+        return name, 0.0, 0
+    cmd = [sys.executable, "-m", "xmodal", "train", str(REPO / "configs" / "flickr8k" / f"{config}.yaml"),
+           "--out", str(out), "--quiet", "--threads", "1", f"data.root={root}", "data.val_split=dev",
+           "data.test_split=test", "data.val_from_train=0", f"train.seed={seed}", *extra]
+    t0 = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(work / "runs" / f"{name}.log", "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return name, time.perf_counter() - t0, rc
+
+
+def _score(m: dict, metric: str) -> float:
+    from xmodal.retrieval.evaluate import score
+
+    return float(score(m, metric))
+
+
+def rules_of_run(run: Path) -> dict:
+    """What each rule selects for one run, and every normaliser's carved-test score."""
+    from xmodal.retrieval.perquery import read_per_query
+    from xmodal.retrieval.selection import select_normalizer
+
+    m = json.loads((run / "metrics.json").read_text())
+    results, _ = read_per_query(run / "per_query.npz")
+    metric = m["metric"]
+    names = [n for n in m["val"] if n != "protocol"]
+    val = {n: m["val"][n] for n in names}
+    pq = {n: results["val"][n] for n in names}
+    chosen = {f"paired@{lv:g}": select_normalizer(names, val, pq, metric, rule="paired", level=lv, seed=0)
+              for lv in LEVELS}
+    chosen["best"] = select_normalizer(names, val, pq, metric, rule="best")
+    test = {n: {"score": _score(m["test"][n], metric), "t2v_r1": m["test"][n]["t2v"]["R@1"]} for n in names}
+    vals = {n: _score(val[n], metric) for n in names}
+    tests = chosen["paired@0.95"]["tests"]
+    return {"metric": metric, "best_epoch": m["best_epoch"], "val": vals, "test": test,
+            "selected": {r: c["selected"] for r, c in chosen.items()},
+            "val_tests": {n: {k: tests[n][k] for k in ("diff", "ci_low", "ci_high")} for n in tests},
+            "trained_selection": m["normalizer"]}
+
+
+def table(work: Path, configs: list[str], seeds: list[int]) -> str:
+    from xmodal.metrics.paired import format_p, seed_test
+
+    rules = [f"paired@{lv:g}" for lv in LEVELS] + ["best"]
+    per_run, lines = {}, []
+    for c in configs:
+        for s in seeds:
+            run = work / "runs" / f"{c}_s{s}"
+            if (run / "metrics.json").is_file():
+                per_run[(c, s)] = rules_of_run(run)
+    if not per_run:
+        return "no finished runs"
+    names = sorted({n for r in per_run.values() for n in r["test"]}, key=lambda n: (n != "none", n))
+    head = (["config", "seed", "best epoch"] + [f"val {n}" for n in names] + [f"test {n}" for n in names]
+            + [f"{r} selects" for r in rules])
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|---|---:|---:|" + "---:|" * (2 * len(names)) + "---|" * len(rules))
+    for (c, s), r in per_run.items():
+        cells = [c, str(s), str(r["best_epoch"])]
+        cells += [f"{r['val'][n]:.2f}" if n in r["val"] else "-" for n in names]
+        cells += [f"{r['test'][n]['score']:.2f}" if n in r["test"] else "-" for n in names]
+        cells += [r["selected"][rule] for rule in rules]
+        lines.append("| " + " | ".join(cells) + " |")
+    metric = next(iter(per_run.values()))["metric"]
+    lines += ["", f"Carved-test {metric} of each rule's choice (mean over seeds per config; gain = choice - none "
+                  "on the carved test split):", ""]
+    lines.append("| rule | " + " | ".join(f"{c} test {metric}" for c in configs) + " | mean gain over none "
+                 "(all runs) | runs where the choice beat none / lost to none | seed-level p (sign flip over runs) |")
+    lines.append("|---|" + "---:|" * len(configs) + "---:|---|---:|")
+    for rule in ["none", *rules]:
+        cells, gains = [], []
+        for c in configs:
+            vals = []
+            for s in seeds:
+                r = per_run.get((c, s))
+                if r is None:
+                    continue
+                chosen = "none" if rule == "none" else r["selected"][rule]
+                vals.append(r["test"][chosen]["score"])
+                gains.append(r["test"][chosen]["score"] - r["test"]["none"]["score"])
+            cells.append(f"{np.mean(vals):.2f} ± {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else
+                         f"{vals[0]:.2f}" if vals else "-")
+        g = np.asarray(gains)
+        if rule == "none":
+            cells += ["0", "-", "-"]
+        else:
+            t = seed_test(np.zeros_like(g), g) if np.any(g != 0) else {"p_value": 1.0}
+            cells += [f"{g.mean():+.2f}", f"{int((g > 0).sum())} / {int((g < 0).sum())} of {g.size}",
+                      format_p(t["p_value"])]
+        lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--work", required=True, help="folder for the carved layout and the runs (not in the repo)")
+    p.add_argument("--data", default=str(DATA), help="Flickr8k layout (default ../shared/data/flickr8k)")
+    p.add_argument("--configs", default="best,infonce_linear,ncl", help="configs/flickr8k/NAME.yaml, comma-separated")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--carve", type=int, default=1000, help="train images carved off as the test split")
+    p.add_argument("--set", action="append", default=[], help="override added to every run")
+    p.add_argument("--table-only", action="store_true")
+    args = p.parse_args(argv)
+    work = Path(args.work)
+    configs = [c for c in args.configs.split(",") if c]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if not args.table_only:
+        root = carve(work, Path(args.data), args.carve)
+        for c in configs:
+            for s in seeds:
+                name, sec, rc = train_one(work, root, c, s, args.set)
+                print(f"{name}: rc {rc}, {sec:.0f} s", flush=True)
+    text = table(work, configs, seeds)
+    print(text)
+    (work / "table.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
