@@ -169,7 +169,7 @@ def test_on_val_the_header_says_val_chose_the_epoch_and_the_normaliser(tmp_path,
     _run(tmp_path, "b", {"none": _ranks(1)}, split="val")
     code, out, err = _cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--n-boot", "200")
     assert code == 0, err
-    assert "val chose each run's epoch" in out and "defaulted to val" in out and "has no test split" in out
+    assert "val chose each run's epoch" in out and "defaulted to val" in out and "have no test split" in out
 
 
 def test_refusals_name_a_then_b_and_give_values_in_that_order(tmp_path, capsys):

@@ -220,8 +220,8 @@ def _split(a: Sequence[Result], b: Sequence[Result], split: str | None) -> tuple
         return "test", None
     if all("val" in r.splits() for r in runs):
         without = [r.path for r in runs if "test" not in r.splits()]
-        return "val", (f"defaulted to val: {without[0]}" + (f" and {len(without) - 1} more" if len(without) > 1 else "")
-                       + " has no test split")
+        return "val", ("defaulted to val: " + (f"{without[0]} has no test split" if len(without) == 1 else
+                                               f"{len(without)} runs have no test split, e.g. {without[0]}"))
     names = "; ".join(f"{r.path}: {', '.join(sorted(r.splits())) or 'none'}" for r in runs[:4])
     raise ValueError(f"--split: the results share no split ({names}); name one with --split "
                      f"(a file of 'xmodal eval --per-query' names its split as the run does: val / test)")

@@ -538,6 +538,10 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     from xmodal.training.loop import load_splits
 
     metrics = _read_metrics(run / "metrics.json")
+    compared = []
+    if compare:  # first: a comparison that cannot be made stops the report before its slow parts
+        say("report: comparing with " + ", ".join(compare))
+        compared = comparison_section(run, compare)
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
             "<h2>Summary</h2>", _summary(run, metrics)]
     body += _provenance_section(run)
@@ -564,9 +568,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
              '<p class="muted">Recall in %, ranks 1-based. Yellow row: the normaliser selected on val; '
              "bold green: best per column.</p>"] + results_tables(metrics, sizes)
     body += protocol_section(metrics) + selection_section(metrics) + intervals_section(run / "per_query.npz")
-    if compare:
-        say("report: comparing with " + ", ".join(compare))
-        body += comparison_section(run, compare)
+    body += compared
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         log = _read_log(run / "log.jsonl") if (run / "log.jsonl").is_file() else []

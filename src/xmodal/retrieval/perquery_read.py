@@ -50,8 +50,13 @@ def load_json(data: bytes, what: str, *, max_bytes: int = MAX_JSON_BYTES, max_de
     >>> load_json(b'{"a": [1, 2]}', "x.json")
     {'a': [1, 2]}
     """
+    if not isinstance(what, str):
+        raise TypeError(f"what: expected the file's name, got {short_repr(what)}")
     if not isinstance(data, (bytes, bytearray)):
         raise TypeError(f"{what}: expected bytes, got {type(data).__name__}")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or isinstance(max_depth, bool) or \
+            not isinstance(max_depth, int):
+        raise TypeError("max_bytes, max_depth: expected integers")
     if len(data) > max_bytes:
         raise ValueError(f"{what}: {len(data)} bytes of JSON, more than the {max_bytes} read")
     bare = np.frombuffer(_STRING.sub(b'""', bytes(data)), dtype=np.uint8)
@@ -77,6 +82,8 @@ def _counts(card: dict, key: str, what: str, minimum: int) -> dict:
 def check_card(card: Any, what: str) -> dict:
     """A protocol card (:func:`xmodal.retrieval.perquery.protocol_card`) with its fields type-checked,
     reduced to the fields xmodal reads; one-line ``ValueError`` naming ``what`` and the field."""
+    if not isinstance(what, str):
+        raise TypeError(f"what: expected the card's source, got {short_repr(what)}")
     if not isinstance(card, dict):
         raise ValueError(f"{what}: the protocol card is not a JSON object ({short_repr(card)})")
     out: dict[str, Any] = {"num_queries": _counts(card, "num_queries", what, 0),
@@ -130,6 +137,11 @@ class PerQueryFile:
     """
 
     def __init__(self, path: str | os.PathLike, *, max_queries: int = MAX_QUERIES):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path: expected a file path, got {short_repr(path)}")
+        if isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1:
+            raise ValueError(f"max_queries: expected a positive integer, got {short_repr(max_queries)}")
+        self._zip = None
         self.path = Path(path)
         self.max_queries = int(max_queries)
         self.entries: dict[str, dict[str, dict[str, set[str]]]] = {}  # split -> normaliser -> direction -> kinds
@@ -266,7 +278,8 @@ class PerQueryFile:
                     for n, dirs in names.items()} for s, names in self.entries.items()}
 
     def close(self) -> None:
-        self._zip.close()
+        if self._zip is not None:
+            self._zip.close()
 
     def __enter__(self) -> "PerQueryFile":
         return self
