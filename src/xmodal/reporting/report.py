@@ -28,7 +28,7 @@ import numpy as np
 from xmodal._validate import duck, positive_int, short_repr, whole_number
 from xmodal.features.media import find_media
 from xmodal.metrics.formatting import format_metric
-from xmodal.metrics.paired import format_p
+from xmodal.metrics.paired import format_diff, format_p
 
 LOWER_IS_BETTER = ("MdR", "MnR", "train s")
 CSS = """
@@ -247,7 +247,9 @@ def selection_section(metrics: dict) -> list[str]:
     if not sel.get("tests"):
         return []
     level = f"{100 * sel.get('level', 0.95):.0f}%"
-    rows = [[n, t["diff"], f"[{t['ci_low']:.2f}, {t['ci_high']:.2f}]", format_p(t["p_value"]),
+    rows = [[n, format_diff(t["diff"], 2, (t["ci_low"], t["ci_high"])),
+             "[" + ", ".join(format_diff(x, 2, (t["diff"],)) for x in (t["ci_low"], t["ci_high"])) + "]",
+             format_p(t["p_value"], t.get("p_floor", False)),
              "clear" if t["clear"] else "not clear"] for n, t in sel["tests"].items()]
     note = sel.get("index_note") or (f"'xmodal index --normalizer selected' folds {sel.get('index_normalizer')}, "
                                      f"the selected normaliser.")
@@ -288,7 +290,10 @@ def intervals_section(path: Path, n_boot: int = 2000) -> list[str]:
                     row += ["–", "–", "–"]
                 else:
                     t = paired_test(res["none"][d]["rank"], by_dir[d]["rank"], n_boot=n_boot)
-                    row += [f"{t['diff']:+.2f}", f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", format_p(t["p_value"])]
+                    ends = (t["ci_low"], t["ci_high"])
+                    row += [format_diff(t["diff"], 2, ends),
+                            "[" + ", ".join(format_diff(x, 2, (t["diff"],)) for x in ends) + "]",
+                            format_p(t["p_value"], t["p_floor"])]
             rows.append(row)
         parts += [f"<h3>{_e(split)}</h3>", table(header, rows, left_cols=1)]
     return parts
@@ -297,7 +302,6 @@ def intervals_section(path: Path, n_boot: int = 2000) -> list[str]:
 def comparison_section(run: Path, others: list[str], n_boot: int = 10000) -> list[str]:
     """``xmodal compare RUN OTHERS`` as HTML: what is compared, one table per comparison (heads alone,
     and as deployed), the verdicts and how to read them (:func:`xmodal.reporting.compare.compare`)."""
-    from xmodal.metrics.paired import format_diff, format_p
     from xmodal.reporting.compare import compare, load_result, markdown
 
     a, b = [load_result(run)], [load_result(p) for p in others]
