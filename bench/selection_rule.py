@@ -178,6 +178,63 @@ def table(work: Path, configs: list[str], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _summary(ranks: np.ndarray) -> dict:
+    return {f"R@{k}": 100.0 * float(np.mean(ranks <= k)) for k in (1, 5, 10)}
+
+
+def smaller_val(work: Path, configs: list[str], seeds: list[int], sizes: tuple[int, ...], draws: int,
+                n_boot: int) -> str:
+    """The rules on smaller validation splits: ``size`` dev images drawn at random (their captions as the
+    t2v queries, the images as the v2t queries; ranks against the full dev gallery, as stored), ``draws``
+    times per run; the carved-test score of each rule's choice (the test split is unchanged)."""
+    from xmodal.retrieval.perquery import read_per_query
+    from xmodal.retrieval.selection import select_normalizer
+
+    t2v = np.load(work / "data" / "dev_text_to_video.npy")
+    rng = np.random.default_rng(CARVE_SEED)
+    rules = [f"paired@{lv:g}" for lv in LEVELS] + ["best"]
+    gains: dict[tuple[int, str], list[float]] = {}
+    kept_none: dict[tuple[int, str], int] = {}
+    for c in configs:
+        for s in seeds:
+            run = work / "runs" / f"{c}_s{s}"
+            if not (run / "metrics.json").is_file():
+                continue
+            r = rules_of_run(run)
+            results, _ = read_per_query(run / "per_query.npz")
+            names = list(r["val"])
+            for size in sizes:
+                for _ in range(draws):
+                    images = np.sort(rng.choice(t2v.max() + 1, size, replace=False))
+                    texts = np.isin(t2v, images)
+                    pq = {n: {"t2v": {"rank": results["val"][n]["t2v"]["rank"][texts]},
+                              "v2t": {"rank": results["val"][n]["v2t"]["rank"][images]}} for n in names}
+                    val = {n: {d: _summary(pq[n][d]["rank"]) for d in ("t2v", "v2t")} for n in names}
+                    for rule in rules:
+                        if rule == "best":
+                            chosen = select_normalizer(names, val, pq, r["metric"], rule="best")["selected"]
+                        else:
+                            chosen = select_normalizer(names, val, pq, r["metric"], rule="paired",
+                                                       level=float(rule.split("@")[1]), n_boot=n_boot,
+                                                       seed=int(rng.integers(1 << 30)))["selected"]
+                        gains.setdefault((size, rule), []).append(r["test"][chosen]["score"] - r["test"]["none"]["score"])
+                        kept_none[(size, rule)] = kept_none.get((size, rule), 0) + (chosen == "none")
+    if not gains:
+        return ""
+    lines = [f"Smaller validation splits: {draws} random draws of N dev images per run (their captions and "
+             f"themselves as the val queries, ranks against the full dev gallery), {n_boot} bootstrap resamples; "
+             f"carved-test {r['metric']} gain of each rule's choice over none, mean over runs x draws "
+             "(in brackets: how often the rule kept none):", "",
+             "| val images | " + " | ".join(rules) + " |", "|---:|" + "---:|" * len(rules)]
+    for size in sizes:
+        cells = []
+        for rule in rules:
+            g = np.asarray(gains[(size, rule)])
+            cells.append(f"{g.mean():+.2f} (none {kept_none[(size, rule)]} of {g.size})")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", required=True, help="folder for the carved layout and the runs (not in the repo)")
@@ -187,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carve", type=int, default=1000, help="train images carved off as the test split")
     p.add_argument("--set", action="append", default=[], help="override added to every run")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--val-sizes", default="", help="also apply the rules on random val subsets of these many dev "
+                   "images (e.g. 100,250,500)")
+    p.add_argument("--draws", type=int, default=20, help="random val subsets per run and size")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples of the paired rule on the subsets")
     args = p.parse_args(argv)
     work = Path(args.work)
     configs = [c for c in args.configs.split(",") if c]
@@ -198,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                 name, sec, rc = train_one(work, root, c, s, args.set)
                 print(f"{name}: rc {rc}, {sec:.0f} s", flush=True)
     text = table(work, configs, seeds)
+    if args.val_sizes:
+        text += "\n\n" + smaller_val(work, configs, seeds, tuple(int(x) for x in args.val_sizes.split(",")),
+                                     args.draws, args.n_boot)
     print(text)
     (work / "table.md").write_text(text + "\n")
     return 0
