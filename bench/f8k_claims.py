@@ -1,12 +1,15 @@
-"""The Flickr8k paper-table claims as paired tests (issue 28): one `xmodal compare` per claim.
+"""The Flickr8k paper-table claims as paired tests (issues 28, 35): one `xmodal compare` per claim.
 
-Each claim of docs/results/index.md's "The papers' methods on Flickr8k" table and of
-``docs/results/flickr8k_paper_tables.md`` compares two columns of seed groups (runs of
-``bench/f8k_sweep.py --variants bench/f8k_paper_variants.yaml --seeds 0,1,2``) on the dev
-queries: t2i (t2v) R@1 difference B - A, its 95 % bootstrap interval (queries resampled, each
-side's seeds resampled as clusters), the two-sided paired sign-flip p-value (the runs held
-fixed), Holm over the claims shown, and the exact run-label permutation p-value (the recipe as
-the unit: 0.10 is the smallest 3 + 3 seeds allow). The same numbers as
+Each claim of docs/results/index.md's "The papers' methods on Flickr8k" table and of the paper tables
+(``docs/results/flickr8k_paper_tables.md``) compares two columns of
+seed groups (runs of ``bench/f8k_sweep.py --variants bench/f8k_paper_variants.yaml --seeds 0,1,2``)
+on the dev queries: t2i (t2v) R@1 difference B - A, its 95 % bootstrap interval (queries
+resampled, each side's seeds resampled as clusters), and the seed-level p-value the verdict rests
+on: the exact permutation of the run labels (the recipe as the unit; 0.10 is the smallest 3 + 3
+seeds allow), or for two normalisers of the same runs the sign flip over the paired runs (0.25 for
+3 runs); Holm over the claims shown; the verdict says "cannot be decided with N + M seeds" when
+that floor cannot pass Holm. Beside it, the sign-flip p-value of the seed-averaged per-query ranks
+(these runs held fixed: are these runs different on these queries?). The same numbers as
 
     xmodal compare --a 'RUNS/A_s*' --b 'RUNS/B_s*' --normalizer NA --normalizer-b NB --split val \\
         --metrics R@1 --directions t2v
@@ -44,7 +47,7 @@ CLAIMS = {
 
 def main(argv: list[str] | None = None) -> int:
     from xmodal.metrics.formatting import markdown_table
-    from xmodal.metrics.paired import format_p, holm
+    from xmodal.metrics.paired import format_diff, format_p, holm
     from xmodal.reporting.compare import compare, expand, load_result
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -72,17 +75,33 @@ def main(argv: list[str] | None = None) -> int:
                      "protocol_differences": res["protocol_differences"]}
         rows.append(name)
     adjusted = holm([out[n]["p_value"] for n in rows]) if rows else []
+    alpha = 0.05
+    reachable = len(rows) * min((out[n]["p_value_min"] for n in rows), default=0.0) <= alpha
     for n, q in zip(rows, adjusted):
-        out[n]["p_holm"] = q
+        r = out[n]
+        r["p_holm"] = q
+        gain, lo, hi = r["diff"], r["ci_low"], r["ci_high"]
+        if r["unit"] == "seeds" and (not reachable or r["p_value_min"] > alpha):
+            r["verdict"] = f"cannot be decided with {r['seeds_a']} + {r['seeds_b']} seeds"
+        else:
+            r["verdict"] = ("B better" if q < alpha and lo > 0 and gain > 0 else
+                            "A better" if q < alpha and hi < 0 and gain < 0 else "no clear difference")
     if args.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
     table = [[out[n]["claim"], out[n]["side_a"], out[n]["side_b"], _mean(out[n], "a"), _mean(out[n], "b"),
-              f"{out[n]['diff']:+.2f}", f"[{out[n]['ci_low']:+.2f}, {out[n]['ci_high']:+.2f}]",
-              format_p(out[n]["p_value"]), format_p(out[n]["p_holm"]),
-              f"{out[n]['p_value_seeds']:.2f}" if "p_value_seeds" in out[n] else "–"] for n in rows]
-    print(markdown_table(["claim", "A", "B", "A t2i R@1", "B t2i R@1", "B − A", "95% CI", "p", "p (Holm)",
-                          "p (seed labels)"], table))
+              format_diff(out[n]["diff"], 2, (out[n]["ci_low"], out[n]["ci_high"])),
+              "[" + ", ".join(format_diff(x, 2, (out[n]["diff"],)) for x in (out[n]["ci_low"], out[n]["ci_high"]))
+              + "]",
+              f"{format_p(out[n]['p_value'], out[n]['p_floor'])} (min {out[n]['p_value_min']:.2f})",
+              format_p(out[n]["p_holm"], out[n]["p_floor"]),
+              format_p(out[n]["p_value_queries"], out[n].get("p_floor_queries", False))
+              if "p_value_queries" in out[n] else "–", out[n]["verdict"]] for n in rows]
+    print(markdown_table(["claim", "A", "B", "A t2i R@1", "B t2i R@1", "B − A", "95% CI", "p (seeds)",
+                          "p (Holm)", "p, these runs (queries)", "verdict"], table))
+    tests = sorted({out[n]["test"] for n in rows})
+    if tests:
+        print("\np (seeds): " + "; ".join(tests) + ".")
     forced = [n for n in rows if out[n]["protocol_differences"]]
     if forced:
         print(f"\n--force: {', '.join(forced)} pair(s) a normaliser that uses the dev queries (uses_test_queries) "

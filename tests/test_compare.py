@@ -106,7 +106,7 @@ def test_compare_two_runs_markdown_matches_their_metrics(runs, capsys):
     mb = json.loads((runs / "b" / "metrics.json").read_text())["test"]["none"]["t2v"]["R@1"]
     row = next(line for line in text.splitlines() if line.startswith("| t2v | R@1 |"))
     assert f"| {ma:.2f} | {mb:.2f} | {mb - ma:+.2f} |" in row
-    assert "Holm over the 12 rows" in text
+    assert "Holm over the 12 rows of each table" in text
 
 
 def test_compare_refuses_different_protocol_cards_and_names_the_fields(runs, capsys):
@@ -115,7 +115,12 @@ def test_compare_refuses_different_protocol_cards_and_names_the_fields(runs, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("xmodal compare: error:")
     assert "split_sha256" in err and "--force" in err
-    assert main(["compare", str(runs / "a"), str(runs / "other_seed"), "--n-boot", "200", "--force"]) == 0
+    # other queries are never paired, even with --force (issue 35.2: --force paired them by position)
+    assert main(["compare", str(runs / "a"), str(runs / "other_seed"), "--n-boot", "200", "--force"]) == 2
+    assert "cannot be paired, even with --force" in capsys.readouterr().err
+    # the same queries under an oracle normaliser: a protocol difference --force accepts, with a warning
+    assert main(["compare", str(runs / "a"), str(runs / "a"), "--normalizer", "none", "--normalizer-b",
+                 "sinkhorn_oracle", "--n-boot", "200", "--force"]) == 0
     assert "WARNING (--force)" in capsys.readouterr().out
     # an oracle (fitted on the test queries) against a deployable normaliser
     assert main(["compare", str(runs / "a"), str(runs / "a"), "--normalizer", "none",

@@ -115,10 +115,11 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("report", "--data"): "data folder",
     ("serve", "--index"): "index",
     ("serve", "--images"): "folder",
-    ("compare", "A"): "per-query",
-    ("compare", "B"): "per-query",
-    ("compare", "--a"): "per-query",
-    ("compare", "--b"): "per-query",
+    ("compare", "A"): "per-query run",
+    ("compare", "B"): "per-query run",
+    ("compare", "--a"): "per-query run",
+    ("compare", "--b"): "per-query run",
+    ("report", "--compare"): "per-query",
 }
 #: Outputs (checked to be left untouched by a refused command) and arguments that name no file.
 OUTPUT_ARGS = {("bench", "--out"), ("demo", "--out"), ("train", "--out"), ("data import", "--out"),
@@ -151,6 +152,85 @@ OTHER_ARGS = {
     "train": {"rest", "--set", "--threads"},
 }
 
+#: Hostile per-query results: (file made hostile, how) -> the culprit is that file of a copied run.
+HOSTILE_RUNS = tuple(f"hostile: {h}" for h in (
+    "truncated per_query.npz", "per_query.npz card 100,000 deep", "metrics.json 100,000 deep",
+    "card without uses_test_queries", "card with a list for a dict", "0-d ranks", "ranks above the gallery",
+    "fractional ranks", "string ranks", "complex ranks", "mAP above 100", "a rank entry declaring 10^12 values",
+    "a pickled entry", "a foreign entry", "metrics.json card of another split", "metrics.json not an object"))
+
+
+def _hostile_run(how: str, where: Path, w: dict) -> tuple[Path, Path]:
+    """A copy of the good run with ``how`` done to its per_query.npz or metrics.json; returns (run, culprit)."""
+    import io
+    import json
+    import zipfile
+
+    run = where / "hostile_run"
+    shutil.copytree(w["run"], run)
+    pq, mj = run / "per_query.npz", run / "metrics.json"
+
+    def entries() -> dict:
+        with zipfile.ZipFile(pq) as z:
+            return {i.filename: z.read(i) for i in z.infolist()}
+
+    def put(items: dict) -> None:
+        with zipfile.ZipFile(pq, "w") as z:
+            for name, blob in items.items():
+                z.writestr(name, blob)
+
+    def npy(array) -> bytes:
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, array, allow_pickle=True)
+        return buf.getvalue()
+
+    items = entries()
+    card_key = "test/protocol.npy"
+    card = json.loads(str(np.load(io.BytesIO(items[card_key]))))
+    rank_key = "test/none/t2v/rank.npy"
+    q, g = card["num_queries"]["t2v"], card["gallery_size"]["t2v"]
+    if how == "truncated per_query.npz":
+        pq.write_bytes(pq.read_bytes()[:-200])
+        return run, pq
+    if how == "metrics.json 100,000 deep":
+        mj.write_text("[" * 100_000 + "]" * 100_000)
+        return run, mj
+    if how == "metrics.json not an object":
+        mj.write_text("[1, 2]")
+        return run, mj
+    if how == "metrics.json card of another split":
+        m = json.loads(mj.read_text())
+        m["test"]["protocol"] = m["val"]["protocol"]
+        mj.write_text(json.dumps(m))
+        return run, run
+    if how == "per_query.npz card 100,000 deep":
+        items[card_key] = npy(np.array("[" * 100_000 + "]" * 100_000))
+    elif how == "card without uses_test_queries":
+        del card["uses_test_queries"]
+        items[card_key] = npy(np.array(json.dumps(card)))
+        mj.unlink()
+    elif how == "card with a list for a dict":
+        card["num_queries"] = [1, 2]
+        items[card_key] = npy(np.array(json.dumps(card)))
+        mj.unlink()
+    elif how == "mAP above 100":
+        items["test/none/t2v/ap.npy"] = npy(np.full(q, 150.0, np.float32))
+    elif how == "a rank entry declaring 10^12 values":
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, {"descr": "<i4", "fortran_order": False, "shape": (10 ** 12,)})
+        items[rank_key] = np.lib.format.magic(1, 0) + head.getvalue()
+    elif how == "a pickled entry":
+        items[rank_key] = npy(np.array([{"rank": 1}] * q, dtype=object))
+    elif how == "a foreign entry":
+        items["weights.npy"] = npy(np.zeros(3))
+    else:
+        items[rank_key] = npy({"0-d ranks": np.array(3, np.int32), "ranks above the gallery": np.full(q, g + 1, np.int32),
+                               "fractional ranks": np.full(q, 1.5), "string ranks": np.full(q, "1"),
+                               "complex ranks": np.full(q, 1 + 1j, np.complex64)}[how])
+    put(items)
+    return run, pq
+
+
 #: The junk each kind of input is fed.
 NPY_JUNK = ("missing", "empty", "random bytes", "non-UTF-8 text", "a directory", "npz for npy", "wrong shape",
             "wrong dtype")
@@ -167,6 +247,8 @@ JUNK: dict[str, tuple[str, ...]] = {
     "run": ("missing", "empty", "random bytes", "npz for npy", "an empty directory"),
     "run folder": ("missing", "empty", "random bytes", "an empty directory"),
     "per-query": ("missing", "empty", "random bytes", "npz for npy", "an empty directory"),
+    # generated hostile runs (issue 36.5 / 36.6): each a copy of a good run with one file made hostile
+    "per-query run": ("missing", "empty", "random bytes", "npz for npy", "an empty directory", *HOSTILE_RUNS),
     "index": ("missing", "empty", "random bytes", "an empty directory", "index: junk meta.json",
               "index: junk query_shift.npy", "index: names.txt a directory"),
     "data folder": ("missing", "empty", "random bytes", "an empty directory", "layout: optional file a directory",
@@ -350,7 +432,8 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
         return ["report", s["paired_run" if arg == "--data" else "run"], "--out", str(out), "--examples", "2",
                 "--threads", "1",
                 *(["--images", s["images"]] if arg == "--images" else []),
-                *(["--data", s["data"]] if arg == "--data" else [])]
+                *(["--data", s["data"]] if arg == "--data" else []),
+                *(["--compare", s["run"]] if arg == "--compare" else [])]
     if cmd == "train":
         return ["train", s["config"], "--out", str(out), "--no-plots", "--quiet", *TINY]
     if cmd == "config":
@@ -430,6 +513,8 @@ def _junk(kind: str, where: Path, w: dict, suffix: str = ".npy") -> tuple[Path, 
             culprit = p / "names.txt"
             culprit.unlink()
             culprit.mkdir()
+    elif kind.startswith("hostile: "):
+        return _hostile_run(kind[len("hostile: "):], where, w)
     elif kind.startswith("features: "):
         p = where / "feats"
         shutil.copytree(w["feats"] if "--features" in kind else w["audio"], p)
@@ -537,3 +622,28 @@ def test_output_of_the_wrong_kind_is_one_line_naming_it(world, tmp_path, capsys,
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, f"exit {code}: {err}"
     assert arg in lines[0] or str(out) in lines[0], lines[0]
     assert (list(out.iterdir()) == [] if out.is_dir() else out.read_bytes() == b"mine")
+
+
+@pytest.mark.parametrize("target", ["per_query.npz", "metrics.json"])
+def test_random_corruptions_of_per_query_results_are_one_line_or_a_result(world, tmp_path, capsys, target):
+    """Seeded byte flips and truncations of a run's per_query.npz / metrics.json (issue 36.5): `compare`
+    either still compares (a flip that changes nothing read) or exits 2 with one line; never a traceback."""
+    rng = np.random.default_rng(20261127)
+    good = (world["run"] / target).read_bytes()
+    for i in range(20):
+        run = tmp_path / f"run{i}"
+        shutil.copytree(world["run"], run)
+        data = bytearray(good)
+        if i % 4 == 3:
+            data = data[: int(rng.integers(1, len(data)))]
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                data[int(rng.integers(0, len(data)))] = int(rng.integers(0, 256))
+        (run / target).write_bytes(bytes(data))
+        capsys.readouterr()
+        code = main(["compare", str(world["run"]), str(run), "--n-boot", "200"])
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and code in (0, 2), (i, code, err)
+        if code == 2:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("xmodal compare: error: ") and str(run) in lines[0], err

@@ -149,12 +149,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
     if args.per_query is not None and args.ties == "average":
         raise ValueError("--per-query: stores one integer rank per query; use --ties pessimistic or optimistic")
     if args.per_query is not None:
-        out = Path(args.per_query)
-        if out.is_dir() or out.is_symlink():
-            raise ValueError(f"--per-query: {out} is a {'directory' if out.is_dir() else 'symbolic link'}; "
-                             f"give a new .npz file name")
-        if out.suffix != ".npz":
-            raise ValueError(f"--per-query: expected a file name ending in .npz, got {args.per_query!r}")
+        _check_per_query_out(Path(args.per_query))
     if mode == "labels":
         return _evaluate_labels(args, ks)
     if mode in ("run", "run-data"):
@@ -251,14 +246,76 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
                               "scores": f"run {args.run}: heads -> cosine -> normaliser {name} ({v2t_how})"}
 
 
+#: The writer's mark of a file of ``eval --per-query`` (the only kind of file it replaces).
+PER_QUERY_WRITER = "xmodal eval --per-query"
+
+
+def _check_per_query_out(out: Path) -> None:
+    """``--per-query`` names a new ``.npz`` or a file this command wrote before (its writer's mark);
+    never a folder, a link, another command's file or a run's own ``per_query.npz``."""
+    if out.is_dir() or out.is_symlink():
+        raise ValueError(f"--per-query: {out} is a {'directory' if out.is_dir() else 'symbolic link'}; "
+                         f"give a new .npz file name")
+    if out.suffix != ".npz":
+        raise ValueError(f"--per-query: expected a file name ending in .npz, got {str(out)!r}")
+    if out.exists():
+        from xmodal.retrieval.perquery_read import PerQueryFile
+
+        try:
+            with PerQueryFile(out) as f:
+                writer = f.writer
+        except ValueError:
+            writer = None
+        if writer != PER_QUERY_WRITER:
+            what = f"written by '{writer}'" if writer else "not written by 'xmodal eval --per-query'"
+            raise ValueError(f"--per-query: {out} exists and was {what}; it is left as it is: give a new file name")
+
+
+def _split_key(args: argparse.Namespace, sha: str) -> str:
+    """The name the run gives the evaluated split: ``val`` / ``test`` when the run's metrics.json has a
+    card of these very arrays (or, with ``--data``, when its config names ``--split`` so), else
+    ``--split`` (``--data``) or ``eval`` (arrays given by flags)."""
+    from xmodal.retrieval.perquery_read import load_json
+
+    run = Path(args.run)
+    folder = run if run.is_dir() else run.parent
+    try:
+        with open(folder / "metrics.json", "rb") as f:
+            metrics = load_json(f.read((16 << 20) + 1), "metrics.json")
+    except (OSError, ValueError):
+        metrics = None
+    if isinstance(metrics, dict):
+        for role in ("val", "test"):
+            entry = metrics.get(role)
+            card = entry.get("protocol") if isinstance(entry, dict) else None
+            if isinstance(card, dict) and card.get("split_sha256") == sha:
+                return role
+    if args.data is None:
+        return "eval"
+    try:
+        import yaml
+
+        with open(folder / "config.yaml", "rb") as f:
+            data = (yaml.safe_load(f.read(1 << 20)) or {}).get("data") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        data = {}
+    if isinstance(data, dict):
+        if data.get("val_split") == args.split and not data.get("val_from_train"):
+            return "val"
+        if data.get("test_split") == args.split:
+            return "test"
+    return args.split
+
+
 def _write_per_query(args: argparse.Namespace, model, name: str, split, sims: tuple, t2v, relevancy,
                      text: tuple, video: tuple) -> None:
-    """``--per-query``: the evaluated split's per-query results and protocol card (the layout of
-    ``RUN/per_query.npz``, :mod:`xmodal.retrieval.perquery`), written atomically."""
+    """``--per-query``: the evaluated split's per-query results, query ids and protocol card (the
+    layout of ``RUN/per_query.npz``, :mod:`xmodal.retrieval.perquery`) under the name the run gives
+    that split, written through a temporary file."""
     from types import SimpleNamespace
 
     from xmodal.retrieval.evaluate import group_ranks, query_results
-    from xmodal.retrieval.perquery import protocol_card, write_per_query
+    from xmodal.retrieval.perquery import protocol_card, query_ids, split_sha256, write_per_query
     from xmodal.training.provenance import git_revision
 
     results = query_results(*sims, t2v, relevancy, ties=args.ties, v2t=args.v2t)
@@ -266,14 +323,15 @@ def _write_per_query(args: argparse.Namespace, model, name: str, split, sims: tu
         results.update(group_ranks(model, split))
     else:  # the arrays given by flags, hashed as the trainer hashes a split (xmodal.retrieval.perquery)
         t2v_arr = np.asarray(t2v)
-        split = SimpleNamespace(text_to_video=t2v_arr, num_videos=int(sims[0].shape[1]),
+        split = SimpleNamespace(text_to_video=t2v_arr, num_videos=int(sims[0].shape[1]), text=text[0],
                                 video_input=lambda: video, text_input=lambda: text)
-    key = args.split if args.data is not None else "eval"
+    sha = split_sha256(split)
+    key = _split_key(args, sha)
     per_query = {key: {name: results}}
     v2t = args.v2t + (" (t2v scores transposed)" if args.v2t_scores == "transpose" and sims[1] is None else "")
-    card = protocol_card(split, model.test_time, [name], selected=name, ties=args.ties, v2t=v2t,
+    card = protocol_card(split, model.test_time, [name], selected=name, ties=args.ties, v2t=v2t, sha256=sha,
                          git=git_revision(), per_query=per_query[key])
-    write_per_query(args.per_query, per_query, {key: card})
+    write_per_query(args.per_query, per_query, {key: card}, ids={key: query_ids(split)}, writer=PER_QUERY_WRITER)
 
 
 def _evaluate_labels(args: argparse.Namespace, ks: tuple[int, ...]) -> tuple[dict, str, dict]:

@@ -28,7 +28,7 @@ import numpy as np
 from xmodal._validate import duck, positive_int, short_repr, whole_number
 from xmodal.features.media import find_media
 from xmodal.metrics.formatting import format_metric
-from xmodal.metrics.paired import format_p
+from xmodal.metrics.paired import format_diff, format_p
 
 LOWER_IS_BETTER = ("MdR", "MnR", "train s")
 CSS = """
@@ -247,7 +247,9 @@ def selection_section(metrics: dict) -> list[str]:
     if not sel.get("tests"):
         return []
     level = f"{100 * sel.get('level', 0.95):.0f}%"
-    rows = [[n, t["diff"], f"[{t['ci_low']:.2f}, {t['ci_high']:.2f}]", format_p(t["p_value"]),
+    rows = [[n, format_diff(t["diff"], 2, (t["ci_low"], t["ci_high"])),
+             "[" + ", ".join(format_diff(x, 2, (t["diff"],)) for x in (t["ci_low"], t["ci_high"])) + "]",
+             format_p(t["p_value"], t.get("p_floor", False)),
              "clear" if t["clear"] else "not clear"] for n, t in sel["tests"].items()]
     note = sel.get("index_note") or (f"'xmodal index --normalizer selected' folds {sel.get('index_normalizer')}, "
                                      f"the selected normaliser.")
@@ -288,9 +290,46 @@ def intervals_section(path: Path, n_boot: int = 2000) -> list[str]:
                     row += ["–", "–", "–"]
                 else:
                     t = paired_test(res["none"][d]["rank"], by_dir[d]["rank"], n_boot=n_boot)
-                    row += [f"{t['diff']:+.2f}", f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", format_p(t["p_value"])]
+                    ends = (t["ci_low"], t["ci_high"])
+                    row += [format_diff(t["diff"], 2, ends),
+                            "[" + ", ".join(format_diff(x, 2, (t["diff"],)) for x in ends) + "]",
+                            format_p(t["p_value"], t["p_floor"])]
             rows.append(row)
         parts += [f"<h3>{_e(split)}</h3>", table(header, rows, left_cols=1)]
+    return parts
+
+
+def comparison_section(run: Path, others: list[str], n_boot: int = 10000) -> list[str]:
+    """``xmodal compare RUN OTHERS`` as HTML: what is compared, one table per comparison (heads alone,
+    and as deployed), the verdicts and how to read them (:func:`xmodal.reporting.compare.compare`)."""
+    from xmodal.reporting.compare import compare, load_result, markdown
+
+    a, b = [load_result(run)], [load_result(p) for p in others]
+    try:
+        out = compare(a, b, n_boot=n_boot)
+    finally:
+        for r in (*a, *b):
+            if r.source is not None:
+                r.source.close()
+    text = markdown(out).split("\n")
+    parts = ["<h2>Comparison (xmodal compare)</h2>",
+             f'<p class="muted">A = this run, B = {_e(", ".join(others))}. {_e(text[0])}</p>']
+    parts += [f'<p class="muted">{_e(line)}</p>' for line in text[1:] if line.startswith(("NOTE", "WARNING"))]
+    level = f"{100 * out['level']:.0f}%"
+    for c in out["comparisons"]:
+        seeds = any(r["unit"] == "seeds" for r in c["rows"])
+        rows = [[r["direction"], r["metric"], format_metric(r["metric"], r["a"]), format_metric(r["metric"], r["b"]),
+                 format_diff(r["diff"], 1 if r["metric"] in LOWER_IS_BETTER else 2, (r["ci_low"], r["ci_high"])),
+                 "[" + ", ".join(format_diff(x, 1 if r["metric"] in LOWER_IS_BETTER else 2, (r["diff"],))
+                                 for x in (r["ci_low"], r["ci_high"])) + "]",
+                 format_p(r["p_value"], r["p_floor"]), format_p(r["p_holm"], r["p_floor"]), r["verdict"]]
+                for r in c["rows"]]
+        who = lambda side: ", ".join(f"{p} ({n})" for p, n in zip(side["runs"], side["normalizers"]))  # noqa: E731
+        parts += [f"<h3>{_e(c['label'])}: {_e(c['normalizer_a'])} vs {_e(c['normalizer_b'])}</h3>",
+                  f'<p class="muted">A: {_e(who(c["a"]))}; B: {_e(who(c["b"]))}</p>',
+                  table(["direction", "metric", "A", "B", "B − A", f"{level} CI",
+                         "p (seeds)" if seeds else "p", "p (Holm)", "verdict"], rows, left_cols=2)]
+    parts += [f'<p class="muted">{_e(line)}</p>' for line in text if line.startswith(("B − A", "p (seeds)", "p: "))]
     return parts
 
 
@@ -491,7 +530,7 @@ def _read_log(path: Path) -> list[dict]:
 
 
 def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, seed: int = 0,
-               data: Path | None = None, log: Any = None) -> str:
+               data: Path | None = None, log: Any = None, compare: list[str] | None = None) -> str:
     if log is not None and not callable(log):
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
     say = log if log is not None else (lambda line: None)  # xmodal report's progress lines
@@ -503,6 +542,10 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     from xmodal.training.loop import load_splits
 
     metrics = _read_metrics(run / "metrics.json")
+    compared = []
+    if compare:  # first: a comparison that cannot be made stops the report before its slow parts
+        say("report: comparing with " + ", ".join(compare))
+        compared = comparison_section(run, compare)
     body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
             "<h2>Summary</h2>", _summary(run, metrics)]
     body += _provenance_section(run)
@@ -529,6 +572,7 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
              '<p class="muted">Recall in %, ranks 1-based. Yellow row: the normaliser selected on val; '
              "bold green: best per column.</p>"] + results_tables(metrics, sizes)
     body += protocol_section(metrics) + selection_section(metrics) + intervals_section(run / "per_query.npz")
+    body += compared
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         log = _read_log(run / "log.jsonl") if (run / "log.jsonl").is_file() else []
@@ -613,7 +657,7 @@ def bench_report(root: Path) -> str:
 
 def build_report(path: str | Path, *, out: str | Path | None = None, images: str | Path | None = None,
                  data: str | Path | None = None,
-                 num_examples: int = 8, seed: int = 0, log: Any = None) -> Path:
+                 num_examples: int = 8, seed: int = 0, log: Any = None, compare: list[str] | None = None) -> Path:
     """Write the HTML page of a run or bench directory; returns its path.
 
     Args:
@@ -628,6 +672,8 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
         num_examples: number of example queries.
         seed: seed of the example sample.
         log: called with a line at each stage (``xmodal report``'s progress lines), or None.
+        compare: runs or per-query files (B) to compare this run (A) with, as ``xmodal compare A B``
+            does (a run directory only; several: seeds).
     """
     if log is not None and not callable(log):
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
@@ -640,11 +686,17 @@ def build_report(path: str | Path, *, out: str | Path | None = None, images: str
         raise ValueError(f"--images: {images} is not a directory")
     if data is not None and not Path(data).is_dir():
         raise ValueError(f"--data: {data} is not a directory")
+    if compare is not None and (isinstance(compare, (str, bytes)) or not isinstance(compare, (list, tuple)) or
+                                not compare or not all(isinstance(c, (str, os.PathLike)) for c in compare)):
+        raise TypeError(f"compare: expected a list of run paths, got {short_repr(compare)}")
     if (root / "results.csv").is_file():
+        if compare:
+            raise ValueError(f"--compare: {root} is a bench directory; compare runs (xmodal report RUN --compare B)")
         text = bench_report(root)
     elif any((root / f).is_file() for f in ("metrics.json", "log.jsonl")):
         text = run_report(root, images=Path(images) if images else None, num_examples=num_examples, seed=seed,
-                          data=Path(data) if data else None, log=log)
+                          data=Path(data) if data else None, log=log,
+                          compare=[os.fspath(c) for c in compare] if compare else None)
     elif (root / "model.safetensors").is_file() and (root / "config.json").is_file():
         raise ValueError(f"{root}: a folder written by 'xmodal export': its model card is {root / 'README.md'}; "
                          f"'xmodal report' reads the run directory it was exported from")

@@ -9,7 +9,14 @@
 * ``"{split}/{normalizer}/{direction}/ap"`` and ``.../ndcg``: float32, percent, NaN for a
   query without one, where the split has a relevancy;
 * ``"{split}/protocol"``: the split's protocol card as JSON text (a 0-d unicode array), the
-  same dict as ``metrics.json[split]["protocol"]``.
+  same dict as ``metrics.json[split]["protocol"]``;
+* ``"{split}/query_id/{direction}"``: uint8 ``[Q, 16]``, each query's identity
+  (:func:`query_ids`: a digest of the query's features and of its correct items' features), so
+  that two files are paired query by query whatever order their splits list the queries in;
+* ``"xmodal"``: the writer's mark, JSON ``{"writer": "xmodal train" | "xmodal eval --per-query",
+  "format": 2}`` (``eval --per-query`` replaces only a file that carries its own mark).
+
+Files are read back by :class:`xmodal.retrieval.perquery_read.PerQueryFile` (bounded, checked).
 
 The **protocol card** (:func:`protocol_card`) says how a split's numbers were made:
 ``num_queries`` and ``gallery_size`` per direction, ``chance_r1`` (the R@1 in percent of a
@@ -34,9 +41,14 @@ import numpy as np
 from xmodal._validate import duck, int_array, short_repr
 
 __all__ = ["PROTOCOL_FIELDS", "split_sha256", "arrays_sha256", "protocol_card", "bank_source",
-           "write_per_query", "read_per_query", "card_differences", "normalizer_card"]
+           "write_per_query", "read_per_query", "card_differences", "normalizer_card", "query_ids"]
 
 NAME = "per_query.npz"
+#: What a per-query entry holds: 1-based ranks, AP and nDCG in percent.
+KINDS = ("rank", "ap", "ndcg")
+#: The entry holding the writer's mark.
+WRITER_KEY = "xmodal"
+FORMAT = 2
 #: Fields of two protocol cards that must agree for a paired comparison.
 PROTOCOL_FIELDS = ("num_queries", "gallery_size", "chance_r1", "caption_policy", "v2t", "tie_rule",
                    "split_sha256", "uses_test_queries")
@@ -88,6 +100,68 @@ def split_sha256(split: Any) -> str:
     return arrays_sha256({"video": video, "video_mask": mask, "text": text, "text_mask": text_mask,
                           "text_to_video": np.asarray(split.text_to_video), "relevancy": rel,
                           "video_to_group": getattr(split, "video_to_group", None)})
+
+
+def _row_digests(x: Any, mask: Any = None) -> list[bytes]:
+    """16-byte BLAKE2b digest of each row of ``x`` ``[N, ...]`` as float32 numbers (real floats) or as
+    stored, over the real frames / tokens only when ``mask`` ``[N, F]`` is given (padding never
+    changes an embedding, so it does not change an identity). Read in blocks of rows."""
+    x = x.detach().cpu().numpy() if hasattr(x, "detach") else x
+    n = int(x.shape[0])
+    rows = max(1, _ROW_BYTES // max(1, int(np.prod(x.shape[1:], dtype=np.int64)) * 4))
+    out: list[bytes] = []
+    for start in range(0, n, rows):
+        block = np.asarray(x[start:start + rows])
+        block = np.ascontiguousarray(block, dtype=np.float32 if block.dtype.kind == "f" else None)
+        keep = None
+        if mask is not None and block.ndim >= 3:
+            keep = np.asarray(mask[start:start + rows]).astype(bool)
+        for i in range(block.shape[0]):
+            row = block[i] if keep is None else block[i][keep[i]]
+            out.append(hashlib.blake2b(np.ascontiguousarray(row).tobytes(), digest_size=16).digest())
+    return out
+
+
+def _side_digests(features: Any, mask: Any) -> list[bytes]:
+    """Per-row digests of one side's input: an array, or ``{expert: array}`` with ``{expert: mask}``."""
+    if not isinstance(features, dict):
+        return _row_digests(features, mask)
+    masks = mask if isinstance(mask, dict) else {}
+    parts = [_row_digests(features[k], masks.get(k)) for k in sorted(features)]
+    return [hashlib.blake2b(b"".join(p), digest_size=16).digest() for p in zip(*parts)]
+
+
+def query_ids(split: Any) -> dict[str, np.ndarray]:
+    """Each query's identity, ``{"t2v": uint8 [T, 16], "v2t": uint8 [V, 16]}``: a text query is the
+    digest of its features and its video's; a video query the digest of its features and the sorted
+    digests of its texts. Two results whose splits hold the same queries in another order are
+    paired by these ids (``xmodal compare``); equal ids mean equal inputs and ground truth.
+
+    Args:
+        split: a :class:`~xmodal.data.PairedSplit` (or anything with ``video_input()``,
+            ``text_input()`` or ``text``, and ``text_to_video``).
+
+    >>> from xmodal.data import PairedSplit
+    >>> s = PairedSplit.from_arrays(video=np.eye(2), text=[[1, 0], [0, 1], [0, 1]], text_to_video=[0, 1, 1])
+    >>> ids = query_ids(s)  # texts 1 and 2 are the same caption of the same video: one identity
+    >>> ids["t2v"].shape, ids["v2t"].dtype.name, bool((ids["t2v"][1] == ids["t2v"][2]).all())
+    ((3, 16), 'uint8', True)
+    """
+    duck(split, "split", "a PairedSplit", ("video_input",), ("text_to_video",))
+    video, vmask = split.video_input()
+    text, tmask = split.text_input() if hasattr(split, "text_input") else (split.text, None)
+    t2v = int_array(split.text_to_video, "split.text_to_video")
+    vd, td = _side_digests(video, vmask), _side_digests(text, tmask)
+    if len(td) != t2v.size or (t2v.size and (t2v.min() < 0 or t2v.max() >= len(vd))):
+        raise ValueError("split: text_to_video does not fit the text and video rows")
+    t_ids = [hashlib.blake2b(b"t2v" + td[i] + vd[v], digest_size=16).digest() for i, v in enumerate(t2v.tolist())]
+    own: list[list[bytes]] = [[] for _ in vd]
+    for i, v in enumerate(t2v.tolist()):
+        own[v].append(td[i])
+    v_ids = [hashlib.blake2b(b"v2t" + vd[j] + b"".join(sorted(own[j])), digest_size=16).digest()
+             for j in range(len(vd))]
+    as_array = lambda ids: np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(len(ids), 16).copy()  # noqa: E731
+    return {"t2v": as_array(t_ids), "v2t": as_array(v_ids)}
 
 
 def bank_source(test_time: Any, name: str) -> str:
@@ -169,13 +243,23 @@ def protocol_card(split: Any, test_time: Any, names: list[str], *, selected: str
     return card
 
 
-def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None = None) -> Path:
+def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None = None, *,
+                    ids: dict | None = None, writer: str = "xmodal train") -> Path:
     """Write ``{split: {normalizer: {direction: {"rank" | "ap" | "ndcg": array}}}}`` (and each
-    split's card) to ``path`` as an ``.npz`` of plain arrays, atomically."""
+    split's card, each split's query ids ``{split: {direction: uint8 [Q, 16]}}`` of
+    :func:`query_ids`, and the writer's mark) to ``path`` as an ``.npz`` of plain arrays, through a
+    temporary file renamed at the end."""
     from xmodal.runs import atomic_write
 
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a file path, got {short_repr(path)}")
+    if not isinstance(writer, str):
+        raise TypeError(f"writer: expected the writing command's name, got {short_repr(writer)}")
+    if ids is not None and (not isinstance(ids, dict) or not all(
+            isinstance(s, str) and isinstance(d, dict) and all(
+                isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype == np.uint8 and v.ndim == 2
+                and v.shape[1] == 16 for k, v in d.items()) for s, d in ids.items())):
+        raise TypeError(f"ids: expected {{split: {{direction: uint8 [Q, 16]}}}} (query_ids), got {short_repr(ids)}")
     shape = "{split: {normalizer: {direction: {'rank' | 'ap' | 'ndcg': array}}}}"
     if not isinstance(results, dict) or not all(
             isinstance(s, str) and isinstance(by_name, dict) and all(
@@ -199,6 +283,10 @@ def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None =
                     arrays[f"{split}/{name}/{direction}/{key}"] = x.astype(dtype)
     for split, card in (cards or {}).items():
         arrays[f"{split}/protocol"] = np.array(json.dumps(card, sort_keys=True))
+    for split, by_dir in (ids or {}).items():
+        for direction, x in by_dir.items():
+            arrays[f"{split}/query_id/{direction}"] = x
+    arrays[WRITER_KEY] = np.array(json.dumps({"writer": writer, "format": FORMAT}))
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
@@ -209,25 +297,13 @@ def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None =
 
 
 def read_per_query(path: str | os.PathLike) -> tuple[dict, dict]:
-    """``(results, cards)`` of a ``per_query.npz`` (the inverse of :func:`write_per_query`); a file
-    that is not one is a one-line ValueError naming it."""
-    path = Path(path)
-    results: dict = {}
-    cards: dict = {}
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            for key in z.files:
-                parts = key.split("/")
-                if len(parts) == 2 and parts[1] == "protocol":
-                    cards[parts[0]] = json.loads(str(z[key]))
-                elif len(parts) == 4:
-                    split, name, direction, what = parts
-                    results.setdefault(split, {}).setdefault(name, {}).setdefault(direction, {})[what] = z[key]
-                else:
-                    raise ValueError(f"unexpected entry {key!r}")
-    except (OSError, ValueError, EOFError) as exc:
-        raise ValueError(f"{path}: not a per-query file written by xmodal ({str(exc).splitlines()[0]})") from None
-    return results, cards
+    """``(results, cards)`` of a ``per_query.npz`` (the inverse of :func:`write_per_query`), every
+    array and card checked (:class:`~xmodal.retrieval.perquery_read.PerQueryFile`); a file that is
+    not one is a one-line ValueError naming it."""
+    from xmodal.retrieval.perquery_read import PerQueryFile
+
+    with PerQueryFile(path) as f:
+        return f.results(), f.cards
 
 
 def card_differences(a: dict | None, b: dict | None, *, normalizer_a: str | None = None,
@@ -244,8 +320,10 @@ def card_differences(a: dict | None, b: dict | None, *, normalizer_a: str | None
         raise TypeError(f"cards: expected dicts, got {short_repr(a)} and {short_repr(b)}")
 
     def field(card: dict, key: str, name: str | None) -> Any:
-        if key == "uses_test_queries" and name is not None and name in card.get("normalizers", {}):
-            return card["normalizers"][name]["uses_test_queries"]
+        names = card.get("normalizers")
+        if key == "uses_test_queries" and name is not None and isinstance(names, dict) and \
+                isinstance(names.get(name), dict) and "uses_test_queries" in names[name]:
+            return names[name]["uses_test_queries"]
         return card.get(key)
 
     out = []

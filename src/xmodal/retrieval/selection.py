@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xmodal.metrics.paired import format_p, paired_strata_test
+from xmodal.metrics.paired import format_diff, format_p, paired_strata_test
 from xmodal.retrieval.evaluate import score, score_terms
 from xmodal.retrieval.index import FOLDABLE
 from xmodal.retrieval.testtime import uses_test_queries
@@ -84,7 +84,7 @@ def select_normalizer(names: list[str] | tuple[str, ...], val: dict, per_query: 
                 continue
             strata = [(a, b, w) for (a, w), (b, _) in zip(base, score_terms(per_query[n], metric))]
             t = paired_strata_test(strata, n_boot=n_boot, seed=seed, level=level)
-            record["tests"][n] = {k: t[k] for k in ("diff", "ci_low", "ci_high", "p_value")}
+            record["tests"][n] = {k: t[k] for k in ("diff", "ci_low", "ci_high", "p_value", "p_floor")}
             record["tests"][n]["clear"] = bool(t["ci_low"] > 0)
         eligible = ["none"] + [n for n in candidates if record["tests"].get(n, {}).get("clear")]
     else:
@@ -111,6 +111,8 @@ def describe(record: dict) -> list[str]:
     lines = []
     m = record.get("metric", "score")
     for n, t in record.get("tests", {}).items():
-        lines.append(f"{n}: val {m} {t['diff']:+.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}] vs none "
-                     f"(p {format_p(t['p_value'])}), {'clear' if t['clear'] else 'not clear'}")
+        ends = (t["ci_low"], t["ci_high"])
+        lines.append(f"{n}: val {m} {format_diff(t['diff'], 2, ends)} "
+                     f"[{', '.join(format_diff(x, 2, (t['diff'],)) for x in ends)}] vs none "
+                     f"(p {format_p(t['p_value'], t.get('p_floor', False))}), {'clear' if t['clear'] else 'not clear'}")
     return lines

@@ -533,7 +533,7 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
     """Restore the best epoch, fit the test-time normalisers once, select one on val (a candidate
     replaces ``none`` only when its gain is clear, :mod:`xmodal.retrieval.selection`), write
     ``model.pt``, ``metrics.json`` (with each split's protocol card) and ``per_query.npz``."""
-    from xmodal.retrieval.perquery import NAME as PER_QUERY, protocol_card, split_sha256, write_per_query
+    from xmodal.retrieval.perquery import NAME as PER_QUERY, protocol_card, query_ids, split_sha256, write_per_query
     from xmodal.retrieval.selection import select_normalizer
 
     if state["best_model"] is not None:
@@ -585,7 +585,7 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         for s in evaluated:  # a copy: test_time.val (model.pt) stays {normaliser: metrics}
             summary[s] = {**summary[s], "protocol": cards[s]}
         atomic_save({"config": to_dict(cfg), "model": model_payload(model), "summary": summary}, out / "model.pt")
-        write_per_query(out / PER_QUERY, per_query, cards)
+        write_per_query(out / PER_QUERY, per_query, cards, ids={s: query_ids(splits[s]) for s in evaluated})
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=1))
         if show:
             print(f"best epoch {summary['best_epoch']}, selected test-time normaliser: {best}", flush=True)
