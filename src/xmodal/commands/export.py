@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import re
@@ -177,13 +178,57 @@ def portable_run_config(run_config: dict | None, provenance: dict | None) -> dic
     return elide_paths(out)
 
 
-def run(args: argparse.Namespace) -> int:
-    from xmodal.commands import load_run
+def write_export(model, run: str | Path, folder: Path, *, card: dict | None = None, text_encoder: str | None = None,
+                 video_encoder: str | None = None, onnx: bool = False) -> dict:
+    """Write the export files of ``model`` (loaded from ``run``) into the existing folder ``folder``:
+    ``model.safetensors``, ``config.json``, ``README.md`` [+ ONNX towers]. What ``xmodal export`` writes into its
+    staging folder, and what ``train.log_to`` logs as the run's model artifact.
+
+    Returns:
+        ``{"tensors": count, "note": the ONNX check's line or "", "config": config.json's content}``.
+    """
+    from safetensors.torch import save
+
     from xmodal.models.export import CONFIG_NAME, WEIGHTS_NAME, export_state
     from xmodal.models.io import run_config
     from xmodal.models.onnx_towers import ONNX_FILES, check_onnx, export_onnx
     from xmodal.reporting.card import model_card, run_records
     from xmodal.runs import atomic_write, atomic_write_text
+
+    sizes = model.architecture()
+    encoders = {"text": encoder_record(text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder"),
+                "video": encoder_record(video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")}
+    if model.experts:
+        encoders["experts"] = {k: {"name": None, "source": "not recorded"} for k in model.experts if k != "video"}
+    records = run_records(run)
+    tensors, config = export_state(model, encoders=encoders,
+                                   run_config=portable_run_config(run_config(run), records.get("provenance")),
+                                   extra={"card": card or card_fields("other", [])})
+    # bytes written by Python (not save_file): the file gets the umask's permissions, as every other file.
+    # One metadata key: safetensors keeps the metadata in a hash map, whose order (and so the file's bytes
+    # and its hash in the card) would change from one export to the next with two.
+    weights = save(tensors, metadata={"format": "pt"})
+    atomic_write(folder / WEIGHTS_NAME, lambda tmp: Path(tmp).write_bytes(weights))
+    note = ""
+    if onnx:
+        config["onnx"] = export_onnx(model, folder, metadata={k: {"encoder": _encoder_name(encoders.get(k))}
+                                                              for k in ("video", "text")})
+        diffs = check_onnx(model, folder)
+        config["onnx_check"] = {"max_abs_diff": diffs, "inputs": "random features, ragged masks, 1e6 in the "
+                                "padded frames", "runtime": "onnxruntime CPU"}
+        note = "; onnxruntime vs torch max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+    files = {WEIGHTS_NAME: sha256(folder / WEIGHTS_NAME),
+             **{name: sha256(folder / name) for name in ONNX_FILES if (folder / name).is_file()}}
+    atomic_write_text(folder / "README.md", model_card(config, records, files))
+    atomic_write_text(folder / CONFIG_NAME, json.dumps(config, indent=1) + "\n")
+    return {"tensors": len(tensors), "note": note, "config": config}
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmodal.commands import load_run
+    from xmodal.models.export import CONFIG_NAME, WEIGHTS_NAME
+    from xmodal.models.onnx_towers import ONNX_FILES
+    from xmodal.runs import _no_space, _write_failed, replace_dir, staging_dir
 
     start = time.perf_counter()
     out = Path(args.out)
@@ -192,54 +237,27 @@ def run(args: argparse.Namespace) -> int:
     card = card_fields(args.license, args.dataset)
     model = load_run(args.run, "RUN")
     check_out(out, args.run)
-    sizes = model.architecture()
-    encoders = {"text": encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder"),
-                "video": encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")}
-    if model.experts:
-        encoders["experts"] = {k: {"name": None, "source": "not recorded"} for k in model.experts if k != "video"}
-    records = run_records(args.run)
-    tensors, config = export_state(model, encoders=encoders,
-                                   run_config=portable_run_config(run_config(args.run), records.get("provenance")),
-                                   extra={"card": card})
-    if args.onnx:  # the extra is checked before anything is written
+    sizes = model.architecture()  # the flags are checked before anything is written
+    encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder")
+    encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")
+    if args.onnx:
         from xmodal.models.onnx_towers import _need
 
         _need("onnx")
         _need("onnxruntime")
-    from safetensors.torch import save
-
-    from xmodal.runs import replace_dir, staging_dir
-
     # built beside --out and swapped in at the end: the previous export stays whole until the new one is
     stage = staging_dir(out)
     try:
-        # bytes written by Python (not save_file): the file gets the umask's permissions, as every other file.
-        # One metadata key: safetensors keeps the metadata in a hash map, whose order (and so the file's bytes
-        # and its hash in the card) would change from one export to the next with two.
-        weights = save(tensors, metadata={"format": "pt"})
-        atomic_write(stage / WEIGHTS_NAME, lambda tmp: Path(tmp).write_bytes(weights))
-        note = ""
-        if args.onnx:
-            config["onnx"] = export_onnx(model, stage, metadata={k: {"encoder": _encoder_name(encoders.get(k))}
-                                                                 for k in ("video", "text")})
-            diffs = check_onnx(model, stage)
-            config["onnx_check"] = {"max_abs_diff": diffs, "inputs": "random features, ragged masks, 1e6 in the "
-                                    "padded frames", "runtime": "onnxruntime CPU"}
-            note = "; onnxruntime vs torch max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
-        files = {WEIGHTS_NAME: sha256(stage / WEIGHTS_NAME),
-                 **{name: sha256(stage / name) for name in ONNX_FILES if (stage / name).is_file()}}
-        atomic_write_text(stage / "README.md", model_card(config, records, files))
-        atomic_write_text(stage / CONFIG_NAME, json.dumps(config, indent=1) + "\n")
+        done = write_export(model, args.run, stage, card=card, text_encoder=args.text_encoder,
+                            video_encoder=args.video_encoder, onnx=args.onnx)
         replace_dir(stage, out)
     except BaseException as exc:
-        from xmodal.runs import _write_failed
-
-        err = _write_failed(exc, stage) if isinstance(exc, (OSError, RuntimeError)) else None
+        err = _write_failed(exc, out) if isinstance(exc, (OSError, RuntimeError)) else None
         shutil.rmtree(stage, ignore_errors=True)
         if err is not None:
-            raise err from None
+            raise (_no_space(out) if err.errno == errno.ENOSPC else err) from None
         raise
     size = (out / WEIGHTS_NAME).stat().st_size
-    print(f"wrote {out}: {WEIGHTS_NAME} ({len(tensors)} tensors, {size / 1e6:.1f} MB), {CONFIG_NAME}, README.md"
-          + (", " + ", ".join(ONNX_FILES) if args.onnx else "") + f"{note} ({time.perf_counter() - start:.1f} s)")
+    print(f"wrote {out}: {WEIGHTS_NAME} ({done['tensors']} tensors, {size / 1e6:.1f} MB), {CONFIG_NAME}, README.md"
+          + (", " + ", ".join(ONNX_FILES) if args.onnx else "") + f"{done['note']} ({time.perf_counter() - start:.1f} s)")
     return 0
