@@ -1,0 +1,96 @@
+"""What a W&B run stream holds, read back from its ``.wandb`` transaction log (no W&B API, no network).
+
+A W&B run writes every record it is given to ``RUN/wandb/offline-run-<time>-<id>/run-<id>.wandb`` (online
+runs too: ``run-<time>-<id>``) in the LevelDB log format: a 7-byte header (``:W&B``, a version), then
+32 KiB blocks of records, each ``crc32c (4) | length (2) | type (1) | data``, type 1 a whole record, 2 / 3
+/ 4 the first / middle / last piece of one split across blocks; the data is a ``wandb_internal_pb2.Record``.
+
+A process killed (or a disk filled) while writing leaves a torn record at the end: :func:`scan` stops at
+the first record that does not parse and reports where the whole records end, and :func:`repair` cuts
+the file there, so ``wandb sync`` and a resumed run read every step that reached the disk. The CRC is not
+checked (Python has no CRC-32C); a torn tail is found by its length running past the file or its bytes
+not parsing.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Any, Iterator
+
+BLOCK = 32768
+HEADER = 7
+_KINDS = (1, 2, 3, 4)
+
+
+def scan(path: str | os.PathLike) -> tuple[list[Any], int]:
+    """``(records, end)``: the whole records of a ``.wandb`` file, parsed, and the byte offset where the
+    last of them ends (the file's size when nothing is torn)."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if len(data) < HEADER or data[:4] != b":W&B":
+        return [], 0
+    records, pos, end, buf = [], HEADER, HEADER, b""
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind not in _KINDS or pos + 7 + length > len(data) or length > left - 7:
+            break  # zeros after the end, or a torn record
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 2:
+            buf = chunk
+            continue
+        if kind == 3:
+            buf += chunk
+            continue
+        raw, buf = (chunk, b"") if kind == 1 else (buf + chunk, b"")
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(raw)
+        except DecodeError:
+            break
+        records.append(rec)
+        end = pos
+    return records, end
+
+
+def streams(folder: str | os.PathLike, run_id: str) -> list[Path]:
+    """The ``.wandb`` files of run ``run_id`` under ``folder`` (``RUN/wandb``), oldest stream first."""
+    found = [p / f"run-{run_id}.wandb" for p in Path(folder).glob(f"*-{run_id}")
+             if p.is_dir() and not p.is_symlink() and p.name.startswith(("offline-run-", "run-"))]
+    return sorted((p for p in found if p.is_file()), key=lambda p: p.parent.name.split("-", 2)[-1])
+
+
+def repair(path: str | os.PathLike) -> bool:
+    """Cut a torn record off the end of a ``.wandb`` file; True when something was cut."""
+    p = Path(path)
+    _, end = scan(p)
+    if end and end < p.stat().st_size:
+        os.truncate(p, end)
+        return True
+    return False
+
+
+def history(path: str | os.PathLike) -> Iterator[tuple[int, str, Any]]:
+    """``(step, key, value)`` of every history item of one ``.wandb`` file (``_step`` ... excluded)."""
+    import json
+
+    records, _ = scan(path)
+    for rec in records:
+        if rec.WhichOneof("record_type") != "history":
+            continue
+        step = rec.history.step.num
+        for item in rec.history.item:
+            key = item.key or "/".join(item.nested_key)
+            if not key.startswith("_"):
+                yield step, key, json.loads(item.value_json)
+
+
+__all__ = ["scan", "streams", "repair", "history"]
