@@ -283,3 +283,17 @@ def test_a_resume_in_the_same_second_gets_its_own_wandb_stream_folder(tmp_path):
     (tmp_path / f"offline-run-{taken}-abcd1234").mkdir()
     _free_stream_second(tmp_path, "abcd1234")
     assert stamp() != taken
+
+
+def test_the_journal_reader_skips_what_it_did_not_write(tmp_path):
+    """Lines the fuzz run found (test_fuzz_model_files.py): an infinite step, 10,000 nested brackets, non-UTF-8,
+    wrong types; each is skipped, the good rows are kept in order."""
+    from xmodal.training.trackers import JOURNAL_FILE, read_journal
+
+    lines = [b'{"s":0,"v":{"train/loss":1.5}}', b'{"s": 1e400}', b"[" * 10_000, b"\xff\xfe",
+             b'{"s":1,"v":{"x":"a"}}', b'{"s":-1,"v":{}}', b'{"s":2,"v":{"train/loss":1.25,"train/lr":0.1}}',
+             b'{"s":9,"v":{"train/loss":1.0}}', b'{"s":3,"v":{"train/loss":2.0}']  # torn last line
+    (tmp_path / JOURNAL_FILE).write_bytes(b"\n".join(lines))
+    assert read_journal(tmp_path, 5) == [(0, {"train/loss": 1.5}), (2, {"train/loss": 1.25, "train/lr": 0.1})]
+    with pytest.raises(ValueError, match="before"):
+        read_journal(tmp_path, -1)

@@ -92,7 +92,24 @@ def _need(module: str, extra: str = "onnx"):
 def has_mask(model: Any, which: str) -> bool:
     """Whether the ``which`` graph takes frames and a mask: every video graph, and a text graph of a tower
     trained on token features; a sentence-feature text tower takes ``features [batch, dim]`` alone."""
+    _which(which)
+    _model(model)
     return which != "text" or bool(model.text_tower.spec.tokens)
+
+
+def _which(which: Any) -> str:
+    from xmodal._validate import choice
+
+    if not isinstance(which, str):
+        raise TypeError(f"which: expected 'video' or 'text', got {type(which).__name__}")
+    return choice(which, "which", ("video", "text"))
+
+
+def _model(model: Any) -> Any:
+    from xmodal._validate import duck
+
+    return duck(model, "model", "a loaded xmodal model", ("encode_video", "encode_text"),
+                ("video_tower", "text_tower", "dim"))
 
 
 def graph_inputs(model: Any, which: str) -> list[tuple[str, int, int | None]]:
@@ -149,6 +166,11 @@ def torch_reference(model: Any, which: str, inputs: dict[str, np.ndarray]) -> np
 def graph_metadata(model: Any, which: str, extra: dict | None = None) -> dict[str, str]:
     """The ``metadata_props`` of the ``which`` graph (strings, as ONNX stores them)."""
     from xmodal.models.export import _version
+
+    _model(model)
+    _which(which)
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra: expected a dict of further properties or None, got {type(extra).__name__}")
 
     inputs = graph_inputs(model, which)
     frames = [m for _, _, m in inputs if m]

@@ -77,6 +77,8 @@ def plain(value: Any, limit: int = 300) -> str:
     >>> plain("a\\n<script>`x`")
     "a &lt;script&gt;'x'"
     """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit: expected a positive integer, got {str(limit)[:40]!r}")
     text = re.sub(r"[\x00-\x1f\x7f\u2028\u2029]+", " ", str(value))[:limit]
     return html.escape(text, quote=False).replace("`", "'")
 
@@ -123,6 +125,15 @@ def intervals(run: str | os.PathLike, split: str, normalizer: str, *, n_boot: in
 
     from xmodal.metrics.paired import bootstrap_interval
 
+    from xmodal._validate import integer
+
+    if not isinstance(run, (str, os.PathLike)):
+        raise TypeError(f"run: expected a run directory, got {type(run).__name__}")
+    for value, name in ((split, "split"), (normalizer, "normalizer")):
+        if not isinstance(value, str):
+            raise TypeError(f"{name}: expected a name, got {type(value).__name__}")
+    n_boot = integer(n_boot, "n_boot", minimum=1, maximum=100_000)
+    seed = integer(seed, "seed", minimum=0, maximum=2 ** 32 - 1)
     p = Path(run)
     path = (p if p.is_dir() else p.parent) / "per_query.npz"
     out: dict[str, dict[str, list[float]]] = {}
@@ -149,6 +160,11 @@ def front_matter(config: dict, records: dict, tags: list[str]) -> str:
     ``tags`` and ``model-index`` with the headline results and their intervals."""
     import yaml
 
+    for value, name in ((config, "config"), (records, "records")):
+        if not isinstance(value, dict):
+            raise TypeError(f"{name}: expected a dict, got {type(value).__name__}")
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise TypeError("tags: expected a list of strings")
     card = config.get("card") if isinstance(config.get("card"), dict) else {}
     meta: dict[str, Any] = {"library_name": "xmodal", "license": card.get("license") or "other"}
     if meta["license"] == "other":

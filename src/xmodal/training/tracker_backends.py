@@ -56,10 +56,11 @@ class MlflowTracker:
         db = self.out / "mlflow.db"
         if self.own:
             uri = "sqlite:///" + str(db.resolve())
+            # MLflow keeps one engine per URI for the process: a file replaced since (a fresh run, a copy put in
+            # its place) would be written through a connection to the old one ("readonly database")
+            _forget_cached_store(uri)
             if db.exists():
                 relocate_artifacts(db, self.out, absolute=True)  # a copied or moved run: this folder's
-            else:
-                _forget_cached_store(uri)  # a fresh run replaced the file an earlier run of this process opened
         else:
             uri = previous.get("tracking_uri") if isinstance(previous.get("tracking_uri"), str) else env_uri
             if not uri:
@@ -326,4 +327,4 @@ def _free_stream_second(folder: Path, run_id: str) -> None:
 
 BACKENDS = {"mlflow": MlflowTracker, "wandb": WandbTracker}
 
-__all__ = ["MlflowTracker", "WandbTracker", "BACKENDS", "relocate_artifacts", "mlflow_signature"]
+__all__ = ["BACKENDS"]  # the classes open real tracker runs: used through xmodal.training.trackers.Trackers

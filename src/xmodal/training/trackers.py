@@ -58,11 +58,15 @@ def mlflow_key(tag: str) -> str:
     >>> mlflow_key("val/t2v/R@10")
     'val/t2v/R_at_10'
     """
+    if not isinstance(tag, str):
+        raise TypeError(f"tag: expected a TensorBoard tag, got {type(tag).__name__}")
     return re.sub(r"[^\w.\- :/]", "_", tag.replace("@", "_at_"))
 
 
 def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
     """A nested config as ``{"section.key": "value"}`` (MLflow params are strings)."""
+    if not isinstance(config, dict) or not isinstance(prefix, str):
+        raise TypeError(f"config: expected a nested dict (and prefix a string), got {type(config).__name__}")
     out: dict[str, str] = {}
     for k, v in config.items():
         name = f"{prefix}.{k}" if prefix else str(k)
@@ -77,6 +81,8 @@ def run_uid(provenance: Any, out: Path) -> str:
     """The run's identity for its trackers: SHA-256 of ``provenance.json``'s ``started`` (kept across
     resumes) and the run folder's name; 32 hex characters. Derived, so a lost ``trackers.json`` finds the
     same tracker runs again."""
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out: expected a run directory, got {type(out).__name__}")
     prov = provenance if isinstance(provenance, dict) else {}
     key = json.dumps([str(prov.get("started")), Path(out).resolve().name], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -90,7 +96,10 @@ def seed_group(config: Any) -> str:
     >>> a == seed_group({"train": {"seed": 2, "epochs": 3}, "data": {"root": "/b", "name": "paired"}})
     True
     """
-    cfg = json.loads(json.dumps(config if isinstance(config, dict) else {}, default=str))
+    try:
+        cfg = json.loads(json.dumps(config if isinstance(config, dict) else {}, default=str))
+    except (TypeError, ValueError, RecursionError):  # keys json cannot write, a cycle
+        raise TypeError("config: expected a plain config dict (xmodal.config.to_dict)") from None
     for section, key in (("train", "seed"), ("data", "root"), ("train", "device"), ("train", "log_to"),
                          ("train", "progress")):
         if isinstance(cfg.get(section), dict):
@@ -117,6 +126,11 @@ def write_state(out: Path, state: dict) -> None:
 
 def read_journal(out: Path, before: int) -> list[tuple[int, dict[str, float]]]:
     """The journal's rows of steps ``< before``, in order; a torn or foreign line is skipped."""
+    from xmodal._validate import integer
+
+    if not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"out: expected a run directory, got {type(out).__name__}")
+    before = integer(before, "before", minimum=0)
     rows = []
     path = Path(out) / JOURNAL_FILE
     if not path.is_file():
@@ -128,10 +142,12 @@ def read_journal(out: Path, before: int) -> list[tuple[int, dict[str, float]]]:
                 break
             if len(line) > MAX_JOURNAL_LINE or not line.endswith(b"\n"):
                 continue
+            if not line.startswith(b'{"s":'):  # xmodal's own lines only (a deep '[[[...' never reaches json)
+                continue
             try:
                 row = json.loads(line)
                 step, values = int(row["s"]), row["v"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
                 continue
             if 0 <= step < before and isinstance(values, dict) and all(
                     isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
