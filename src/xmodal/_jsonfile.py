@@ -33,10 +33,16 @@ def json_shape(data: bytes) -> tuple[int, int]:
     (3, 8)
     """
     bare = np.frombuffer(_STRING.sub(b'""', data), np.uint8)
-    opens, closes = _OPEN[bare], _CLOSE[bare]
-    depth = int(np.cumsum(opens - closes, dtype=np.int32).max(initial=0))
-    separators = int(np.count_nonzero((bare == ord(",")) | (bare == ord(":"))))
-    return depth, separators + int(opens.sum(dtype=np.int64)) + 1
+    depth = deepest = containers = separators = 0
+    for i in range(0, bare.size, 1 << 20):  # 1 MiB at a time: the scan's own memory stays a few MiB
+        part = bare[i:i + (1 << 20)]
+        opens = _OPEN[part]
+        level = depth + np.cumsum(opens - _CLOSE[part], dtype=np.int32)
+        deepest = max(deepest, int(level.max(initial=depth)))
+        depth = int(level[-1]) if level.size else depth
+        containers += int(opens.sum(dtype=np.int64))
+        separators += int(np.count_nonzero((part == ord(",")) | (part == ord(":"))))
+    return deepest, separators + containers + 1
 
 
 def loads_bounded(data: bytes, name: str, *, max_depth: int = 32, max_values: int = 1 << 20) -> Any:
