@@ -352,9 +352,6 @@ class Trackers:
             except Exception as exc:  # noqa: BLE001 - a tracker's failure must not end the training
                 self._drop(t, exc)
 
-    def describe(self, config: dict, provenance: dict) -> None:
-        """Kept for callers of the former API: :meth:`open` describes new tracker runs."""
-
 
 def _journal_line(step: int, values: dict[str, float]) -> str:
     return json.dumps({"s": int(step), "v": values}, separators=(",", ":")) + "\n"
