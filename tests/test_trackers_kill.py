@@ -23,7 +23,7 @@ from xmodal.training.loop import train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_trackers import CFG, _need, _same_curves, mlflow_curves, wandb_records, wandb_run  # noqa: E402
-from test_workbench_logs import _events, _log  # noqa: E402
+from test_workbench_logs import _events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # subprocess runs: about 4 min

@@ -17,7 +17,6 @@ directory; nothing in it is a pickle:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
