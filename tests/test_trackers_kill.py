@@ -213,7 +213,10 @@ def test_the_model_artifact_seed_groups_and_no_absolute_path(reference, tmp_path
 
         con = sqlite3.connect(str(run / "mlflow.db"))
         dump = "\n".join(con.iterdump())
+        locations = [r[0] for r in con.execute("SELECT artifact_location FROM experiments")] + \
+            [r[0] for r in con.execute("SELECT artifact_uri FROM runs")]
         con.close()
+        assert locations and not [loc for loc in locations if loc.startswith(("/", "file:"))], locations
         for text in (dump, (run / "trackers.json").read_text(), *(p.read_text() for p in (run / "mlartifacts").rglob("*.json"))):
             assert str(tmp_path) not in text and str(run.resolve()) not in text
     from xmodal.config import to_dict

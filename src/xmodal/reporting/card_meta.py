@@ -147,7 +147,7 @@ def front_matter(config: dict, records: dict, tags: list[str]) -> str:
                     "args": {"ci_low": lo, "ci_high": hi, "level": 0.95, "normalizer": records.get("interval_normalizer"),
                              "interval": "percentile bootstrap over the queries, 2000 resamples, seed 0"}}
                    for m, (v, lo, hi) in values.items()]
-        results.append({"task": {"type": task_type, "name": task_name}, "dataset": dataset, "metrics": metrics})
+        results.append({"task": {"type": task_type, "name": task_name}, "dataset": dict(dataset), "metrics": metrics})
     if results:
         meta["model-index"] = [{"name": plain(records.get("name") or "xmodal model", 96), "results": results}]
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1 << 16) + "---"

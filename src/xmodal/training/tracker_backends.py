@@ -174,7 +174,9 @@ def mlflow_signature(model: Any) -> dict:
 def relocate_artifacts(db: Path, out: Path, *, absolute: bool) -> None:
     """Rewrite the artifact locations of the run's own MLflow store: under ``RUN/mlartifacts`` as this
     folder's absolute URI (``absolute``; MLflow's client writes through it) or relative to the run
-    (``mlartifacts/...``, at rest). Locations elsewhere are left as they are."""
+    (``mlartifacts/...``, at rest). MLflow's ``Default`` experiment (``./mlruns/0`` of the working directory
+    it was created in, never written to by xmodal) is put under ``mlartifacts`` too; other locations are
+    left as they are."""
     import sqlite3
 
     base = (Path(out) / "mlartifacts").resolve().as_uri() if absolute else "mlartifacts"
@@ -188,10 +190,12 @@ def relocate_artifacts(db: Path, out: Path, *, absolute: bool) -> None:
             for rowid, loc in con.execute(f"SELECT rowid, {column} FROM {table}").fetchall():
                 if not isinstance(loc, str):
                     continue
-                cut = loc.find("mlartifacts")
-                if cut < 0 or not (cut == 0 or loc[cut - 1] == "/"):
+                # ours under mlartifacts; MLflow's own Default experiment under ./mlruns of the working directory
+                marker = next((m for m in ("mlartifacts", "mlruns") if re.search(rf"(^|/){m}(/|$)", loc)), None)
+                if marker is None:
                     continue
-                new = base + loc[cut + len("mlartifacts"):]
+                cut = re.search(rf"(^|/){marker}(/|$)", loc).end(1)
+                new = base + loc[cut + len(marker):]
                 if new != loc:
                     con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (new, rowid))
         con.commit()
