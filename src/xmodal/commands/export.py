@@ -35,11 +35,14 @@ xmodal.load_model(DIR) gives the run's model (bit-identical scores), and every c
 takes a run takes DIR: eval --run DIR, index --run DIR (then query / serve the index).
 Publishing is the user's own step: huggingface-cli upload USER/NAME DIR.
 
-The run does not record which extractors made its features: --text-encoder / --video-encoder
-state them for the card; left out, a feature size matching a built-in encoder (minilm 384,
-efficientnet-lite0 1280) is recorded as inferred, any other as not recorded. --license states
-the model's licence (a Hugging Face licence id; default "other", and the card says why);
---dataset names the training data (a Hugging Face dataset id or a name, repeatable).
+The encoders that made the run's features are carried from 'xmodal encode' through 'data import'
+and 'train' (RUN/encoders.json) into config.json ("encoders": spec, hub name, weights SHA-256,
+preprocessing, size; an hf: folder by its hub id or folder name, never a path of this machine).
+A run that records none: --text-encoder / --video-encoder state them for the card; left out, a
+feature size matching a built-in encoder (minilm 384, efficientnet-lite0 1280) is recorded as
+inferred, any other as not recorded. A stated encoder that is not the recorded one is refused.
+--license states the model's licence (a Hugging Face licence id; default "other", and the card
+says why); --dataset names the training data (a Hugging Face dataset id or a name, repeatable).
 
 No absolute path of this machine is written: the data folder in the run's config becomes the
 SHA-256 of its files' hashes, other paths keep their last component. The folder is built beside
@@ -79,26 +82,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=1, progress=False)
 
 
-def encoder_record(given: str | None, modality: str, size: int, flag: str) -> dict:
-    """What config.json says about the extractor of one input."""
+def encoder_record(given: str | None, modality: str, size: int, flag: str, recorded: dict | None = None) -> dict:
+    """What config.json says about the extractor of one input: ``name`` (shown on the card), ``spec``
+    (the encoder spec, an ``hf:`` folder by its hub id or base name), ``source``, and where known the
+    identity record's fields (``hub_name``, ``weights_sha256``, ``preprocessing``, ``dim``,
+    ``normalized``, :mod:`xmodal.features.identity`). A stated encoder that is not the recorded one is
+    refused."""
+    from xmodal.features.identity import mismatch, portable
+
+    if given is not None and not given.strip():
+        raise ValueError(f"{flag}: expected an encoder name, got an empty string")
+    if given is not None and (len(given) > 200 or not given.isprintable() or "`" in given):
+        raise ValueError(f"{flag}: expected an encoder name (printable, no backquote, at most 200 characters), "
+                         f"got {given[:40]!r}")
+    stated = _stated_identity(given, modality, size, flag) if given is not None else None
+    if recorded is not None:
+        names = {recorded["spec"], portable(recorded)["spec"], recorded.get("hub_name")}
+        why = mismatch(recorded, stated) if stated is not None or given is None or given in names else \
+            f"{given} is not the recorded encoder {portable(recorded)['spec']}"
+        if why is not None:
+            raise ValueError(f"{flag}: {why} (the run records the encoder that made its features)")
+        rec = portable(recorded)
+        return {"name": rec.get("hub_name") or rec["spec"], **rec,
+                "source": "recorded with the features ('xmodal encode', carried by 'data import' and 'train')",
+                **({"description": BUILTIN_ENCODERS[rec["spec"]][2]} if rec["spec"] in BUILTIN_ENCODERS else {})}
     if given is not None:
-        if not given.strip():
-            raise ValueError(f"{flag}: expected an encoder name, got an empty string")
-        if len(given) > 200 or not given.isprintable() or "`" in given:
-            raise ValueError(f"{flag}: expected an encoder name (printable, no backquote, at most 200 characters), "
-                             f"got {given[:40]!r}")
         known = BUILTIN_ENCODERS.get(given)
         if known and known[1] != size:
             raise ValueError(f"{flag}: {given} makes {known[1]}-d features but the run's {modality} tower "
                              f"takes {size}-d ones")
-        return {"name": given, "source": f"stated with {flag} at export",
-                **({"description": known[2]} if known else {})}
+        rec = portable(stated) or {"spec": given}  # a name this xmodal cannot resolve: kept as stated
+        return {"name": (stated or {}).get("hub_name") or rec.get("spec") or given, **rec,
+                "source": f"stated with {flag} at export", **({"description": known[2]} if known else {})}
     for name, (kind, dim, what) in BUILTIN_ENCODERS.items():
         if kind == modality and dim == size:
-            return {"name": name, "description": what,
+            return {"name": name, "spec": name, "description": what,
                     "source": f"inferred from the feature size {size} (the run does not record its extractor; "
                               f"state it with {flag})"}
-    return {"name": None, "source": f"not recorded (the run does not record its extractor; state it with {flag})"}
+    return {"name": None, "spec": None,
+            "source": f"not recorded (the run does not record its extractor; state it with {flag})"}
+
+
+def _stated_identity(given: str, modality: str, size: int, flag: str) -> dict | None:
+    """The identity of a stated encoder spec (None for a free-form name that is no spec here)."""
+    from xmodal.features.encoders import ENCODERS, identity_of
+
+    if not (given.startswith("hf:") or given in ENCODERS):
+        return None
+    try:
+        record = identity_of(given, "text" if modality == "text" else "video")
+    except ModuleNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {str(exc).removeprefix('model: ')}") from None
+    if record.get("dim") not in (None, size):
+        raise ValueError(f"{flag}: {given} makes {record['dim']}-d features but the run's {modality} tower "
+                         f"takes {size}-d ones")
+    return {**record, "dim": size}
 
 
 def check_out(out: Path, run: str) -> None:
@@ -178,6 +218,25 @@ def portable_run_config(run_config: dict | None, provenance: dict | None) -> dic
     return elide_paths(out)
 
 
+def export_encoders(model, run: str | Path, text_encoder: str | None = None, video_encoder: str | None = None) -> dict:
+    """config.json's ``encoders`` record: what the run recorded (``RUN/encoders.json``), else what the flags
+    state, else what the feature sizes suggest (:func:`encoder_record`)."""
+    from xmodal.features.identity import portable, run_encoders
+
+    sizes = model.architecture()
+    recorded = run_encoders(run, "RUN")
+    encoders = {"text": encoder_record(text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder",
+                                       recorded["text"]),
+                "video": encoder_record(video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder",
+                                        recorded["video"])}
+    if model.experts:
+        encoders["experts"] = {k: ({"name": None, "source": "not recorded"} if recorded["experts"].get(k) is None
+                                   else {"name": portable(recorded["experts"][k])["spec"],
+                                         **portable(recorded["experts"][k]), "source": "recorded with the features"})
+                               for k in model.experts if k != "video"}
+    return encoders
+
+
 def write_export(model, run: str | Path, folder: Path, *, card: dict | None = None, text_encoder: str | None = None,
                  video_encoder: str | None = None, onnx: bool = False) -> dict:
     """Write the export files of ``model`` (loaded from ``run``) into the existing folder ``folder``:
@@ -195,11 +254,7 @@ def write_export(model, run: str | Path, folder: Path, *, card: dict | None = No
     from xmodal.reporting.card import model_card, run_records
     from xmodal.runs import atomic_write, atomic_write_text
 
-    sizes = model.architecture()
-    encoders = {"text": encoder_record(text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder"),
-                "video": encoder_record(video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")}
-    if model.experts:
-        encoders["experts"] = {k: {"name": None, "source": "not recorded"} for k in model.experts if k != "video"}
+    encoders = export_encoders(model, run, text_encoder, video_encoder)
     records = run_records(run)
     tensors, config = export_state(model, encoders=encoders,
                                    run_config=portable_run_config(run_config(run), records.get("provenance")),
@@ -237,9 +292,7 @@ def run(args: argparse.Namespace) -> int:
     card = card_fields(args.license, args.dataset)
     model = load_run(args.run, "RUN")
     check_out(out, args.run)
-    sizes = model.architecture()  # the flags are checked before anything is written
-    encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder")
-    encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")
+    export_encoders(model, args.run, args.text_encoder, args.video_encoder)  # the flags, before anything is written
     if args.onnx:
         from xmodal.models.onnx_towers import _need
 

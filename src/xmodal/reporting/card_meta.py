@@ -18,7 +18,7 @@ from typing import Any
 #: Built-in extractors whose weights live on the Hugging Face Hub (``base_model`` of the card).
 HUB_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
-_HUB_KEYS = ("hub_id", "hub", "repo_id", "hf_hub", "base_model")
+_HUB_KEYS = ("hub_name", "hub_id", "hub", "repo_id", "hf_hub", "base_model")
 #: The headline metrics of ``model-index`` (each with its per-query bootstrap interval).
 HEADLINE = ("R@1", "R@5", "R@10")
 _TASKS = {"t2v": ("text-to-video-retrieval", "Text-to-video retrieval"),
