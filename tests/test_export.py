@@ -313,6 +313,7 @@ def test_base_model_names_the_hub_encoders(tmp_path):
     atomic_save({"model": model_payload(m)}, tmp_path / "model.pt")
     assert main(["export", str(tmp_path / "model.pt"), "--out", str(tmp_path / "a")]) == 0
     assert hub.ModelCard.load(tmp_path / "a" / "README.md").data.base_model == ["sentence-transformers/all-MiniLM-L6-v2"]
+    assert 'pip install "xmodal[encoders]==' in (tmp_path / "a" / "README.md").read_text()  # to compute such features
     # a record with a hub id (as the encoder identity carries it), read defensively: junk ids are skipped
     from xmodal.reporting.card import hub_names
 

