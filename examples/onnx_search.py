@@ -6,8 +6,8 @@ FAISS, no xmodal).
   python examples/onnx_search.py --model MODEL --index INDEX --text-features T.npy [--text-mask M.npy] --k 5
 
 What it does, step by step, as 'xmodal query' does it:
-1. MODEL/text_tower.onnx turns caption features into unit embeddings (inputs: features [batch, tokens, dim]
-   and mask [batch, tokens]; sentence features [T, Dt] go in as one token each);
+1. MODEL/text_tower.onnx turns caption features into unit embeddings (a sentence-feature tower: features
+   [batch, dim]; a token tower: features [batch, tokens, dim] and mask [batch, tokens]);
 2. the index's test-time normaliser is already folded in: subtract INDEX/query_shift.npy from each query and
    append a 1 (for DN: the query mean; zero otherwise); the gallery rows of INDEX/index.faiss carry the
    per-video bias in their last coordinate (NCL / Sinkhorn), so a score is one dot product;
@@ -44,11 +44,15 @@ def read_flat_index(path: Path) -> np.ndarray:
 
 def encode_texts(model: Path, features: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     """Unit text embeddings ``[T, D]`` from the exported text tower."""
-    if features.ndim == 2:  # sentence features: one token each
+    session = ort.InferenceSession(str(model / "text_tower.onnx"), providers=["CPUExecutionProvider"])
+    if "mask" not in {i.name for i in session.get_inputs()}:  # a sentence-feature tower: features [T, Dt] only
+        if features.ndim != 2:
+            raise SystemExit(f"--text-features: this text tower takes sentence features [T, Dt], got {features.shape}")
+        return session.run(["embeddings"], {"features": features.astype(np.float32)})[0]
+    if features.ndim == 2:  # sentence features into a token tower: one token each
         features, mask = features[:, None, :], np.ones((features.shape[0], 1), dtype=bool)
     elif mask is None:
         mask = np.ones(features.shape[:2], dtype=bool)
-    session = ort.InferenceSession(str(model / "text_tower.onnx"), providers=["CPUExecutionProvider"])
     return session.run(["embeddings"], {"features": features.astype(np.float32), "mask": mask.astype(bool)})[0]
 
 

@@ -271,3 +271,23 @@ def test_encode_videos_on_a_full_disk(small_disk, capsys, tmp_path, dummy_encode
     _free_space(folder)
     assert main(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["a.npy", "b.npy", "c.npy", "encoder.json"]  # + the sidecar
+
+
+@pytest.mark.parametrize("free", [0, 8 << 10])
+def test_re_export_on_a_full_disk_keeps_the_previous_export(small_disk, capsys, trained, free):
+    """issue 36.4: the previous export stays whole and loadable; nothing of the failed one is left."""
+    import xmodal
+
+    run, _ = trained
+    folder = small_disk(1 << 20)  # room for the first export
+    folder.mkdir(exist_ok=True)
+    out = folder / "ex"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _free_space(folder)
+    _fill(folder.parent, free)
+    rc = main(["export", str(run), "--out", str(out)])
+    _one_line_no_space(capsys, rc)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    xmodal.load_model(out)
+    assert sorted(p.name for p in folder.iterdir()) == ["ex"]

@@ -267,6 +267,107 @@ def test_model_card_is_written_from_the_run(trained, tmp_path):
     assert "| protocol |" not in card2  # never a row of the metric table
 
 
+# --------------------------------------------------------------------------- issue 35.3: a card to follow
+
+def test_card_front_matter_parses_with_huggingface_hub(trained, tmp_path):
+    """license, datasets, base_model, pipeline_tag and model-index results (with their intervals) as
+    huggingface_hub's ModelCard reads them; each value and interval recomputed from per_query.npz."""
+    hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub (comes with transformers) not installed")
+    from xmodal.metrics.paired import bootstrap_interval
+
+    run = trained / "run"
+    assert main(["export", str(run), "--out", str(tmp_path / "ex"), "--license", "cc-by-4.0", "--dataset",
+                 "nlphuji/flickr30k", "--dataset", "my-features"]) == 0
+    card = hub.ModelCard.load(tmp_path / "ex" / "README.md")
+    data = card.data
+    assert data.license == "cc-by-4.0" and data.datasets == ["nlphuji/flickr30k", "my-features"]
+    assert data.pipeline_tag == "feature-extraction" and data.library_name == "xmodal"
+    metrics = json.loads((run / "metrics.json").read_text())
+    selected = metrics["normalizer"]
+    with np.load(run / "per_query.npz") as z:
+        ranks = {d: z[f"test/{selected}/{d}/rank"] for d in ("t2v", "v2t")}
+    results = data.eval_results
+    assert len(results) == 6  # t2v and v2t x R@1, R@5, R@10
+    for r in results:
+        direction = "t2v" if r.task_type == "text-to-video-retrieval" else "v2t"
+        metric = {"recall_at_1": "R@1", "recall_at_5": "R@5", "recall_at_10": "R@10"}[r.metric_type]
+        value, lo, hi = bootstrap_interval(ranks[direction], metric=metric, n_boot=2000, seed=0)
+        assert r.metric_value == pytest.approx(value, abs=1e-4) and r.dataset_split == "test"
+        assert r.metric_value == pytest.approx(metrics["test"][selected][direction][metric], abs=1e-3)
+        assert (r.metric_args["ci_low"], r.metric_args["ci_high"]) == (pytest.approx(lo, abs=1e-4),
+                                                                       pytest.approx(hi, abs=1e-4))
+        assert r.dataset_type == "nlphuji/flickr30k" and f"{lo:.2f}-{hi:.2f}" in r.metric_name
+    text = (tmp_path / "ex" / "README.md").read_text()
+    assert 'pip install "xmodal==' in text and "## Citation" in text and "Repository:" in text
+    assert "## License" in text and "`cc-by-4.0`" in text
+
+    assert main(["export", str(run), "--out", str(tmp_path / "plain")]) == 0  # no licence stated
+    card = hub.ModelCard.load(tmp_path / "plain" / "README.md")
+    assert card.data.license == "other" and card.data.datasets is None
+    assert "no licence was stated at export" in card.text
+
+
+def test_base_model_names_the_hub_encoders(tmp_path):
+    hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub (comes with transformers) not installed")
+    m = _with_test_time(_randomize(build_model(video_dim=1280, text_dim=384, dim=4)))
+    atomic_save({"model": model_payload(m)}, tmp_path / "model.pt")
+    assert main(["export", str(tmp_path / "model.pt"), "--out", str(tmp_path / "a")]) == 0
+    assert hub.ModelCard.load(tmp_path / "a" / "README.md").data.base_model == ["sentence-transformers/all-MiniLM-L6-v2"]
+    assert 'pip install "xmodal[encoders]==' in (tmp_path / "a" / "README.md").read_text()  # to compute such features
+    # a record with a hub id (as the encoder identity carries it), read defensively: junk ids are skipped
+    from xmodal.reporting.card import hub_names
+
+    assert hub_names({"text": {"spec": "hf:/models/clip", "hub_id": "openai/clip-vit-base-patch32"},
+                      "video": {"hub_id": "../../etc"}, "experts": {"a": {"hub_id": "x/y\nz"}}}) == [
+        "openai/clip-vit-base-patch32"]
+    assert hub_names(["junk"]) == [] and hub_names({"text": "minilm"}) == []
+
+
+def test_no_absolute_path_in_the_export_folder(trained, tmp_path):
+    """The data folder becomes the data's SHA-256; the command's paths keep their last component."""
+    import hashlib
+
+    run = trained / "run"
+    assert main(["export", str(run), "--out", str(tmp_path / "ex")]) == 0
+    prov = json.loads((run / "provenance.json").read_text())
+    for f in (tmp_path / "ex").iterdir():
+        text = f.read_text(errors="replace")
+        for root in {str(trained), str(trained.resolve()), str(tmp_path), "/tmp/"}:
+            assert root not in text, (f.name, root)
+    cfg = json.loads((tmp_path / "ex" / "config.json").read_text())
+    lines = sorted(f"{Path(k).name} {v}" for k, v in prov["data"].items())
+    assert cfg["run_config"]["data"]["root"] == "sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    card = (tmp_path / "ex" / "README.md").read_text()
+    assert cfg["run_config"]["data"]["root"] in card and "data: paired from /" not in card
+
+
+def test_card_values_are_inert_markdown(tmp_path, capsys):
+    """issue 36.12: a newline in --text-encoder injected HTML into the card; flags are refused, and what a
+    config.json carries is written inert."""
+    run = _small(tmp_path)
+    capsys.readouterr()
+    for flag, value in (("--text-encoder", "x\n<script>alert(1)</script>"), ("--video-encoder", "a`b"),
+                        ("--license", "MIT License"), ("--dataset", "a b")):
+        assert main(["export", str(run), "--out", str(tmp_path / "ex"), flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"xmodal export: error: {flag}: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "ex").exists()
+    assert main(["export", str(run), "--out", str(tmp_path / "ex"), "--video-encoder", "clip <b>|bold</b>"]) == 0
+    card = (tmp_path / "ex" / "README.md").read_text()
+    assert "<b>" not in card and "`clip &lt;b&gt;\\|bold&lt;/b&gt;`" in card
+    # records a config.json or a run carries (an encoder identity, a metrics.json) are written inert too
+    from xmodal.reporting.card import model_card
+
+    cfg = json.loads((tmp_path / "ex" / "config.json").read_text())
+    cfg["encoders"]["text"] = {"name": "m\n\n<img src=x onerror=alert(1)>", "description": "d\n# heading",
+                               "source": "`code` | cell", "spec": "hf:/home/me/models/clip"}
+    metrics = {"normalizer": "none", "metric": "rsum\n<script>", "test": {"none\n# x": {"t2v": {"R@1": 1.0}}}}
+    card = model_card(cfg, {"name": "r\n<h1>", "metrics": metrics, "provenance": {"command": "a\n<p>"}})
+    assert "<img" not in card and "<script>" not in card and "<h1>" not in card and "<p>" not in card
+    assert "\n# heading" not in card and "\n# x" not in card and "/home/me" not in card
+    assert "&lt;img src=x onerror=alert(1)&gt;" in card and "hf:…/clip" in card
+
+
 def test_encoders_stated_inferred_or_not_recorded(tmp_path, capsys):
     m = _with_test_time(_randomize(build_model(video_dim=1280, text_dim=384, dim=4)))
     atomic_save({"model": model_payload(m)}, tmp_path / "model.pt")
@@ -315,7 +416,9 @@ def test_export_twice_replaces_its_files_and_refuses_foreign_folders(tmp_path, c
     assert "xmodal export: error: RUN:" in capsys.readouterr().err
 
 
-def test_export_killed_halfway_is_never_loadable_and_a_rerun_completes(tmp_path, monkeypatch, capsys):
+def test_a_killed_re_export_leaves_the_previous_export_whole(tmp_path, monkeypatch, capsys):
+    """issue 36.4: the folder is built beside --out and swapped in at the end; a re-export killed before its
+    last file (the old code removed config.json first) leaves the previous export as it was, loadable."""
     import xmodal.runs
 
     run = _small(tmp_path)
@@ -327,17 +430,22 @@ def test_export_killed_halfway_is_never_loadable_and_a_rerun_completes(tmp_path,
             raise KeyboardInterrupt  # killed just before the last file
         real(path, text)
 
-    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert main(["export", str(run), "--out", str(out), "--license", "mit"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setattr(xmodal.runs, "atomic_write_text", die_on_config)
     with pytest.raises(KeyboardInterrupt):
-        main(["export", str(run), "--out", str(out)])
+        main(["export", str(run), "--out", str(out), "--license", "apache-2.0"])
     monkeypatch.undo()
-    assert not (out / "config.json").exists()  # the previous export's config.json went first
-    with pytest.raises(FileNotFoundError):
-        xmodal.load_model(out)
-    assert main(["export", str(run), "--out", str(out)]) == 0
-    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous export, byte for byte
     xmodal.load_model(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ex", "run"]  # the staging folder went too
+    # a kill -9 leaves the staging folder: the next export removes it
+    stale = tmp_path / ".ex.tmp999999"
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    assert main(["export", str(run), "--out", str(out), "--license", "apache-2.0"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ex", "run"]
+    assert "license: apache-2.0" in (out / "README.md").read_text()
 
 
 def _rewrite(folder: Path, fn) -> None:
@@ -351,11 +459,13 @@ def _rewrite(folder: Path, fn) -> None:
     (lambda f: _rewrite(f, lambda c: c.update(format="other")), "was not written by 'xmodal export'"),
     (lambda f: _rewrite(f, lambda c: c.update(version=99)), "export version 99"),
     (lambda f: _rewrite(f, lambda c: c["architecture"]["video"].update(in_dim=10 ** 9)),
-     "declares video_tower.standardize.mean of shape (1000000000,)"),
+     "holds video_tower.standardize.mean as float32 [12]; config.json declares float32 [1000000000]"),
+    (lambda f: _rewrite(f, lambda c: c["test_time"]["banks"]["train"]["text"].update(tensor="test_time.nope")),
+     "lacks test_time.nope, which config.json declares"),
     (lambda f: _rewrite(f, lambda c: c["test_time"]["banks"]["train"]["text"].update(tensor="nope")),
-     "names 'nope', which model.safetensors lacks"),
+     "test_time.banks.train.text.tensor: expected a test_time.* entry of model.safetensors, got 'nope'"),
     (lambda f: _rewrite(f, lambda c: c["test_time"]["dn"]["tensors"]["mu_q"].update(shape=[3])),
-     "the record says (3,)"),
+     "values where the record says shape [3]"),
     (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:100]),
      "is not a readable safetensors file"),
     (lambda f: (f / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}"),

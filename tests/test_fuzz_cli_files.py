@@ -142,7 +142,7 @@ OTHER_ARGS = {
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search"},
-    "export": {"--text-encoder", "--video-encoder", "--threads"},
+    "export": {"--text-encoder", "--video-encoder", "--threads", "--license", "--dataset"},
     "normalize": {"--method", "--temperature", "--iters", "--k", "--beta", "--lam", "--num-samples", "--seed",
                   "--threads", "--ks"},
     "query": {"--captions", "--k", "--text-encoder", "--threads", "--nprobe", "--ef-search"},

@@ -65,6 +65,10 @@ def test_linear_probe_unseen_test_class_and_errors():
         M.linear_probe(x, y.astype(float), x, y)
     with pytest.raises(ValueError, match="test_features"):
         M.linear_probe(x, y, x[:, :2], y)
+    for seed, err in ((np.arange(3), TypeError), (-1, ValueError), (2 ** 40, ValueError), (1.5, ValueError)):
+        with pytest.raises(err, match=r"^seed: ") as info:  # was sklearn's two-line random_state error
+            M.linear_probe(x, y, x, y, seed=seed)
+        assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -74,7 +74,8 @@ def test_onnx_towers_match_torch_on_random_inputs_of_any_size(exported, variant)
         dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
         assert set(dims) == set(info[name]["inputs"])
         for key, shape in dims.items():  # batch and frame / token axes are symbolic: any size runs
-            assert shape[:2] == info[name]["inputs"][key]["shape"][:2] and all(isinstance(s, str) for s in shape[:2])
+            want = info[name]["inputs"][key]["shape"]
+            assert shape == want and all(isinstance(s, str) for s in want[:-1]), (key, shape, want)
     # sizes the graphs were not traced with (traced: batch 3, 5 frames), ragged masks, 1e6 in padded frames
     for batch, frames in ((1, 1), (7, 9), (33, 20)):
         for which in ("video", "text"):
@@ -85,6 +86,31 @@ def test_onnx_towers_match_torch_on_random_inputs_of_any_size(exported, variant)
             assert np.abs(got - want).max() <= TOL, (which, batch, frames)
     diffs = check_onnx(model, tmp_path)
     assert max(diffs.values()) <= TOL
+
+
+@pytest.mark.parametrize("variant, text_inputs", [("linear", ["features"]), ("experts_gated_mlp", ["features"]),
+                                                  ("transformer_tokens", ["features", "mask"])])
+def test_graphs_carry_metadata_and_a_sentence_text_tower_takes_no_mask(exported, variant, text_inputs):
+    """issue 35.3: ``metadata_props`` with an ``opset`` key (API.md), and a text tower trained on sentence
+    features takes ``features [batch, dim]`` alone (it required a mask of ones before)."""
+    import onnx
+
+    model, folder, info = exported(variant)
+    text = onnx.load(str(folder / "text_tower.onnx"))
+    assert [i.name for i in text.graph.input] == text_inputs
+    for which in ("video", "text"):
+        proto = onnx.load(str(folder / f"{which}_tower.onnx"))
+        props = {p.key: p.value for p in proto.metadata_props}
+        assert props["opset"] == "18" == str(next(o.version for o in proto.opset_import if o.domain == ""))
+        assert props["tower"] == which and props["embedding_dim"] == str(model.dim)
+        assert props["normalizer"] == model.test_time.selected and props["l2_normalised"] == "true"
+        assert props["xmodal_version"] and props == info[f"{which}_tower.onnx"]["metadata_props"]
+    dims = dict(p.split("=") for p in {p.key: p.value for p in text.metadata_props}["input_dims"].split(", "))
+    assert dims == {"features": str(model.text_tower.spec.in_dim)}
+    if text_inputs == ["features"]:  # sentence features straight in, no token axis
+        x = np.random.default_rng(0).standard_normal((5, model.text_tower.spec.in_dim)).astype(np.float32)
+        got = run_onnx(folder / "text_tower.onnx", {"features": x})
+        assert np.abs(got - model.encode_text(torch.from_numpy(x)).numpy()).max() <= TOL
 
 
 def test_onnx_reference_is_the_public_api_and_padding_changes_nothing(exported):
@@ -128,7 +154,7 @@ def test_onnx_towers_match_torch_on_real_flickr8k_features(tmp_path):
     images = np.load(F8K / "dev_image_features.npy").astype(np.float32)  # all 1,000 dev images
     captions = np.load(F8K / "dev_caption_features.npy").astype(np.float32)  # all 5,000 dev captions
     real = {"video": {"features": images[:, None, :], "mask": np.ones((len(images), 1), bool)},
-            "text": {"features": captions[:, None, :], "mask": np.ones((len(captions), 1), bool)}}
+            "text": {"features": captions}}  # a sentence-feature text tower: no mask input
     diffs = check_onnx(model, tmp_path / "ex", real)
     assert max(diffs.values()) <= TOL, diffs
     # and the sentence / image form of the API gives the same embeddings as the one-frame form

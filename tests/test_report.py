@@ -191,3 +191,22 @@ def test_curves_read_the_keys_the_trainer_writes(run_dir, tmp_path):
     w_real = Image.open(plot_curves(log, tmp_path / "real.png")).size[0]
     w_plain = Image.open(plot_curves(plain, tmp_path / "plain.png")).size[0]
     assert w_real > w_plain * 1.2
+
+
+def test_report_of_a_killed_run_shows_its_checkpoint(tmp_path, capsys, one_thread):
+    """A run stopped after its first epoch (checkpoint.pt, log.jsonl, no metrics.json): the page is written and
+    says the run has not finished (was numpy's "need at least one array to concatenate", no page)."""
+    from xmodal.config import load_config
+    from xmodal.training.loop import train
+
+    run = tmp_path / "run"
+    cfg = load_config(ROOT / "configs" / "synthetic.yaml", ["train.epochs=3", "data.synthetic.num_train=200",
+                                                           "data.synthetic.num_val=60", "data.synthetic.num_test=60",
+                                                           "test_time.bank_size=100", "train.progress=false"])
+    assert train(cfg, run, stop_after_epochs=1, verbose=False) == {"stopped": True, "epoch": 1}
+    assert not (run / "metrics.json").exists()
+    capsys.readouterr()
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html"), "--threads", "1", "--examples", "2"]) == 0, \
+        capsys.readouterr().err
+    html = (tmp_path / "r.html").read_text()
+    assert "This run has not finished" in html and "Retrieval mass" in html

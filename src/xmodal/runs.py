@@ -14,6 +14,8 @@ failure modes of a run directory have one home:
   file, released by the kernel when its process dies, so the lock of a dead process
   is simply taken over.
 - :func:`remove_stale_temporaries`: ``.NAME.tmpPID`` files left by killed saves.
+- :func:`staging_dir` / :func:`replace_dir`: a folder rebuilt beside the old one and swapped in at the
+  end (``xmodal export``), so a failed or killed re-run never destroys the last good folder.
 - :func:`check_run_dir` refuses an ``--out`` holding files that are not a run's own;
   :func:`clear_run_outputs` removes a previous run's files before a fresh run trains.
 """
@@ -36,13 +38,13 @@ import torch
 LOCK_NAME = ".lock"
 _TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*",
                  ".config.yaml.tmp*", ".*.png.tmp*", ".log.csv.tmp*", ".provenance.json.tmp*",
-                 ".trackers.json.tmp*", ".per_query.npz.tmp*", ".encoders.json.tmp*")
+                 ".trackers.json.tmp*", ".trackers.jsonl.tmp*", ".per_query.npz.tmp*", ".encoders.json.tmp*")
 #: Files of a run directory's own kind: what ``xmodal train`` (and ``xmodal report``, the
 #: page of the run) write there. A fresh run removes them all before it trains.
 RUN_FILES = ("config.yaml", "log.jsonl", "log.csv", "checkpoint.pt", "model.pt", "metrics.json",
              "per_query.npz", "provenance.json", "curves.png", "schedule.png", "retrieval_mass.png", "fn_fp.png",
              "report.html", "mlflow.db", "mlflow.db-journal", "mlflow.db-wal", "mlflow.db-shm",  # log_to: [mlflow]
-             "trackers.json", "encoders.json")
+             "trackers.json", "trackers.jsonl", "encoders.json")
 #: Folders of a run directory's own kind (``train.log_to: [tensorboard, mlflow, wandb]``).
 RUN_DIRS = ("tensorboard", "mlartifacts", "wandb")
 
@@ -236,6 +238,74 @@ def atomic_save_npy(path: str | os.PathLike, array: Any) -> None:
             np.save(f, np.asarray(array), allow_pickle=False)
 
     atomic_write(path, write)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system cannot."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):  # a libc without renameat2 (glibc < 2.28, musl)
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system that cannot exchange
+        return False
+    raise OSError(err, f"cannot swap {b} into place: {os.strerror(err)}")
+
+
+def staging_dir(out: str | os.PathLike) -> Path:
+    """A new, empty folder beside ``out`` (``.NAME.tmpPID``) to build a replacement of ``out`` in;
+    :func:`replace_dir` swaps it into place. Staging folders of dead processes are removed first."""
+    out = Path(out)
+    for old in out.parent.glob(f".{glob.escape(out.name)}.tmp*"):
+        pid = old.name.rsplit(".tmp", 1)[1]
+        if old.is_dir() and not old.is_symlink() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    stage = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    if stage.is_dir() and not stage.is_symlink():
+        shutil.rmtree(stage)
+    else:
+        stage.unlink(missing_ok=True)
+    stage.mkdir(parents=True)
+    return stage
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def replace_dir(stage: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Put the finished folder ``stage`` (:func:`staging_dir`) in the place of ``out`` and delete the old one.
+
+    The last good ``out`` exists until the new one does: where the system can, the two are exchanged in one
+    step (``renameat2(RENAME_EXCHANGE)``); elsewhere the old folder is renamed aside first, so a kill
+    between the two renames leaves it whole as ``.NAME.old-PID`` beside ``out``.
+    """
+    stage, out = Path(stage), Path(out)
+    if not out.exists() and not out.is_symlink():
+        os.replace(stage, out)
+        return
+    if _exchange(stage, out):
+        shutil.rmtree(stage, ignore_errors=True)  # holds the old folder now
+        return
+    aside = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, aside)
+    os.replace(stage, out)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def remove_stale_temporaries(out: str | os.PathLike, names: tuple[str, ...] | None = None) -> list[Path]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -12,16 +15,21 @@ NAME = "export"
 HELP = "write a run as model.safetensors + config.json + a model card (README.md), optionally ONNX towers"
 DESCRIPTION = """Write a trained run as a folder in the Hugging Face layout, offline:
 
-  xmodal export RUN --out DIR [--onnx] [--text-encoder NAME] [--video-encoder NAME]
+  xmodal export RUN --out DIR [--onnx] [--license ID] [--dataset ID ...] [--text-encoder NAME]
+                [--video-encoder NAME]
 
 DIR/model.safetensors   the towers' weights and the test-time query banks (no pickle)
 DIR/config.json         architecture, feature sizes, encoders, the run's config and the fitted
                         test-time normalisers (plain numbers and arrays)
-DIR/README.md           the model card: intended use, the data's provenance (file hashes), the
-                        protocol and metrics per split, the normaliser, limitations
+DIR/README.md           the model card: Hugging Face metadata (license, datasets, base_model,
+                        pipeline_tag, model-index results with 95% intervals), install line,
+                        intended use, the data's provenance (file hashes), the protocol and
+                        metrics per split, the normaliser, limitations, licence, citation
 DIR/video_tower.onnx    (--onnx) the towers as ONNX graphs: inputs features [batch, frames, dim]
-DIR/text_tower.onnx     and mask [batch, frames], dynamic axes; checked against torch with
-                        onnxruntime (the max abs difference is printed and stored in config.json)
+DIR/text_tower.onnx     and mask [batch, frames] (a sentence-feature text tower: features
+                        [batch, dim] only), dynamic axes, metadata_props (opset, dims,
+                        normaliser, xmodal version); checked against torch with onnxruntime
+                        (the max abs difference is printed and stored in config.json)
 
 xmodal.load_model(DIR) gives the run's model (bit-identical scores), and every command that
 takes a run takes DIR: eval --run DIR, index --run DIR (then query / serve the index).
@@ -32,8 +40,14 @@ and 'train' (RUN/encoders.json) into config.json ("encoders": spec, hub name, we
 preprocessing, size; an hf: folder by its hub id or folder name, never a path of this machine).
 A run that records none: --text-encoder / --video-encoder state them for the card; left out, a
 feature size matching a built-in encoder (minilm 384, efficientnet-lite0 1280) is recorded as
-inferred, any other as not recorded. A stated encoder that is not the recorded one is refused. Running export
-again into DIR replaces its files (a folder holding other files is refused)."""
+inferred, any other as not recorded. A stated encoder that is not the recorded one is refused.
+--license states the model's licence (a Hugging Face licence id; default "other", and the card
+says why); --dataset names the training data (a Hugging Face dataset id or a name, repeatable).
+
+No absolute path of this machine is written: the data folder in the run's config becomes the
+SHA-256 of its files' hashes, other paths keep their last component. The folder is built beside
+DIR and swapped in at the end: a failed or killed export leaves the previous DIR as it was (a
+folder holding files an export does not write is refused)."""
 
 #: Built-in extractors: name -> (input, feature size, what it is).
 BUILTIN_ENCODERS = {
@@ -53,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder to write (created)")
     parser.add_argument("--onnx", action="store_true", help="also write video_tower.onnx and text_tower.onnx "
                         "(extra [onnx]) and check them against torch with onnxruntime")
+    parser.add_argument("--license", metavar="ID", default="other",
+                        help="the model's licence, a Hugging Face licence id such as mit or cc-by-4.0 (default: "
+                             "other: xmodal cannot know the terms of the data and the extractors)")
+    parser.add_argument("--dataset", metavar="ID", action="append", default=[],
+                        help="the training data, a Hugging Face dataset id or a name (repeatable; the card's "
+                             "datasets and model-index)")
     parser.add_argument("--text-encoder", metavar="NAME", default=None,
                         help="the extractor that made the run's text features (recorded in config.json "
                              "and the card; default: inferred from the feature size where it matches a "
@@ -72,6 +92,9 @@ def encoder_record(given: str | None, modality: str, size: int, flag: str, recor
 
     if given is not None and not given.strip():
         raise ValueError(f"{flag}: expected an encoder name, got an empty string")
+    if given is not None and (len(given) > 200 or not given.isprintable() or "`" in given):
+        raise ValueError(f"{flag}: expected an encoder name (printable, no backquote, at most 200 characters), "
+                         f"got {given[:40]!r}")
     stated = _stated_identity(given, modality, size, flag) if given is not None else None
     if recorded is not None:
         names = {recorded["spec"], portable(recorded)["spec"], recorded.get("hub_name")}
@@ -151,62 +174,143 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def run(args: argparse.Namespace) -> int:
-    from xmodal.commands import load_run
-    from xmodal.models.export import CONFIG_NAME, WEIGHTS_NAME, export_state
-    from xmodal.models.io import run_config
-    from xmodal.models.onnx_towers import ONNX_FILES, check_onnx, export_onnx
-    from xmodal.reporting.card import model_card, run_records
-    from xmodal.runs import atomic_write, atomic_write_text
+def _encoder_name(record: dict | None) -> str | None:
+    """The extractor an encoder record names (its spec where ``enc`` recorded one), paths cut."""
+    from xmodal._paths import elide_paths
 
-    start = time.perf_counter()
-    out = Path(args.out)
-    model = load_run(args.run, "RUN")
-    check_out(out, args.run)
-    sizes = model.architecture()
+    if not isinstance(record, dict):
+        return None
+    name = record.get("spec") or record.get("name")
+    return elide_paths(name) if isinstance(name, str) else None
+
+
+#: A licence id as the Hugging Face metadata takes it (``mit``, ``apache-2.0``, ``cc-by-nc-4.0``, ``other``).
+_LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
+#: A dataset id (``owner/name``) or a name, one token.
+_DATASET = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?")
+
+
+def card_fields(license_id: str, datasets: list[str]) -> dict:
+    """``config.json``'s ``card`` record: the licence and datasets stated at export, checked."""
+    if not isinstance(license_id, str) or not _LICENSE.fullmatch(license_id):
+        raise ValueError(f"--license: expected a Hugging Face licence id such as mit, apache-2.0 or other (lower "
+                         f"case letters, digits, . + -), got {str(license_id)[:40]!r}")
+    for d in datasets:
+        if not isinstance(d, str) or not _DATASET.fullmatch(d):
+            raise ValueError(f"--dataset: expected a dataset id (owner/name) or a name (letters, digits, . _ -), "
+                             f"got {str(d)[:40]!r}")
+    return {"license": license_id, "datasets": list(dict.fromkeys(datasets))}
+
+
+def portable_run_config(run_config: dict | None, provenance: dict | None) -> dict | None:
+    """The run's config without absolute paths of this machine: ``data.root`` becomes ``sha256:HEX`` (the
+    data's SHA-256, :func:`xmodal._paths.data_sha256`, or ``not recorded`` without the provenance's hashes);
+    any other absolute path keeps its last component (:func:`xmodal._paths.elide_paths`)."""
+    from xmodal._paths import data_sha256, elide_paths
+
+    if not isinstance(run_config, dict):
+        return run_config
+    out = dict(run_config)
+    data = out.get("data")
+    if isinstance(data, dict) and isinstance(data.get("root"), str) and data["root"]:
+        digest = data_sha256((provenance or {}).get("data"))
+        out["data"] = {**data, "root": f"sha256:{digest}" if digest else "not recorded (an absolute path)"}
+    return elide_paths(out)
+
+
+def export_encoders(model, run: str | Path, text_encoder: str | None = None, video_encoder: str | None = None) -> dict:
+    """config.json's ``encoders`` record: what the run recorded (``RUN/encoders.json``), else what the flags
+    state, else what the feature sizes suggest (:func:`encoder_record`)."""
     from xmodal.features.identity import portable, run_encoders
 
-    recorded = run_encoders(args.run, "RUN")
-    encoders = {"text": encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder",
+    sizes = model.architecture()
+    recorded = run_encoders(run, "RUN")
+    encoders = {"text": encoder_record(text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder",
                                        recorded["text"]),
-                "video": encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder",
+                "video": encoder_record(video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder",
                                         recorded["video"])}
     if model.experts:
         encoders["experts"] = {k: ({"name": None, "source": "not recorded"} if recorded["experts"].get(k) is None
                                    else {"name": portable(recorded["experts"][k])["spec"],
                                          **portable(recorded["experts"][k]), "source": "recorded with the features"})
                                for k in model.experts if k != "video"}
-    tensors, config = export_state(model, encoders=encoders, run_config=run_config(args.run))
-    if args.onnx:  # the extra is checked before anything in --out changes
+    return encoders
+
+
+def write_export(model, run: str | Path, folder: Path, *, card: dict | None = None, text_encoder: str | None = None,
+                 video_encoder: str | None = None, onnx: bool = False) -> dict:
+    """Write the export files of ``model`` (loaded from ``run``) into the existing folder ``folder``:
+    ``model.safetensors``, ``config.json``, ``README.md`` [+ ONNX towers]. What ``xmodal export`` writes into its
+    staging folder, and what ``train.log_to`` logs as the run's model artifact.
+
+    Returns:
+        ``{"tensors": count, "note": the ONNX check's line or "", "config": config.json's content}``.
+    """
+    from safetensors.torch import save
+
+    from xmodal.models.export import CONFIG_NAME, WEIGHTS_NAME, export_state
+    from xmodal.models.io import run_config
+    from xmodal.models.onnx_towers import ONNX_FILES, check_onnx, export_onnx
+    from xmodal.reporting.card import model_card, run_records
+    from xmodal.runs import atomic_write, atomic_write_text
+
+    encoders = export_encoders(model, run, text_encoder, video_encoder)
+    records = run_records(run)
+    tensors, config = export_state(model, encoders=encoders,
+                                   run_config=portable_run_config(run_config(run), records.get("provenance")),
+                                   extra={"card": card or card_fields("other", [])})
+    # bytes written by Python (not save_file): the file gets the umask's permissions, as every other file.
+    # One metadata key: safetensors keeps the metadata in a hash map, whose order (and so the file's bytes
+    # and its hash in the card) would change from one export to the next with two.
+    weights = save(tensors, metadata={"format": "pt"})
+    atomic_write(folder / WEIGHTS_NAME, lambda tmp: Path(tmp).write_bytes(weights))
+    note = ""
+    if onnx:
+        config["onnx"] = export_onnx(model, folder, metadata={k: {"encoder": _encoder_name(encoders.get(k))}
+                                                              for k in ("video", "text")})
+        diffs = check_onnx(model, folder)
+        config["onnx_check"] = {"max_abs_diff": diffs, "inputs": "random features, ragged masks, 1e6 in the "
+                                "padded frames", "runtime": "onnxruntime CPU"}
+        note = "; onnxruntime vs torch max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+    files = {WEIGHTS_NAME: sha256(folder / WEIGHTS_NAME),
+             **{name: sha256(folder / name) for name in ONNX_FILES if (folder / name).is_file()}}
+    atomic_write_text(folder / "README.md", model_card(config, records, files))
+    atomic_write_text(folder / CONFIG_NAME, json.dumps(config, indent=1) + "\n")
+    return {"tensors": len(tensors), "note": note, "config": config}
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmodal.commands import load_run
+    from xmodal.models.export import CONFIG_NAME, WEIGHTS_NAME
+    from xmodal.models.onnx_towers import ONNX_FILES
+    from xmodal.runs import _no_space, _write_failed, replace_dir, staging_dir
+
+    start = time.perf_counter()
+    out = Path(args.out)
+    if out.is_symlink():  # the folder it names is replaced, never the link
+        out = out.resolve()
+    card = card_fields(args.license, args.dataset)
+    model = load_run(args.run, "RUN")
+    check_out(out, args.run)
+    export_encoders(model, args.run, args.text_encoder, args.video_encoder)  # the flags, before anything is written
+    if args.onnx:
         from xmodal.models.onnx_towers import _need
 
         _need("onnx")
         _need("onnxruntime")
-    out.mkdir(parents=True, exist_ok=True)
-    # config.json goes first and comes back last: a half-written folder is never a loadable export
-    (out / CONFIG_NAME).unlink(missing_ok=True)
-    from safetensors.torch import save
-
-    # bytes written by Python (not save_file): the file gets the umask's permissions, as every other file here.
-    # One metadata key: safetensors keeps the metadata in a hash map, whose order (and so the file's bytes and
-    # its hash in the card) would change from one export to the next with two.
-    weights = save(tensors, metadata={"format": "pt"})
-    atomic_write(out / WEIGHTS_NAME, lambda tmp: Path(tmp).write_bytes(weights))
-    note = ""
-    if args.onnx:
-        config["onnx"] = export_onnx(model, out)
-        diffs = check_onnx(model, out)
-        config["onnx_check"] = {"max_abs_diff": diffs, "inputs": "random features, ragged masks, 1e6 in the "
-                                "padded frames", "runtime": "onnxruntime CPU"}
-        note = "; onnxruntime vs torch max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
-    else:  # towers of a previous export never describe this model
-        for name in ONNX_FILES:
-            (out / name).unlink(missing_ok=True)
-    files = {WEIGHTS_NAME: sha256(out / WEIGHTS_NAME),
-             **{name: sha256(out / name) for name in ONNX_FILES if (out / name).is_file()}}
-    atomic_write_text(out / "README.md", model_card(config, run_records(args.run), files))
-    atomic_write_text(out / CONFIG_NAME, json.dumps(config, indent=1) + "\n")
+    # built beside --out and swapped in at the end: the previous export stays whole until the new one is
+    stage = staging_dir(out)
+    try:
+        done = write_export(model, args.run, stage, card=card, text_encoder=args.text_encoder,
+                            video_encoder=args.video_encoder, onnx=args.onnx)
+        replace_dir(stage, out)
+    except BaseException as exc:
+        err = _write_failed(exc, out) if isinstance(exc, (OSError, RuntimeError)) else None
+        shutil.rmtree(stage, ignore_errors=True)
+        if err is not None:
+            raise (_no_space(out) if err.errno == errno.ENOSPC else err) from None
+        raise
     size = (out / WEIGHTS_NAME).stat().st_size
-    print(f"wrote {out}: {WEIGHTS_NAME} ({len(tensors)} tensors, {size / 1e6:.1f} MB), {CONFIG_NAME}, README.md"
-          + (", " + ", ".join(ONNX_FILES) if args.onnx else "") + f"{note} ({time.perf_counter() - start:.1f} s)")
+    print(f"wrote {out}: {WEIGHTS_NAME} ({done['tensors']} tensors, {size / 1e6:.1f} MB), {CONFIG_NAME}, README.md"
+          + (", " + ", ".join(ONNX_FILES) if args.onnx else "") + f"{done['note']} ({time.perf_counter() - start:.1f} s)")
     return 0

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xmodal._validate import as_tensor, choice, short_repr
+from xmodal._validate import as_tensor, choice, integer, short_repr
 from xmodal.metrics._common import block_counts, check_ks, check_ties, similarity, summarize
 from xmodal.metrics.ranking import label_retrieval_from_sim
 
@@ -83,6 +83,7 @@ def linear_probe(train_features: Any, train_labels: Any, test_features: Any, tes
     from sklearn.svm import LinearSVC
 
     classifier = choice(classifier, "classifier", ("logreg", "svm"))
+    seed = integer(seed, "seed", minimum=0, maximum=2 ** 32 - 1)  # sklearn's random_state range
     ks = check_ks(ks)
     xtr, xte = _features(train_features, "train_features"), _features(test_features, "test_features")
     if xtr.shape[1] != xte.shape[1]:

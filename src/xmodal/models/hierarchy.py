@@ -72,6 +72,41 @@ class GlobalSpec:
         return 2 * self.dim if self.context and self.block == "release" else self.dim
 
 
+#: Bounds of a stored record's integer fields (``dim`` as ``model.dim``, ``layers`` / ``heads`` as the config's).
+_GLOBAL_BOUNDS = {"dim": (1, 1 << 16), "heads": (1, 256), "layers": (1, 64), "max_len": (1, 2 ** 31 - 1),
+                  "pool_heads": (1, 256), "pool_hidden": (0, 1 << 17)}
+
+
+def global_spec_from_dict(d: Any, name: str) -> GlobalSpec:
+    """A :class:`GlobalSpec` from a checkpoint's architecture record, each field checked (type, range)
+    before anything is built.
+
+    Raises:
+        ValueError: naming the field (``{name}.dim`` ...) or the unknown keys.
+    """
+    from dataclasses import fields
+
+    from xmodal._validate import integer
+
+    if not isinstance(d, dict):
+        raise ValueError(f"{name}: expected a mapping, got {short_repr(d)}")
+    unknown = sorted(map(str, set(d) - {f.name for f in fields(GlobalSpec)}))
+    if unknown:
+        raise ValueError(f"{name}: unknown field(s) {', '.join(unknown)}")
+    for field, (low, top) in _GLOBAL_BOUNDS.items():
+        if field in d:
+            integer(d[field], f"{name}.{field}", minimum=low, maximum=top)
+    if "dropout" in d and (isinstance(d["dropout"], bool) or not isinstance(d["dropout"], (int, float))
+                           or not 0.0 <= d["dropout"] < 1.0):
+        raise ValueError(f"{name}.dropout: expected a number in [0, 1), got {short_repr(d['dropout'])}")
+    if "context" in d:
+        flag(d["context"], f"{name}.context")
+    for field, options in (("pooling", POOLINGS), ("block", BLOCKS)):
+        if field in d and (not isinstance(d[field], str) or d[field] not in options):
+            raise ValueError(f"{name}.{field}: expected one of {', '.join(options)}, got {short_repr(d[field])}")
+    return GlobalSpec(**d)
+
+
 def pad_groups(x: torch.Tensor, owner: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``x`` gathered per group, in row order, zero-padded to the longest group.
 
@@ -320,10 +355,8 @@ class HierarchicalTwoTower(TwoTower):
     @classmethod
     def from_architecture(cls, arch: dict) -> "HierarchicalTwoTower":
         video, text, experts = specs_from_architecture(arch)
-        if not isinstance(arch["hierarchy"], dict):
-            raise ValueError(f"architecture['hierarchy']: expected a mapping, got {short_repr(arch['hierarchy'])}")
         return cls(video, text, experts=experts, fusion=arch.get("fusion", "gated"),
-                   hierarchy=GlobalSpec(**arch["hierarchy"]))
+                   hierarchy=global_spec_from_dict(arch["hierarchy"], "architecture['hierarchy']"))
 
 
 def _rows(x: Any, sl: slice) -> Any:

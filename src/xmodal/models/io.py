@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,25 +42,115 @@ def model_payload(model: TwoTower) -> dict:
             "test_time": model.test_time.state_dict()}
 
 
-def check_declared_shapes(arch: dict, state_dict: dict) -> None:
-    """Refuse an architecture whose parameters differ from the stored weights, before any
-    module is allocated: the model is first built on the ``meta`` device (shapes only, no
-    memory), so a tiny file declaring huge layers never allocates them.
+#: What a model file may make xmodal allocate beyond the tensors it stores: buffers computed from the
+#: architecture's sizes alone (the release block's sine/cosine position tables, ``max_frames x hidden``
+#: and ``max_len x dim``). A 61 KB file declaring ``max_frames: 134217728`` asked for 8 GB.
+MAX_DERIVED_BYTES = 64 << 20
+#: Most video experts an architecture record may declare (each is a tower of modules).
+MAX_EXPERTS = 64
+
+
+def skeleton(arch: Any) -> TwoTower:
+    """The model an architecture record describes, built on the ``meta`` device (shapes and dtypes, no
+    memory), after bounding what building it for real would allocate beyond the stored weights.
 
     Raises:
-        ValueError: naming the first parameter whose declared shape differs, or that is missing.
+        ValueError: a malformed record, more than :data:`MAX_EXPERTS` experts, or computed buffers
+            larger than :data:`MAX_DERIVED_BYTES` (naming the buffer and the sizes behind it).
     """
+    cls = _model_class(arch)
+    experts = arch.get("experts")
+    if isinstance(experts, dict) and len(experts) > MAX_EXPERTS:
+        raise ValueError(f"architecture['experts']: {len(experts)} experts, at most {MAX_EXPERTS}")
+    with torch.device("meta"):
+        model = cls.from_architecture(arch)
+    stored = set(model.state_dict())
+    derived = {name: b for name, b in model.named_buffers() if name not in stored}
+    total = sum(b.numel() * b.element_size() for b in derived.values())
+    if total > MAX_DERIVED_BYTES:
+        name, big = max(derived.items(), key=lambda kv: kv[1].numel())
+        raise ValueError(f"architecture: the sine/cosine position table {name} ({list(big.shape)}: max_frames or "
+                         f"max_len x width) and any other computed buffers would take {total / 2 ** 20:,.0f} MiB at "
+                         f"load; a model file may ask for at most {MAX_DERIVED_BYTES >> 20} MiB beyond its weights")
+    return model
+
+
+def check_declared_shapes(arch: dict, state_dict: dict) -> dict[str, torch.Tensor]:
+    """Refuse weights that are not exactly what the architecture declares, before any module is
+    allocated (the model is first built on the ``meta`` device, :func:`skeleton`): every declared
+    tensor present, no other, each of the declared shape and dtype (float32: a float16 or int8 copy
+    would be converted on load and change every score), and finite.
+
+    Returns:
+        The meta skeleton's ``state_dict`` (name -> meta tensor of the declared shape and dtype).
+
+    Raises:
+        ValueError: naming the first tensor that is missing, unexpected, of another shape or dtype,
+            or holds NaN / inf.
+    """
+    from xmodal._validate import all_finite
+
     if not isinstance(state_dict, dict):
         raise ValueError("its weights are not a mapping of tensors")
-    with torch.device("meta"):
-        skeleton = _model_class(arch).from_architecture(arch)
-    for name, want in skeleton.state_dict().items():
+    declared = skeleton(arch).state_dict()
+    for name, want in declared.items():
         have = state_dict.get(name)
         if not isinstance(have, torch.Tensor):
             raise ValueError(f"the architecture declares {name} but the weights lack it")
         if tuple(have.shape) != tuple(want.shape):
             raise ValueError(f"the architecture declares {name} of shape {tuple(want.shape)} but the weights "
                              f"hold {tuple(have.shape)}")
+        if have.dtype != want.dtype:
+            raise ValueError(f"the weights hold {name} as {str(have.dtype).removeprefix('torch.')}, the "
+                             f"architecture's is {str(want.dtype).removeprefix('torch.')} (xmodal writes "
+                             f"{str(want.dtype).removeprefix('torch.')}; a converted copy changes the scores)")
+    extra = sorted(str(k) for k in state_dict if k not in declared)
+    if extra:
+        raise ValueError(f"payload['state_dict']: the weights hold {', '.join(extra[:3])}"
+                         f"{' ...' if len(extra) > 3 else ''}, which the architecture does not declare")
+    for name in declared:
+        if not all_finite(state_dict[name]):
+            raise ValueError(f"the weights hold NaN or inf in {name}")
+    return declared
+
+
+def check_test_time_values(test_time: TestTime, dim: int) -> None:
+    """The stored test-time state holds what the model can use: each query bank a float32
+    ``[K, dim]`` finite matrix, DN's fitted tensors finite (its means ``[dim]``).
+
+    Raises:
+        ValueError: naming the bank or DN tensor.
+    """
+    from xmodal._validate import all_finite
+
+    for bank, pair in test_time.banks.items():
+        for side, t in zip(("text", "video"), pair):
+            where = f"test_time.banks.{bank}.{side}"
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.ndim != 2 or t.shape[1] != dim:
+                got = f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}" if isinstance(t, torch.Tensor) \
+                    else short_repr(t)
+                raise ValueError(f"{where}: expected float32 [K, {dim}] embeddings, got {got}")
+            if not all_finite(t):
+                raise ValueError(f"{where}: holds NaN or inf")
+    dn = test_time.dn
+    if dn is None:
+        return
+    if not isinstance(dn, dict) or not isinstance(dn.get("tensors"), dict):
+        raise ValueError("test_time.dn: expected a fitted DN state with tensors")
+    for key, t in dn["tensors"].items():
+        where = f"test_time.dn.tensors.{key}"
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"{where}: expected a floating tensor, got {short_repr(t)}")
+        if key in ("mu_q", "mu_g") and tuple(t.shape) != (dim,):
+            raise ValueError(f"{where}: expected a mean of shape ({dim},), got {tuple(t.shape)}")
+        if not all_finite(t):
+            raise ValueError(f"{where}: holds NaN or inf")
+    try:
+        from xmodal.normalize import DistributionNormalization
+
+        DistributionNormalization.from_state_dict(dn)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"test_time.dn: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def _model_class(arch: dict) -> type[TwoTower]:
@@ -88,12 +179,14 @@ def model_from_payload(payload: dict) -> TwoTower:
             raise ValueError(f"payload: no {key!r} (not written by model_payload)")
     arch = payload["architecture"]
     check_declared_shapes(arch, payload["state_dict"])
+    test_time = TestTime.from_state_dict(payload.get("test_time"))
     model = _model_class(arch).from_architecture(arch)
+    check_test_time_values(test_time, model.dim)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:  # e.g. keys the architecture does not declare
         raise ValueError(f"payload['state_dict']: {' '.join(str(exc).split())[:300]}") from None
-    model.test_time = TestTime.from_state_dict(payload.get("test_time"))
+    model.test_time = test_time
     model.eval()
     return model
 

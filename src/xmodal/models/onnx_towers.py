@@ -14,11 +14,17 @@ input / output            shape, dtype                       meaning
 ========================  =================================  ===========================================
 
 ``batch`` and ``frames`` (``tokens`` in the text graph) are dynamic axes (at most the tower's position
-table for a ``transformer`` tower). A run with several video experts has per-expert inputs
+table for a ``transformer`` tower). A text tower trained on sentence features (one vector per caption,
+not ``tokens``) takes ``features`` ``[batch, dim]`` only, without a mask. A run with several video experts has per-expert inputs
 ``features.<expert>`` / ``mask.<expert>`` (an expert missing for a video: a row of False). The
 test-time normaliser is not in the graphs: a search applies it as ``xmodal index`` folds it
 (``query_shift.npy`` and the gallery's bias column), see ``examples/onnx_search.py``. A hierarchical
 run exports its local (clip / sentence) towers only.
+
+Each graph carries ``metadata_props`` (:func:`graph_metadata`): ``opset``, ``xmodal_version``, ``tower``,
+``inputs`` / ``input_dims``, ``embedding_dim``, ``max_frames``, ``l2_normalised``, the run's selected
+``normalizer`` (applied outside the graph) and ``temperature``, and the ``encoder`` that made the features
+where config.json names one; ``onnx.load(path).metadata_props`` reads them.
 
 The export uses ``torch.onnx.export(..., dynamo=True)`` (the exporter built on ``torch.export``, which needs
 ``onnxscript``): the TorchScript-based one (``dynamo=False``) cannot export the transformer encoder's
@@ -51,7 +57,7 @@ class _TowerGraph(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         if self.experts is None:
-            features, mask = inputs
+            features, mask = inputs if len(inputs) == 2 else (inputs[0], None)
             return F.normalize(self.tower(features, mask), dim=-1)
         feats = {k: inputs[2 * i] for i, k in enumerate(self.experts)}
         masks = {k: inputs[2 * i + 1] for i, k in enumerate(self.experts)}
@@ -83,6 +89,29 @@ def _need(module: str, extra: str = "onnx"):
         raise ImportError(f"ONNX export needs {module}: pip install 'xmodal[{extra}]' ({exc})") from None
 
 
+def has_mask(model: Any, which: str) -> bool:
+    """Whether the ``which`` graph takes frames and a mask: every video graph, and a text graph of a tower
+    trained on token features; a sentence-feature text tower takes ``features [batch, dim]`` alone."""
+    _which(which)
+    _model(model)
+    return which != "text" or bool(model.text_tower.spec.tokens)
+
+
+def _which(which: Any) -> str:
+    from xmodal._validate import choice
+
+    if not isinstance(which, str):
+        raise TypeError(f"which: expected 'video' or 'text', got {type(which).__name__}")
+    return choice(which, "which", ("video", "text"))
+
+
+def _model(model: Any) -> Any:
+    from xmodal._validate import duck
+
+    return duck(model, "model", "a loaded xmodal model", ("encode_video", "encode_text"),
+                ("video_tower", "text_tower", "dim"))
+
+
 def graph_inputs(model: Any, which: str) -> list[tuple[str, int, int | None]]:
     """``[(input name, feature dim, max frames or None)]`` of the ``which`` (``video``/``text``) graph."""
     if which == "text":
@@ -104,6 +133,9 @@ def example_inputs(model: Any, which: str, *, batch: int = 3, frames: int = 5, s
     and a further expert may be missing for a video (a row of False)."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
+    if not has_mask(model, which):  # sentence features: one vector per caption, no mask
+        (name, dim, _), = graph_inputs(model, which)
+        return {name: rng.standard_normal((batch, dim)).astype(np.float32)}
     for i, (name, dim, max_frames) in enumerate(graph_inputs(model, which)):
         f = min(frames, max_frames) if max_frames else frames
         x = rng.standard_normal((batch, f, dim)).astype(np.float32)
@@ -120,8 +152,9 @@ def example_inputs(model: Any, which: str, *, batch: int = 3, frames: int = 5, s
 def torch_reference(model: Any, which: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """What the public API returns for ``inputs`` (``model.encode_video`` / ``encode_text``), float32."""
     if which == "text":
+        mask = inputs.get("mask")
         return model.encode_text(torch.from_numpy(inputs["features"]),
-                                 torch.from_numpy(inputs["mask"])).cpu().numpy()
+                                 None if mask is None else torch.from_numpy(mask)).cpu().numpy()
     experts = model.experts
     if not experts:
         return model.encode_video(torch.from_numpy(inputs["features"]), torch.from_numpy(inputs["mask"])).cpu().numpy()
@@ -130,7 +163,32 @@ def torch_reference(model: Any, which: str, inputs: dict[str, np.ndarray]) -> np
     return model.encode_video(feats, masks).cpu().numpy()
 
 
-def _export_one(model: Any, which: str, path: Path) -> None:
+def graph_metadata(model: Any, which: str, extra: dict | None = None) -> dict[str, str]:
+    """The ``metadata_props`` of the ``which`` graph (strings, as ONNX stores them)."""
+    from xmodal.models.export import _version
+
+    _model(model)
+    _which(which)
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra: expected a dict of further properties or None, got {type(extra).__name__}")
+
+    inputs = graph_inputs(model, which)
+    frames = [m for _, _, m in inputs if m]
+    tt = getattr(model, "test_time", None)
+    props = {"opset": str(OPSET), "xmodal_version": _version(), "tower": which, "producer": "xmodal export --onnx",
+             "inputs": ", ".join(n + (f", {n.replace('features', 'mask', 1)}" if has_mask(model, which) else "")
+                                 for n, _, _ in inputs),
+             "input_dims": ", ".join(f"{n}={d}" for n, d, _ in inputs), "embedding_dim": str(model.dim),
+             "max_frames": str(min(frames)) if frames else "any", "l2_normalised": "true",
+             "normalizer": str(getattr(tt, "selected", "none")),
+             "normalizer_note": "the test-time normaliser is not in the graph: apply it as xmodal index folds it "
+                                "(query_shift.npy and the gallery's bias column)",
+             "temperature": repr(float(model.temperature))}
+    props.update({str(k): str(v) for k, v in (extra or {}).items() if v is not None})
+    return props
+
+
+def _export_one(model: Any, which: str, path: Path, props: dict[str, str]) -> None:
     import logging
     import warnings
 
@@ -148,6 +206,9 @@ def _export_one(model: Any, which: str, path: Path) -> None:
     axis = "tokens" if which == "text" else "frames"
     shapes = []
     for name, _dim, max_frames in graph_inputs(model, which):
+        if not has_mask(model, which):
+            shapes.append({0: batch})
+            continue
         label = axis if name == "features" else f"{axis}_{name.split('.', 1)[1]}"
         frames = Dim(label, min=1, max=max_frames) if max_frames else Dim(label, min=1)
         shapes += [{0: batch, 1: frames}, {0: batch, 1: frames}]
@@ -165,9 +226,15 @@ def _export_one(model: Any, which: str, path: Path) -> None:
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
+    import onnx
+
+    proto = onnx.load(str(path))
+    onnx.helper.set_model_props(proto, props)
+    onnx.save(proto, str(path))
 
 
-def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None) -> dict[str, dict]:
+def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None,
+                metadata: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
     """Write ``video_tower.onnx`` and ``text_tower.onnx`` of ``model`` into ``folder``.
 
     Args:
@@ -175,6 +242,8 @@ def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None) -> 
         folder: an existing directory.
         write: ``write(path, fn)`` placing a file (default :func:`xmodal.runs.atomic_write`: a
             temporary name renamed at the end).
+        metadata: ``{"video": {key: value}, "text": {...}}`` further ``metadata_props`` of each graph
+            (e.g. its ``encoder``), beside :func:`graph_metadata`'s.
 
     Returns:
         ``{file name: {"inputs": {name: [axes]}, "output": ...}}``, the graphs' interface (config.json).
@@ -184,22 +253,30 @@ def export_onnx(model: Any, folder: str | os.PathLike, *, write: Any = None) -> 
 
     if write is not None and not callable(write):
         raise TypeError(f"write: expected a callable write(path, fn) or None, got {type(write).__name__}")
+    if metadata is not None and (not isinstance(metadata, dict) or not set(metadata) <= {"video", "text"}
+                                 or not all(isinstance(v, dict) for v in metadata.values())):
+        raise TypeError('metadata: expected {"video": {key: value}, "text": {...}} or None')
     write = write or atomic_write
     folder = _folder(folder)
     model = _copy(model)
     out = {}
     for which, name in (("video", VIDEO_ONNX), ("text", TEXT_ONNX)):
-        write(Path(folder) / name, lambda tmp, w=which: _export_one(model, w, Path(tmp)))
+        props = graph_metadata(model, which, (metadata or {}).get(which))
+        write(Path(folder) / name, lambda tmp, w=which, pr=props: _export_one(model, w, Path(tmp), pr))
         inputs = {}
         axis = "tokens" if which == "text" else "frames"
         for feat, dim, max_frames in graph_inputs(model, which):
+            if not has_mask(model, which):
+                inputs[feat] = {"shape": ["batch", dim], "dtype": "float32", "meaning": "one sentence feature"}
+                continue
             label = axis if feat == "features" else f"{axis}_{feat.split('.', 1)[1]}"
             inputs[feat] = {"shape": ["batch", label, dim], "dtype": "float32",
                             **({f"max_{axis}": max_frames} if max_frames else {})}
             inputs[feat.replace("features", "mask", 1)] = {"shape": ["batch", label], "dtype": "bool",
                                                            "meaning": f"True = a real {axis[:-1]}"}
         out[name] = {"inputs": inputs, "output": {"embeddings": {"shape": ["batch", model.dim],
-                                                                 "dtype": "float32", "l2_normalised": True}}}
+                                                                 "dtype": "float32", "l2_normalised": True}},
+                     "metadata_props": props}
     return out
 
 
@@ -242,4 +319,5 @@ def check_onnx(model: Any, folder: str | os.PathLike, inputs: dict[str, dict[str
     return out
 
 
-__all__ = ["VIDEO_ONNX", "TEXT_ONNX", "ONNX_FILES", "export_onnx", "check_onnx", "run_onnx"]
+__all__ = ["VIDEO_ONNX", "TEXT_ONNX", "ONNX_FILES", "OPSET", "export_onnx", "check_onnx", "run_onnx", "graph_metadata",
+           "has_mask"]

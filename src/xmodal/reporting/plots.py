@@ -309,7 +309,7 @@ def mass_analysis(model: Any, split: Any, *, bins: int = 8) -> dict[str, Any]:
     from xmodal.metrics import fn_fp_by_mass, retrieval_mass
 
     masses, fnfp = {}, {}
-    for name in list(model.test_time.get("val", {"none": None})):
+    for name in list(model.test_time.get("val") or {}) or ["none"]:  # an unfinished run's checkpoint: none only
         sim = t2v_similarity(model, split, name)
         masses[name] = retrieval_mass(sim, model.temperature)
         fnfp[name] = fn_fp_by_mass(sim, split.text_to_video, model.temperature, bins=bins)

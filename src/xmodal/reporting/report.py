@@ -546,8 +546,12 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
     if compare:  # first: a comparison that cannot be made stops the report before its slow parts
         say("report: comparing with " + ", ".join(compare))
         compared = comparison_section(run, compare)
-    body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>",
-            "<h2>Summary</h2>", _summary(run, metrics)]
+    body = [f"<h1>xmodal run report</h1><p class=\"muted\">{_e(run.resolve())}</p>"]
+    if not (run / "metrics.json").is_file() and (run / "checkpoint.pt").is_file():
+        body.append("<p><b>This run has not finished</b> (no metrics.json: it was stopped or killed). The page shows "
+                    "its last checkpoint, with no fitted test-time normaliser; <code>xmodal train CONFIG --out "
+                    f"{_e(run.name)}</code> resumes it.</p>")
+    body += ["<h2>Summary</h2>", _summary(run, metrics)]
     body += _provenance_section(run)
     config_text = _read_text(run / "config.yaml") if (run / "config.yaml").is_file() else None
     if config_text is not None:

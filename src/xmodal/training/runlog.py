@@ -18,7 +18,8 @@ TensorBoard scalars and the MLflow / W&B trackers (``train.log_to``).
   after its last checkpoint, and writes the last checkpointed epoch's scalars again. The config and the
   provenance are text summaries ``config`` / ``provenance`` at a fresh start.
 - ``mlflow`` / ``wandb``: the same scalars under the same tags at the same steps, the config, the
-  provenance and the final tables, sent after each epoch's checkpoint (:mod:`xmodal.training.trackers`).
+  provenance, the final tables and the run's export folder as its model, sent after each epoch's
+  checkpoint, exactly once across kills and full disks (:mod:`xmodal.training.trackers`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from xmodal.config import LOG_TARGETS  # noqa: F401,E402  (re-exported; the list lives beside the config)
-from xmodal.training.trackers import TRACKERS_FILE, Trackers
+from xmodal.training.trackers import JOURNAL_FILE, TRACKERS_FILE, Trackers
 TB_DIR = "tensorboard"
 
 
@@ -110,27 +111,28 @@ class RunLog:
         history: the checkpointed epoch records (a resumed run's; empty on a fresh start).
         enabled: write anything at all (rank 0).
         echo: print the epoch line on stdout.
+        start_step: the first step this process trains (a resume from a mid-epoch checkpoint); default
+            the last record's ``step``, or 0.
     """
 
     def __init__(self, out: Path, *, log_to: tuple = (), metric: str = "rsum", epochs: int = 1,
-                 history: list[dict] | None = None, enabled: bool = True, echo: bool = True) -> None:
+                 history: list[dict] | None = None, enabled: bool = True, echo: bool = True,
+                 start_step: int | None = None) -> None:
         self.out, self.metric, self.epochs = Path(out), metric, epochs
         self.enabled, self.echo = enabled, echo and enabled
         self.csv = enabled and "csv" in log_to
         self.writer = None
-        first_step = history[-1]["step"] if history else 0
+        self.history = list(history or [])
+        first_step = int(start_step) if start_step is not None else (history[-1]["step"] if history else 0)
         if enabled and first_step == 0:  # a fresh start: logs of an overwritten run go
-            for name in ("log.jsonl", "log.csv", TRACKERS_FILE):
+            for name in ("log.jsonl", "log.csv", TRACKERS_FILE, JOURNAL_FILE):
                 (self.out / name).unlink(missing_ok=True)
         if enabled and "tensorboard" in log_to:
             self.writer = _summary_writer(self.out / TB_DIR, first_step)
             if history:
                 self._epoch_scalars(history[-1])
-        self.trackers = Trackers(self.out, tuple(log_to) if enabled else (), history=history or [])
-        if history and self.trackers and self.trackers.epochs_sent < len(history):
-            # killed between the checkpoint and the send: that epoch's scalars were never sent
-            self.trackers.add(self._finite(epoch_scalars(history[-1], self.metric)), history[-1]["step"])
-            self.trackers.flush(len(history))
+        self.trackers = Trackers(self.out, tuple(log_to) if enabled else (), history=self.history,
+                                 start_step=first_step)
 
     @property
     def per_step(self) -> bool:
@@ -145,7 +147,9 @@ class RunLog:
         if self.writer is not None and not self.trackers.resumed:
             self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
             self.writer.add_text("provenance", "```\n" + json.dumps(provenance, indent=1) + "\n```", 0)
-        self.trackers.describe(config, provenance)
+        # the trackers open here: their runs are found again by the provenance's start time
+        self.trackers.open(config, provenance, [(r["step"], self._finite(epoch_scalars(r, self.metric)))
+                                                for r in self.history])
 
     def step(self, step: int, *, loss: float, lr: float, temperature: float | None = None,
              terms: dict | None = None) -> None:
@@ -175,8 +179,8 @@ class RunLog:
         if self.writer is not None:
             self._epoch_scalars(record)
         if self.trackers:  # after the checkpoint: a killed run never sent steps past it
-            self.trackers.add(self._finite(epoch_scalars(record, self.metric)), record["step"])
-            self.trackers.flush(len(history))
+            self.trackers.add(self._finite(epoch_scalars(record, self.metric)), record["step"], journal=False)
+            self.trackers.flush(len(history), record["step"])
         if self.echo:
             print(epoch_line(record, epochs=self.epochs, metric=self.metric, improved=improved,
                              history=history), flush=True)
@@ -201,7 +205,7 @@ class RunLog:
             for tag, v in values.items():
                 self.writer.add_scalar(tag, v, step)
         if self.trackers:
-            self.trackers.final(summary, values, step)
+            self.trackers.final(summary, values, step, model_dir=self.out)
         self.close(finished=True)
 
     def close(self, finished: bool = False) -> None:
