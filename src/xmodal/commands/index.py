@@ -94,18 +94,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.commands import load_npy, progress_choice
+    from pathlib import Path
+
+    from xmodal.commands import _video_inputs, load_npy, load_run, progress_choice
     from xmodal.progress import Stages
+    from xmodal.retrieval.build import RECALL_QUERIES, caption_texts, check_out, write_index
 
     start = time.perf_counter()
+    _check_search_flags(args)
+    check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before anything is loaded or encoded
     names = None
     if args.names:
         from xmodal.data.loaders import read_captions
 
         names = read_captions(args.names)
-    from xmodal.commands import _video_inputs, load_run
-
-    model = load_run(args.run)
+    model = load_run(args.run)  # loaded once: write_index takes it as it is
     texts = None
     if args.data is not None:
         _video_inputs.check_no_flags(args)
@@ -115,31 +118,13 @@ def run(args: argparse.Namespace) -> int:
         feats, mask = _video_inputs.from_split(split, model)
         if names is None and split.video_names is not None:
             names = list(split.video_names)
-        from xmodal.retrieval.search import caption_texts
-
         texts = caption_texts(split.captions, split.text, mask=split.text_mask, text_to_video=split.text_to_video)
     elif args.video_features is None:
         raise ValueError("--video-features: required (or --data DIR --split S)")
     else:
         feats, mask = _video_inputs.from_flags(args, model, lambda path, flag: load_npy(path, flag, mmap=True))
-    _check_search_flags(args)
-    from xmodal.retrieval.search import RECALL_QUERIES, write_index
-
     if args.texts is not None:
-        from pathlib import Path
-
-        from xmodal.data.loaders import read_captions
-        from xmodal.retrieval.search import caption_texts, check_out, encode_captions
-
-        check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before the captions are encoded
-        try:
-            captions = read_captions(args.texts)
-        except ValueError as exc:
-            raise ValueError(f"--texts: {exc}") from None
-        if not captions:
-            raise ValueError(f"--texts: {args.texts} holds no caption")
-        feats_t = encode_captions(model, captions, args.text_encoder)
-        texts = caption_texts(captions, *(feats_t if isinstance(feats_t, tuple) else (feats_t,)))
+        texts = _caption_file(args, model)
     if args.threads is None:  # faiss's OpenMP threads follow torch's (--threads)
         import torch
 
@@ -152,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                                text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage,
                                texts=texts, target_recall=args.target_recall,
                                recall_queries=args.recall_queries or RECALL_QUERIES, nlist=args.nlist,
-                               nprobe=args.nprobe, ef_search=args.ef_search)
+                               nprobe=args.nprobe, ef_search=args.ef_search, model=model)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts", "nlist": "--nlist",
@@ -179,6 +164,22 @@ def run(args: argparse.Namespace) -> int:
     elif meta["recall_at_10"] is None:
         print("note: this run stores no text embeddings, so the recall could not be measured", file=sys.stderr)
     return 0
+
+
+def _caption_file(args: argparse.Namespace, model) -> dict:
+    """``--texts FILE``: its captions encoded with ``--text-encoder`` (:func:`~xmodal.retrieval.build.caption_texts`)."""
+    from xmodal.data.loaders import read_captions
+    from xmodal.retrieval.build import caption_texts
+    from xmodal.retrieval.search import encode_captions
+
+    try:
+        captions = read_captions(args.texts)
+    except ValueError as exc:
+        raise ValueError(f"--texts: {exc}") from None
+    if not captions:
+        raise ValueError(f"--texts: {args.texts} holds no caption")
+    feats = encode_captions(model, captions, args.text_encoder)
+    return caption_texts(captions, *(feats if isinstance(feats, tuple) else (feats,)))
 
 
 def _param_word(meta: dict) -> str:

@@ -318,7 +318,7 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
         dn_source: recorded in ``hparams`` (``train`` or ``val``), nothing else.
         heldout_bank: ``(texts, videos)`` train queries embedded by the final model that no
             normaliser is fitted on, stored as ``banks["heldout"]``: the queries an approximate
-            index measures its recall on (:func:`xmodal.retrieval.search.write_index`), so the
+            index measures its recall on (:func:`xmodal.retrieval.build.write_index`), so the
             recall is not measured on the very queries a Sinkhorn bias was fitted to.
 
     >>> g = torch.Generator().manual_seed(0)

@@ -146,7 +146,7 @@ class IndexHolder:
         self._failed: tuple[tuple, str] | None = None
 
     def _signature(self) -> tuple:
-        from xmodal.retrieval.search import INDEX_FILES
+        from xmodal.retrieval.build import INDEX_FILES
 
         out = []
         for name in INDEX_FILES:

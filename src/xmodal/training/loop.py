@@ -173,7 +173,7 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     video_bank = model.encode_video(*train.video_input(vi))
     ncl_bank = loss.query_bank() if hasattr(loss, "query_bank") else None
     # up to HELDOUT_QUERIES further train texts / videos that no normaliser sees: an approximate
-    # index measures its recall on them (xmodal.retrieval.search.write_index)
+    # index measures its recall on them (xmodal.retrieval.build.write_index)
     rest_t, rest_v = np.setdiff1d(np.arange(train.num_texts), ti), np.setdiff1d(np.arange(train.num_videos), vi)
     hi = np.sort(g.choice(rest_t, min(HELDOUT_QUERIES, rest_t.size), replace=False))
     hv = np.sort(g.choice(rest_v, min(HELDOUT_QUERIES, rest_v.size), replace=False))
