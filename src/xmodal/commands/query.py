@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-encoder", default=None, metavar="NAME",
                         help="override the index's text encoder for --captions")
     parser.add_argument("--out", metavar="NPY", default=None,
-                        help="also save the indices [T, k] (int64); scores go to OUT with .scores.npy")
+                        help="save the indices [T, k] (int64) here, the scores to OUT with .scores.npy, and print "
+                             "a summary instead of the table (--json still prints every result)")
     parser.add_argument("--nprobe", type=int, default=None, metavar="N",
                         help="ivf / ivfpq index: cells visited per query instead of the measured setting")
     parser.add_argument("--ef-search", type=int, default=None, metavar="N",
@@ -69,9 +70,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--k: must be >= 1, got {args.k}")
     if getattr(args, "text_mask", None) and args.text_features is None:
         raise ValueError("--text-mask: only with --text-features")
-    for flag, value in (("--nprobe", args.nprobe), ("--ef-search", args.ef_search)):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag}: must be >= 1, got {value}")
+    from xmodal.retrieval.index import MAX_EF_SEARCH, MAX_NPROBE
+
+    for flag, value, most in (("--nprobe", args.nprobe, MAX_NPROBE), ("--ef-search", args.ef_search, MAX_EF_SEARCH)):
+        if value is not None and not 1 <= value <= most:
+            raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
     if args.exact and (args.nprobe is not None or args.ef_search is not None):
         raise ValueError("--exact: give --exact or --nprobe / --ef-search, not both")
     outputs = _outputs(args.out) if args.out else None
@@ -124,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
                           "exact": quality["exact"], "recall_at_10": quality["recall_at_10"],
                           "recall_queries": quality["recall_queries"], "search_params": quality["search_params"],
                           "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))
+        return 0
+    if outputs is not None:  # the results are in the files: a summary, not one table row per result
+        found = int((indices >= 0).sum())
+        print(f"wrote {outputs[0]} (video rows [{len(labels)}, {args.k}], int64; -1 = none) and {outputs[1]} "
+              f"(scores, float32): {len(labels):,} queries x top {args.k} against {idx.index.num_items:,} videos, "
+              f"{found:,} results")
+        print(f"(normaliser {idx.meta.get('normalizer')} folded in; {quality['note']})")
         return 0
     from xmodal.commands import markdown_table
 

@@ -147,8 +147,9 @@ def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progr
 
 class IndexExtras:
     """The optional files of an index folder, opened (arrays memory-mapped): ``videos`` ``[V, D]`` or
-    None, ``texts`` ``[T, D]`` or None, ``captions`` (T strings or None), ``text_to_video`` (T gallery
-    rows or None) and :meth:`captions_of` a gallery item."""
+    None, ``texts`` ``[T, D]`` or None (float16 or float32), ``texts_index`` (the captions' own FAISS
+    index, ``texts.faiss``, or None: then searched exactly), ``captions`` (T strings or None),
+    ``text_to_video`` (T gallery rows or None) and :meth:`captions_of` a gallery item."""
 
     def __init__(self, path: str | Path, *, num_items: int, dim: int) -> None:
         from xmodal._validate import positive_int
@@ -162,9 +163,20 @@ class IndexExtras:
         self.captions: list[str] | None = None
         self.text_to_video: np.ndarray | None = None
         self._by_video: dict[int, list[int]] | None = None
+        self.texts_index = None
         info = path / "texts.json"
         if self.texts is None:
             return
+        if (path / "texts.faiss").is_file():
+            from xmodal.retrieval.index import BiasedIndex
+
+            try:
+                self.texts_index = BiasedIndex.load(path / "texts.faiss", dim=dim)
+            except ValueError as exc:
+                raise ValueError(f"--index: {exc}".replace("path: ", "")) from None
+            if self.texts_index.num_items != self.texts.shape[0]:
+                raise ValueError(f"--index: {path / 'texts.faiss'} holds {self.texts_index.num_items} captions but "
+                                 f"texts.npy has {self.texts.shape[0]}")
         try:
             body = json.loads(info.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -199,10 +211,10 @@ def _embeddings(path: Path, rows: int | None, dim: int) -> np.ndarray | None:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise ValueError(f"--index: {path} is not a readable .npy array ({exc})") from None
-    if arr.ndim != 2 or arr.dtype != np.float32 or (rows is not None and arr.shape[0] != rows) or \
+    if arr.ndim != 2 or arr.dtype not in (np.float16, np.float32) or (rows is not None and arr.shape[0] != rows) or \
             (dim is not None and arr.shape[1] != dim):
         want = f"[{rows if rows is not None else 'T'}, {dim}]"
-        raise ValueError(f"--index: {path} must be float32 {want}, got {arr.dtype} {list(arr.shape)}")
+        raise ValueError(f"--index: {path} must be float16 or float32 {want}, got {arr.dtype} {list(arr.shape)}")
     return arr
 
 
