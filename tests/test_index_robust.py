@@ -193,7 +193,7 @@ def test_a_full_disk_while_videos_npy_is_written_is_one_line_not_sigbus(trained,
     big = tmp_path / "big.npy"
     np.save(big, np.random.default_rng(1).standard_normal((6000, 64)).astype(np.float32))
     ref = tmp_path / "ref"
-    args = ["index", "--run", str(trained / "run"), "--video-features", str(big), "--kind", "ivfpq",
+    args = ["index", "--run", str(trained / "run"), "--video-features", str(big), "--kind", "ivfpq", "--quiet",
             "--store", "float32"]
     assert _cli(*args, "--out", str(ref)).returncode == 0
     videos = (ref / "videos.npy").stat().st_size
@@ -221,7 +221,7 @@ def test_overwrite_on_a_full_disk_keeps_the_previous_index(trained, tmpfs, capsy
     capsys.readouterr()
     fill(mnt, free)
     rc = main(["index", "--run", str(trained / "run"), "--video-features", str(trained / "v_other.npy"),
-               "--kind", "hnsw", "--overwrite", "--out", str(out)])
+               "--kind", "hnsw", "--overwrite", "--quiet", "--out", str(out)])
     err = _one_line(capsys, rc, code=1)
     assert "no space left on device" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the last good index, untouched

@@ -19,11 +19,15 @@ self-contained search index to --out (searched by 'xmodal query'):
 
 Kinds (faiss.index_factory, inner product): flat (exact; every vector as float32),
 ivf (IVF cells, float32 vectors), ivfpq (IVF cells, each vector compressed to one byte
-per 4 values), hnsw (a neighbour graph over float32 vectors). An approximate kind states
+per 4 values), ivfpqr (IVF cells, 4-bit fast-scan codes that shortlist 8x the results
+asked for, re-ranked by one byte per value: about a third of ivf's memory), hnsw (a
+neighbour graph over float32 vectors). The ivf kinds choose their cell count by
+measurement unless --nlist is given (sqrt(N), 2 sqrt(N) or 4 sqrt(N): the fewest
+vectors compared per query that reach the target). An approximate kind states
 its quality: the build searches up to --recall-queries of the run's stored text
 embeddings (held-out train texts through the text head, which no normaliser was fitted
 on; runs from before: the train text bank) exactly and approximately, keeps the
-smallest nprobe (ivf, ivfpq) or efSearch (hnsw) whose recall@10 reaches --target-recall,
+smallest nprobe (ivf kinds) or efSearch (hnsw) whose recall@10 reaches --target-recall,
 and writes that recall, its sample size and the parameter into meta.json, with the whole
 curve it measured (each setting's recall@10 and queries/s, printed too); 'xmodal query'
 and 'xmodal serve' print the recall. When no setting reaches the target (ivfpq's
@@ -88,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the data layout --select-split is read from (default: --data)")
     parser.add_argument("--names", metavar="TXT", default=None,
                         help="optional video names, one per line (printed by 'xmodal query')")
-    parser.add_argument("--kind", default="flat", choices=("flat", "ivf", "ivfpq", "hnsw"),
-                        help="flat: exact search (default); ivf, ivfpq, hnsw: approximate, with the recall "
+    parser.add_argument("--kind", default="flat", choices=("flat", "ivf", "ivfpq", "ivfpqr", "hnsw"),
+                        help="flat: exact search (default); ivf, ivfpq, ivfpqr, hnsw: approximate, with the recall "
                              "measured at build time (see above)")
     parser.add_argument("--target-recall", type=float, default=None, metavar="R",
                         help="recall@10 the approximate kinds' search parameter must reach (default 0.95)")
@@ -97,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stored text embeddings of the run the recall is measured on (default 1000, "
                              "at most the run's test_time.bank_size)")
     parser.add_argument("--nlist", type=int, default=None, metavar="N",
-                        help="IVF cells of ivf / ivfpq (default 4 sqrt(videos), at most videos / 39)")
+                        help="IVF cells of the ivf kinds (default: chosen by measurement among 1, 2 and 4 "
+                             "sqrt(videos), at most videos / 39)")
     parser.add_argument("--nprobe", type=int, default=None, metavar="N",
                         help="fix ivf / ivfpq's cells visited per query instead of choosing it by "
                              "--target-recall (the recall at N is still measured)")
@@ -227,7 +232,11 @@ def miss_warning(meta: dict) -> str:
         return (f"{head}{scan}; the graph caps the recall on this gallery: --kind ivf (float32 vectors, any "
                 f"recall up to exact) or flat, or a lower --target-recall")
     if meta["kind"] == "ivfpq":
-        return (f"{head}; the compressed vectors cap the recall: --kind ivf (float32 vectors) reaches the "
+        return (f"{head}; the compressed vectors cap the recall: --kind ivfpqr (the same codes re-ranked by "
+                f"8-bit vectors) or ivf (float32 vectors) reach higher recall, or accept this one with a lower "
+                f"--target-recall")
+    if meta["kind"] == "ivfpqr":
+        return (f"{head}; the 8-bit re-ranking caps the recall here: --kind ivf (float32 vectors) reaches the "
                 f"target, or accept this recall with a lower --target-recall")
     return f"{head}; a lower --target-recall, or --kind flat for exact answers"
 
@@ -302,16 +311,16 @@ def _check_search_flags(args: argparse.Namespace) -> None:
                               ("--nlist", args.nlist, MAX_NPROBE)):
         if value is not None and not 1 <= value <= most:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq"):
-        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq (this is {kind}"
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
+        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr (this is {kind}"
                          + ("; hnsw takes --ef-search)" if kind == "hnsw" else ")"))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for --kind hnsw (this is {kind})")
-    if args.nlist is not None and kind not in ("ivf", "ivfpq"):
-        raise ValueError(f"--nlist: only for --kind ivf / ivfpq (this is {kind})")
+    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
+        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr (this is {kind})")
     if args.target_recall is not None:
         if kind == "flat":
-            raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq or hnsw")
+            raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq, ivfpqr or hnsw")
         if not 0 < args.target_recall <= 1:
             raise ValueError(f"--target-recall: must lie in (0, 1], got {args.target_recall}")
         if args.nprobe is not None or args.ef_search is not None:

@@ -18,11 +18,11 @@ Caption features go through the run's text head (copied into DIR); raw captions 
 first encoded offline with the index's text encoder (default MiniLM, extra
 [encoders]). Scores are the run's normalised text -> video scores (the normaliser
 folded into the index). With a flat index the top-k equals brute force over all
-videos; an approximate index (ivf, ivfpq, hnsw) returns, on average, the share of the
+videos; an approximate index (ivf, ivfpq, ivfpqr, hnsw) returns, on average, the share of the
 true top-10 that 'xmodal index' measured and stored (recall@10, printed below the
-results). --nprobe N (ivf, ivfpq) or --ef-search N (hnsw) trades speed for recall
+results). --nprobe N (ivf, ivfpq, ivfpqr) or --ef-search N (hnsw) trades speed for recall
 (the stored recall then no longer applies); --exact searches exactly (ivf: every
-cell; hnsw: its stored vectors; not ivfpq, which keeps only compressed vectors)."""
+cell; hnsw: its stored vectors; not ivfpq / ivfpqr, which keep only compressed vectors)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="save the indices [T, k] (int64) here, the scores to OUT with .scores.npy, and print "
                              "a summary instead of the table (--json still prints every result)")
     parser.add_argument("--nprobe", type=int, default=None, metavar="N",
-                        help="ivf / ivfpq index: cells visited per query instead of the measured setting")
+                        help="ivf / ivfpq / ivfpqr index: cells visited per query instead of the measured setting")
     parser.add_argument("--ef-search", type=int, default=None, metavar="N",
                         help="hnsw index: efSearch instead of the measured setting")
     parser.add_argument("--exact", action="store_true",
@@ -82,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
 
     idx = SearchIndex(args.index)
     kind = idx.index.kind
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq"):
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
         raise ValueError(f"--nprobe: only for ivf / ivfpq indexes; {args.index} is {kind}"
                          + (" (use --ef-search)" if kind == "hnsw" else ""))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for hnsw indexes; {args.index} is {kind}")
-    if args.exact and kind == "ivfpq":
-        raise ValueError(f"--exact: {args.index} is an ivfpq index, which stores only compressed vectors, so no "
+    if args.exact and kind in ("ivfpq", "ivfpqr"):
+        raise ValueError(f"--exact: {args.index} is an {kind} index, which stores only compressed vectors, so no "
                          f"search of it is exact; build a flat, ivf or hnsw index for exact answers")
     search_kw = {"nprobe": args.nprobe, "ef_search": args.ef_search, "exact": args.exact}
     quality = idx.quality(**search_kw)

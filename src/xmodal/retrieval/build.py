@@ -101,8 +101,8 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     n = _num_rows(video_features)
     if names is not None and len(names) != n:
         raise ValueError(f"--names: {len(names)} names but --video-features has {n} rows")
-    if kind == "ivfpq" and n < MIN_PQ_ROWS:
-        raise ValueError(f"kind: ivfpq needs at least {MIN_PQ_ROWS} videos to train its quantisers "
+    if kind in ("ivfpq", "ivfpqr") and n < MIN_PQ_ROWS:
+        raise ValueError(f"kind: {kind} needs at least {MIN_PQ_ROWS} videos to train its quantisers "
                          f"({MIN_POINTS_PER_CENTROID} per centroid); this gallery has {n} video{'s' * (n != 1)}: "
                          f"use kind flat (exact, and as fast at this size)")
     say(f"index: encoding {n} gallery videos with the run's video head")

@@ -65,7 +65,12 @@ __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "s
 #: Run normalisers an inner-product index can hold exactly.
 FOLDABLE = ("none", "dn", "sinkhorn", "ncl")
 #: Index kinds (see the module docstring).
-KINDS = ("flat", "ivf", "ivfpq", "hnsw")
+KINDS = ("flat", "ivf", "ivfpq", "ivfpqr", "hnsw")
+#: Kinds with IVF cells (an ``nprobe``), and kinds that keep only compressed vectors (no exact search).
+IVF_KINDS = ("ivf", "ivfpq", "ivfpqr")
+COMPRESSED_KINDS = ("ivfpq", "ivfpqr")
+#: ``ivfpqr``: candidates re-ranked by the SQ8 refine stage, per result asked for.
+REFINE_K_FACTOR = 8
 #: Values per product-quantiser sub-vector (``ivfpq``).
 PQ_DSUB = 4
 #: HNSW neighbours per node.
@@ -132,7 +137,7 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
 def _width(dim: int, kind: str) -> int:
     """Width of the folded vectors: ``dim + 1``, or for ``ivfpq`` the embedding padded to a
     multiple of :data:`PQ_DSUB` plus one sub-vector for the bias."""
-    if kind != "ivfpq":
+    if kind not in COMPRESSED_KINDS:
         return dim + 1
     return -(-dim // PQ_DSUB) * PQ_DSUB + PQ_DSUB
 
@@ -159,7 +164,7 @@ class BiasedIndex:
             (:class:`~xmodal.retrieval.rowstore.RowStore`: ``shape``, ``[a:b]``, ``take``).
         bias: optional ``[N]`` per-gallery bias (e.g. ``SinkhornBias(...).bias`` or
             ``DistributionNormalization.gallery_bias(gallery)``).
-        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"`` or ``"hnsw"`` (module docstring).
+        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"``, ``"ivfpqr"`` or ``"hnsw"`` (module docstring).
         queries: ``[Q, D]`` sample queries (already shifted as searches will be) on which the
             recall@10 is measured and the search parameter chosen; None: not measured.
         target_recall: the recall@10 the search parameter must reach (default 0.95 for the
@@ -203,7 +208,7 @@ class BiasedIndex:
         self.num_items, self.dim, self.width = n, d, _width(d, self.kind)
         self.nlist = None
         self.nlist_choice: list[dict] = []
-        if self.kind in ("ivf", "ivfpq"):
+        if self.kind in IVF_KINDS:
             self.nlist = whole_number(nlist, "nlist", minimum=1) if nlist is not None else _default_nlist(n)
             if self.nlist > n:
                 raise ValueError(f"nlist: must be in [1, {n}], got {self.nlist}")
@@ -211,8 +216,8 @@ class BiasedIndex:
             nprobe = _bounded(nprobe, "nprobe", MAX_NPROBE)
         if ef_search is not None:
             ef_search = _bounded(ef_search, "ef_search", MAX_EF_SEARCH)
-        if self.kind == "ivfpq" and n < MIN_PQ_ROWS:
-            raise ValueError(f"gallery: ivfpq needs at least {MIN_PQ_ROWS} rows to train its quantisers "
+        if self.kind in COMPRESSED_KINDS and n < MIN_PQ_ROWS:
+            raise ValueError(f"gallery: {self.kind} needs at least {MIN_PQ_ROWS} rows to train its quantisers "
                              f"({MIN_POINTS_PER_CENTROID} per centroid), got {n}; use kind flat")
 
         def blocks():  # folded gallery blocks, in order
@@ -226,26 +231,32 @@ class BiasedIndex:
             q_folded = self._fold_queries(_float32(queries, "queries"))
             self._exact_rows = self._exact(q_folded, blocks, min(10, n))
         centroids = None
-        if self.kind in ("ivf", "ivfpq") and nlist is None and tuning:
+        if self.kind in IVF_KINDS and nlist is None and tuning:
             self.nlist, centroids, self.nlist_choice = self._choose_nlist(rows, b, q_folded, seed)
         self.factory = self._factory_string(n)
         self.index = faiss.index_factory(self.width, self.factory, faiss.METRIC_INNER_PRODUCT)
-        if self.kind in ("ivf", "ivfpq"):
+        if self.kind in IVF_KINDS:
             ivf = faiss.extract_index_ivf(self.index)
             ivf.cp.niter, ivf.cp.seed = 10, int(seed)
             if centroids is not None:  # the chosen cell count's quantiser, trained while choosing it
                 ivf.quantizer.add(centroids)
-            if self.kind == "ivfpq":
-                self.index.pq.cp.niter, self.index.pq.cp.seed = 10, int(seed)  # the sub-quantisers' k-means
+            if self.kind in COMPRESSED_KINDS:
+                pq = faiss.downcast_index(ivf).pq  # the sub-quantisers' k-means
+                pq.cp.niter, pq.cp.seed = 10, int(seed)
             from xmodal.retrieval.recall import sample_rows
 
-            train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind == "ivfpq" else 0), seed)
-            if centroids is None or self.kind == "ivfpq":  # ivf with trained cells needs no training
+            train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind in COMPRESSED_KINDS else 0), seed)
+            if centroids is None or self.kind != "ivf":  # ivf with trained cells needs no training
                 self.index.train(_finite(_place(_take(rows, train_rows), b[train_rows], self.width), train_rows))
             else:
                 self.index.is_trained = True
             _release_freed_memory()  # the training sample's pages, before the index grows
-            _add_presized(ivf, blocks, n)
+            if self.kind == "ivfpqr":  # fast-scan lists and the refine codes: FAISS's own add, block by block
+                self.index.k_factor = REFINE_K_FACTOR
+                for _, _, block in blocks():
+                    self.index.add(block)
+            else:
+                _add_presized(ivf, blocks, n)
         else:
             for _, _, block in blocks():
                 self.index.add(block)
@@ -323,6 +334,8 @@ class BiasedIndex:
             return f"HNSW{HNSW_M}"
         if self.kind == "ivf":
             return f"IVF{self.nlist},Flat"
+        if self.kind == "ivfpqr":  # 4-bit fast-scan codes shortlist, 8-bit scalar codes re-rank
+            return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x4fsr,Refine(SQ8)"
         nbits = 8 if n >= 256 * 39 else max(1, min(8, int(np.log2(max(2, n // 39)))))
         # "np": no polysemous training (index_factory's default for IVF-PQ; minutes of annealing for
         # a code order only the polysemous filter uses)
@@ -331,7 +344,7 @@ class BiasedIndex:
     # -- search parameters ----------------------------------------------------------------
     @property
     def _param_name(self) -> str | None:
-        return {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}.get(self.kind)
+        return {"ivf": "nprobe", "ivfpq": "nprobe", "ivfpqr": "nprobe", "hnsw": "efSearch"}.get(self.kind)
 
     def _set_params(self, value: int) -> None:
         """Make ``value`` the index's own default (saved with it)."""
@@ -346,10 +359,14 @@ class BiasedIndex:
     def _params(self, nprobe: int | None = None, ef_search: int | None = None):
         faiss = import_faiss()
         if nprobe is not None:
-            if self.kind not in ("ivf", "ivfpq"):
+            if self.kind not in IVF_KINDS:
                 raise ValueError(f"nprobe: only the ivf and ivfpq kinds have cells to probe; this index is "
                                  f"{self.kind}" + (" (use ef_search)" if self.kind == "hnsw" else ""))
-            return faiss.SearchParametersIVF(nprobe=min(_bounded(nprobe, "nprobe", MAX_NPROBE), self.nlist))
+            params = faiss.SearchParametersIVF(nprobe=min(_bounded(nprobe, "nprobe", MAX_NPROBE), self.nlist))
+            if self.kind == "ivfpqr":
+                return faiss.IndexRefineSearchParameters(k_factor=float(self.index.k_factor),
+                                                         base_index_params=params)
+            return params
         if ef_search is not None:
             if self.kind != "hnsw":
                 raise ValueError(f"ef_search: only the hnsw kind has it; this index is {self.kind}"
@@ -447,8 +464,8 @@ class BiasedIndex:
         if exact:
             if nprobe is not None or ef_search is not None:
                 raise ValueError("exact: give exact or a search parameter (nprobe / ef_search), not both")
-            if self.kind == "ivfpq":
-                raise ValueError("exact: an ivfpq index stores compressed vectors, so no search over it is exact "
+            if self.kind in COMPRESSED_KINDS:
+                raise ValueError(f"exact: an {self.kind} index stores compressed vectors, so no search over it is exact "
                                  "(nprobe = nlist scans every code); build a flat, ivf or hnsw index for exact "
                                  "answers")
             if self.kind == "hnsw":
@@ -486,7 +503,8 @@ class BiasedIndex:
         obj.index, obj.num_items, obj.width = index, int(index.ntotal), int(index.d)
         ivf = faiss.try_extract_index_ivf(index)  # read_index returns the index as its own class
         if ivf is not None:
-            obj.kind = "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
+            obj.kind = "ivfpqr" if isinstance(index, faiss.IndexRefine) else \
+                "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
             obj.nlist = int(ivf.nlist)
             obj.search_params = {"nprobe": int(ivf.nprobe)}
         elif isinstance(index, faiss.IndexHNSW):

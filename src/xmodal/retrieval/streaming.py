@@ -65,7 +65,14 @@ def _rows(x: Any, sl: slice) -> Any:
 
 
 def captioned_everywhere(text_to_video: Any, num_videos: int) -> bool:
-    """True when every one of ``num_videos`` videos has a caption in ``text_to_video`` (int ``[T]``)."""
+    """True when every one of ``num_videos`` videos has a caption in ``text_to_video`` (int ``[T]``).
+
+    >>> captioned_everywhere([0, 2, 1, 1], 3), captioned_everywhere([0, 0], 2)
+    (True, False)
+    """
+    from xmodal._validate import positive_int
+
+    num_videos = positive_int(num_videos, "num_videos")
     t2v = np.asarray(text_to_video)
     if t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
         raise TypeError(f"text_to_video: expected integer video indices [T], got {t2v.dtype} {list(t2v.shape)}")

@@ -127,7 +127,7 @@ class Searcher:
                 found = index.search(emb[None, :], k + (exclude is not None), bias=False)
             # FAISS's scores are the cosines where it stores the vectors as they are (not ivfpq's codes,
             # not a DN fold's shifted gallery); else the found rows are rescored from videos.npy
-            exact_scores = index.kind != "ivfpq" and self.meta.get("normalizer") != "dn"
+            exact_scores = index.kind in ("flat", "ivf", "hnsw") and self.meta.get("normalizer") != "dn"
             scores, rows = _found(found, k, exclude) if exact_scores else \
                 _rescored(self.extras.videos, emb, found[1][0], k, exclude)
             results = self._videos(scores, rows)
@@ -139,7 +139,7 @@ class Searcher:
             if self.extras.texts_index is not None:
                 with self._lock:
                     found = self.extras.texts_index.search(emb[None, :], k)
-                scores, rows = _found(found, k, None) if self.extras.texts_index.kind != "ivfpq" else \
+                scores, rows = _found(found, k, None) if self.extras.texts_index.kind in ("flat", "ivf", "hnsw") else \
                     _rescored(self.extras.texts, emb, found[1][0], k, None)
                 how = self._how(self.extras.texts_index, (self.meta.get("texts_index") or {}).get("search_params"))
             else:
