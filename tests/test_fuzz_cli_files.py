@@ -102,6 +102,7 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("index", "--data"): "data folder",
     ("index", "--names"): "text",
     ("index", "--texts"): "text",
+    ("index", "--select-data"): "data folder",
     ("normalize", "--queries"): "npy",
     ("normalize", "--gallery"): "npy",
     ("normalize", "--positives"): "npy",
@@ -141,7 +142,7 @@ OTHER_ARGS = {
                "--weights"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
-              "--recall-queries", "--nlist", "--nprobe", "--ef-search"},
+              "--recall-queries", "--nlist", "--nprobe", "--ef-search", "--store", "--select-split"},
     "export": {"--text-encoder", "--video-encoder", "--threads", "--license", "--dataset"},
     "normalize": {"--method", "--temperature", "--iters", "--k", "--beta", "--lam", "--num-samples", "--seed",
                   "--threads", "--ks"},
@@ -408,6 +409,8 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
                 s["names.txt"]]
         if arg == "--data":
             return ["index", "--run", s["run"], "--data", s["data"], "--split", "test", "--out", str(out)]
+        if arg == "--select-data":  # the split the default normaliser is measured on (issue 34.1)
+            return [*base, "--select-data", s["data"], "--select-split", "test"]
         if arg == "--video-mask":
             return [*base, "--video-features", s["v3.npy"], "--video-mask", s["vmask.npy"]]
         if arg in ("--expert", "--expert-mask"):
@@ -568,7 +571,7 @@ def test_junk_input_is_one_line_naming_the_argument(world, tmp_path, capsys, mon
 GOOD = [("eval", "--queries"), ("eval", "--text"), ("eval", "--sim"), ("eval", "--relevancy"), ("eval", "--labels"),
         ("eval", "--run"), ("eval", "--data"), ("eval", "--text-mask"), ("eval", "--video-mask"),
         ("normalize", "--queries"), ("index", "--run"), ("index", "--data"), ("index", "--video-mask"),
-        ("index", "--texts"),
+        ("index", "--texts"), ("index", "--select-data"),
         ("query", "--index"), ("query", "--text-mask"), ("config", "items"), ("data import", "pairs"),
         ("encode", "--captions"), ("encode", "--dir"), ("data check", "root"), ("export", "run"), ("compare", "A"),
         ("compare", "--a")]

@@ -125,7 +125,7 @@ def test_schedules_counts_and_class_counts_name_junk():
 def test_retrieval_and_reporting_name_junk():
     from xmodal.reporting import run_grid
     from xmodal.retrieval import retrieval_metrics
-    from xmodal.retrieval.search import check_out
+    from xmodal.retrieval.build import check_out
 
     s = torch.tensor([[-0.3]])
     _one_line(lambda: retrieval_metrics(s, s, torch.tensor(-0.1), block_size=3), match="text_to_video:")

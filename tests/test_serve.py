@@ -36,7 +36,7 @@ from starlette.testclient import TestClient  # noqa: E402
 import xmodal  # noqa: E402
 from xmodal.features import encoders  # noqa: E402
 from xmodal.cli import main  # noqa: E402
-from xmodal.retrieval.search import write_index as build  # noqa: E402
+from xmodal.retrieval.build import write_index as build  # noqa: E402
 from xmodal.data.synthetic import synthetic  # noqa: E402
 from xmodal.normalize import SinkhornBias  # noqa: E402
 from xmodal.serve import bind_socket, create_app, make_server  # noqa: E402

@@ -123,8 +123,8 @@ def images(split, tmp_path_factory):
 def index_dir(run_dir, layout, encoders_registered, tmp_path_factory):
     out = tmp_path_factory.mktemp("idx") / "index"
     assert main(["index", "--run", str(run_dir), "--data", str(layout), "--split", "test", "--out", str(out),
-                 "--normalizer", "dn", "--text-encoder", "both-text"]) == 0
-    return out
+                 "--normalizer", "dn", "--text-encoder", "both-text", "--store", "float32"]) == 0
+    return out  # float32 embeddings: the searches below are compared with float32 brute force to 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +252,8 @@ def test_texts_flag_encodes_captions_with_the_text_encoder(run_dir, split, tmp_p
     (tmp_path / "caps.txt").write_text("caption 5\ncaption 9\na dog in the snow\n")
     out = tmp_path / "idx"
     assert main(["index", "--run", str(run_dir), "--video-features", str(tmp_path / "v.npy"), "--out", str(out),
-                 "--texts", str(tmp_path / "caps.txt"), "--text-encoder", "both-text"]) == 0
-    assert "3 captions for video -> text" in capsys.readouterr().out
+                 "--texts", str(tmp_path / "caps.txt"), "--text-encoder", "both-text", "--store", "float32"]) == 0
+    assert "3 captions for video -> text" in capsys.readouterr().out  # float32: compared to 1e-5 below
     model = xmodal.load_model(run_dir)
     feats = encoders.encode_text(["caption 5", "caption 9", "a dog in the snow"], model="both-text")
     t = model.encode_text(feats).double().numpy()

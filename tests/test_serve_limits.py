@@ -39,7 +39,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from xmodal.cli import main  # noqa: E402
 from xmodal.data.synthetic import synthetic  # noqa: E402
 from xmodal.features import encoders  # noqa: E402
-from xmodal.retrieval.search import write_index  # noqa: E402
+from xmodal.retrieval.build import write_index  # noqa: E402
 from xmodal.serve import bind_socket, create_app, is_loopback, make_server, parse_query, parse_request  # noqa: E402
 from xmodal.serve.app import RequestLimits  # noqa: E402
 

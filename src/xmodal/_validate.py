@@ -205,7 +205,7 @@ def whole_number(v: Any, name: str, minimum: int = 0) -> int:
     """An integer >= ``minimum``: a Python/numpy int or a float holding a whole number (bools refused)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected an integer, got {short_repr(v)}")
-    if not np.isfinite(v) or float(v) != int(v) or v < minimum:
+    if isinstance(v, (float, np.floating)) and not np.isfinite(v) or int(v) != v or v < minimum:
         raise ValueError(f"{name}: must be an integer >= {minimum}, got {short_repr(v)}")
     return int(v)
 

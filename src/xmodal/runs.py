@@ -322,6 +322,82 @@ def remove_stale_temporaries(out: str | os.PathLike, names: tuple[str, ...] | No
     return removed
 
 
+class StagedFiles:
+    """Files of one folder written beside the ones they replace, swapped in together at the end.
+
+    Each :meth:`write` goes to a ``.NAME.tmpPID`` temporary in ``folder``; nothing the folder held
+    is touched until :meth:`commit`, which renames every temporary over its name (``last``, e.g.
+    ``meta.json``, removed first and renamed last: a reader never sees the new ``last`` beside old
+    files) and removes the ``owned`` files this write did not produce (a previous result's). A
+    failure or a kill before :meth:`commit` leaves the previous files as they were; :meth:`discard`
+    (and leaving the ``with`` block by an exception) removes the temporaries. The renames need no
+    space, so a full disk is met while writing, never while swapping.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> with StagedFiles(d, owned=("a.txt", "b.txt"), last="b.txt") as st:
+    ...     st.write("a.txt", lambda tmp: tmp.write_text("new"))
+    >>> sorted(p.name for p in d.iterdir())
+    ['a.txt']
+    """
+
+    def __init__(self, folder: str | os.PathLike, *, owned: tuple[str, ...], last: str | None = None) -> None:
+        if not isinstance(folder, (str, os.PathLike)):
+            raise TypeError(f"folder: expected a path, got {type(folder).__name__}")
+        if isinstance(owned, str) or not isinstance(owned, tuple) or not all(
+                isinstance(n, str) and n and "/" not in n and n not in (".", "..") for n in owned):
+            raise TypeError("owned: expected a tuple of file names")
+        if last is not None and last not in owned:
+            raise ValueError(f"last: expected one of the owned names, got {last!r}")
+        self.folder, self.owned, self.last = Path(folder), owned, last
+        self._staged: dict[str, Path] = {}
+
+    def write(self, name: str, write: Any) -> None:
+        """``write(tmp)`` to the temporary of ``name`` (one of ``owned``); a full disk raises
+        ``OSError(ENOSPC, "no space left on device while writing FOLDER/NAME")``."""
+        if name not in self.owned:
+            raise ValueError(f"name: {name!r} is not one of this folder's files ({', '.join(self.owned)})")
+        path = self.folder / name
+        tmp = _tmp(path)
+        try:
+            tmp.unlink(missing_ok=True)  # never write through a link planted under this name
+            self._staged[name] = tmp
+            write(tmp)
+        except BaseException as exc:
+            err = _write_failed(exc, path) if isinstance(exc, (OSError, RuntimeError)) else None
+            tmp.unlink(missing_ok=True)
+            self._staged.pop(name, None)
+            if err is None:
+                raise
+            raise err from None
+
+    def commit(self) -> None:
+        """Swap the written files in; remove the owned files this write did not produce."""
+        order = [n for n in self._staged if n != self.last] + ([self.last] if self.last in self._staged else [])
+        if self.last is not None:
+            (self.folder / self.last).unlink(missing_ok=True)  # the folder is not a valid result until the end
+        for name in self.owned:
+            if name not in self._staged and name != self.last:
+                (self.folder / name).unlink(missing_ok=True)
+        for name in order:
+            os.replace(self._staged[name], self.folder / name)
+        self._staged = {}
+
+    def discard(self) -> None:
+        for tmp in self._staged.values():
+            tmp.unlink(missing_ok=True)
+        self._staged = {}
+
+    def __enter__(self) -> "StagedFiles":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
 def prepare_run_dir(out: str | os.PathLike) -> Path:
     """Create ``out`` (a directory); a path that is a file raises ``RunDirError``."""
     p = Path(out)

@@ -223,14 +223,21 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
         tmask = None if not getattr(args, "text_mask", None) else token_mask(load_npy(args.text_mask, "--text-mask"))
         t2v = load_npy(args.text_to_video, "--text-to-video")
         vf, vmask = _video_inputs.from_flags(args, model, lambda path, flag: load_npy(path, flag, mmap=True))
+    if relevancy is not None and args.ties == "average":
+        raise ValueError("--ties: this split has a relevancy (mAP / nDCG), which supports pessimistic or "
+                         "optimistic ties")
+    if relevancy is None and args.per_query is None and args.v2t_scores == "normalized":
+        res, info = _stream_run(args, model, name, (tf, tmask), (vf, vmask), t2v, ks)
+        if mode == "run-data":
+            from xmodal.retrieval.evaluate import group_metrics
+
+            res.update(group_metrics(model, split, ks=ks, ties=args.ties))
+        return res, "retrieval", info
     text = model.encode_text(tf, tmask)
     video = model.encode_video(vf, vmask)
     sim_t2v, sim_v2t = model.test_time.similarities(text, video, name)
     if args.v2t_scores == "transpose":
         sim_v2t = None
-    if relevancy is not None and args.ties == "average":
-        raise ValueError("--ties: this split has a relevancy (mAP / nDCG), which supports pessimistic or "
-                         "optimistic ties")
     res = retrieval_metrics(sim_t2v, sim_v2t, t2v, relevancy, ks=ks, ties=args.ties, v2t=args.v2t,
                             block_size=args.block_size)
     if mode == "run-data":  # a split with groups: p2v / v2p too (the trainer's group_metrics)
@@ -305,6 +312,37 @@ def _split_key(args: argparse.Namespace, sha: str) -> str:
         if data.get("test_split") == args.split:
             return "test"
     return args.split
+
+
+def _stream_run(args: argparse.Namespace, model, name: str, text: tuple, video: tuple, t2v, ks) -> tuple[dict, dict]:
+    """The run's metrics streamed block by block (:mod:`xmodal.retrieval.streaming`): memory is the
+    embeddings plus one score block at any gallery size; a gallery with uncaptioned videos is evaluated
+    text -> video only (one line says v2t was skipped)."""
+    import sys
+
+    from xmodal.commands import progress_enabled
+    from xmodal.retrieval.streaming import captioned_everywhere, embed_rows, run_metrics
+
+    t2v = np.asarray(t2v)
+    if t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
+        raise ValueError(f"text_to_video: expected integer video indices [T], got {t2v.dtype} {list(t2v.shape)}")
+    text_emb = model.encode_text(*text)
+    video_emb = embed_rows(lambda f, m: model.encode_video(f, m), *video)
+    if t2v.shape[0] != text_emb.shape[0] or (t2v.size and not (t2v.min() >= 0 and t2v.max() < video_emb.shape[0])):
+        raise ValueError(f"text_to_video: expected {text_emb.shape[0]} video indices in [0, {video_emb.shape[0]})")
+    both = captioned_everywhere(t2v, int(video_emb.shape[0]))
+    if not both:
+        missing = int(video_emb.shape[0] - np.unique(t2v).size)
+        print(f"note: v2t skipped: {missing:,} of {video_emb.shape[0]:,} videos have no caption; text -> video only",
+              file=sys.stderr)
+    res = run_metrics(model.test_time, name, text_emb, video_emb, t2v, ks=ks, ties=args.ties, v2t=args.v2t,
+                      block_size=args.block_size, progress=progress_enabled(args))
+    info = {"texts": int(text_emb.shape[0]), "videos": int(video_emb.shape[0]),
+            "v2t": args.v2t if both else "skipped (uncaptioned videos)",
+            "scores": f"run {args.run}: heads -> cosine -> normaliser {name} (" +
+                      ("v2t scores normalised for that direction, as metrics.json; " if both else "") +
+                      "streamed in blocks)"}
+    return res, info
 
 
 def _write_per_query(args: argparse.Namespace, model, name: str, split, sims: tuple, t2v, relevancy,

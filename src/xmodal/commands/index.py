@@ -19,14 +19,20 @@ self-contained search index to --out (searched by 'xmodal query'):
 
 Kinds (faiss.index_factory, inner product): flat (exact; every vector as float32),
 ivf (IVF cells, float32 vectors), ivfpq (IVF cells, each vector compressed to one byte
-per 4 values), hnsw (a neighbour graph over float32 vectors). An approximate kind states
+per 4 values), ivfpqr (IVF cells, 4-bit fast-scan codes that shortlist 8x the results
+asked for, re-ranked by one byte per value: about a third of ivf's memory), hnsw (a
+neighbour graph over float32 vectors). The ivf kinds choose their cell count by
+measurement unless --nlist is given (sqrt(N), 2 sqrt(N) or 4 sqrt(N): the fewest
+vectors compared per query that reach the target). An approximate kind states
 its quality: the build searches up to --recall-queries of the run's stored text
 embeddings (held-out train texts through the text head, which no normaliser was fitted
 on; runs from before: the train text bank) exactly and approximately, keeps the
-smallest nprobe (ivf, ivfpq) or efSearch (hnsw) whose recall@10 reaches --target-recall,
-and writes that recall, its sample size and the parameter into meta.json; 'xmodal query'
-and 'xmodal serve' print it. When no setting reaches the target (ivfpq's compression
-can cap the recall), the largest one tried is kept and a warning says so.
+smallest nprobe (ivf kinds) or efSearch (hnsw) whose recall@10 reaches --target-recall,
+and writes that recall, its sample size and the parameter into meta.json, with the whole
+curve it measured (each setting's recall@10 and queries/s, printed too); 'xmodal query'
+and 'xmodal serve' print the recall. When no setting reaches the target (ivfpq's
+compression or hnsw's graph can cap the recall), the fastest setting within 0.005 of the
+best recall measured is kept and a warning says what to do for that kind.
 
 Memory: features are read memory-mapped, the gallery is embedded in blocks into a
 temporary file beside --out (when large), the normaliser's gallery bias is fitted
@@ -36,7 +42,19 @@ Frame masks and experts: --data reads them from the data layout (names from S_vi
 with --video-features give --video-mask / --expert / --expert-mask (features whose rows end
 in all-zero frames are refused without a mask, unless --no-mask).
 
-The run's test-time normaliser is folded into the index so that FAISS's inner
+Which normaliser is folded (--normalizer auto, the default): the run's choice among the
+foldable ones (metrics.json "index_normalizer"), only where it serves text -> video on this
+gallery. The build fits it on the gallery and ranks the run's held-out train captions (no
+normaliser was fitted on them; their videos added to the gallery as if it held them) with
+and without it; it is folded only when clear of none by the paired rule (the lower end of
+the 95% paired bootstrap interval of t2v R@1+R@5+R@10, fold minus none, above 0), else none
+is. Both measurements are printed and written to meta.json ("normalizer_choice"). A bias
+fitted from a few thousand train queries against a gallery of millions can hurt text ->
+video (1M videos: Sinkhorn R@1 32.25 vs none 45.00); runs trained before this check fold
+none unless told (--normalizer selected: the run's own choice, as 'xmodal eval' uses it;
+--select-split SPLIT: measure on a split of --data / --select-data instead).
+
+The chosen normaliser is folded into the index so that FAISS's inner
 product is the normalised score: DN exactly (gallery y - lam mu_y, queries shifted
 by -lam mu_x), NCL / Sinkhorn as the per-video bias b_j fitted on the run's stored
 query bank against this gallery. QB-Norm, IS and DSL depend on each query's scores
@@ -45,8 +63,8 @@ sinkhorn or ncl for such runs; with --normalizer selected on such a run the
 one the run's summary names for an index is used (metrics.json "index_normalizer": the
 best foldable one clear of none on val, else none), and a note says why. DIR holds index.faiss,
 query_shift.npy, meta.json and a copy of the run's checkpoint (for the text head), and for 'xmodal serve'
-videos.npy (the gallery's video embeddings, float32 [V, D]: "more like this"; as large as a flat
-index, whatever --kind) and, with --data (the layout's captions,
+videos.npy (the gallery's video embeddings [V, D], float16 unless --store float32: "more like
+this", searched through the index) and, with --data (the layout's captions,
 S_texts.tsv) or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search).
 
 meta.json records the encoders of the run's features (from RUN/encoders.json or an export's
@@ -68,12 +86,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     _video_inputs.add_arguments(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="index directory to write")
-    parser.add_argument("--normalizer", default="selected", metavar="NAME",
-                        help="selected (default: the run's choice on val), none, dn, sinkhorn or ncl")
+    parser.add_argument("--normalizer", default="auto", metavar="NAME",
+                        help="auto (default): the run's foldable choice only where it serves text -> video on "
+                             "this gallery (measured, see above), else none; selected (the run's choice on val, "
+                             "as eval uses it), none, dn, sinkhorn or ncl")
+    parser.add_argument("--select-split", metavar="SPLIT", default=None,
+                        help="with --normalizer auto: measure the fold on this split's captions and videos "
+                             "(of --select-data, default --data) instead of the run's held-out train captions")
+    parser.add_argument("--select-data", metavar="DIR", default=None,
+                        help="the data layout --select-split is read from (default: --data)")
     parser.add_argument("--names", metavar="TXT", default=None,
                         help="optional video names, one per line (printed by 'xmodal query')")
-    parser.add_argument("--kind", default="flat", choices=("flat", "ivf", "ivfpq", "hnsw"),
-                        help="flat: exact search (default); ivf, ivfpq, hnsw: approximate, with the recall "
+    parser.add_argument("--kind", default="flat", choices=("flat", "ivf", "ivfpq", "ivfpqr", "hnsw"),
+                        help="flat: exact search (default); ivf, ivfpq, ivfpqr, hnsw: approximate, with the recall "
                              "measured at build time (see above)")
     parser.add_argument("--target-recall", type=float, default=None, metavar="R",
                         help="recall@10 the approximate kinds' search parameter must reach (default 0.95)")
@@ -81,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stored text embeddings of the run the recall is measured on (default 1000, "
                              "at most the run's test_time.bank_size)")
     parser.add_argument("--nlist", type=int, default=None, metavar="N",
-                        help="IVF cells of ivf / ivfpq (default 4 sqrt(videos), at most videos / 39)")
+                        help="IVF cells of the ivf kinds (default: chosen by measurement among 1, 2 and 4 "
+                             "sqrt(videos), at most videos / 39)")
     parser.add_argument("--nprobe", type=int, default=None, metavar="N",
                         help="fix ivf / ivfpq's cells visited per query instead of choosing it by "
                              "--target-recall (the recall at N is still measured)")
@@ -95,23 +121,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="captions for the search page's video -> text search, one per line (or a .tsv, "
                              "text last), encoded with --text-encoder; --data uses its split's captions "
                              "unless --texts is given")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
+    parser.add_argument("--store", default="float16", choices=("float16", "float32"),
+                        help="dtype of videos.npy / texts.npy, the search page's embeddings (default float16: "
+                             "half the size; float32 keeps them as computed)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing index in --out (the new one is built beside it and swapped in "
+                             "at the end: a failed rebuild leaves the old one as it was)")
     add_common_args(parser, threads=None, progress=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmodal.commands import load_npy, progress_choice
+    from pathlib import Path
+
+    from xmodal.commands import _video_inputs, load_npy, load_run, progress_choice
     from xmodal.progress import Stages
+    from xmodal.retrieval.build import RECALL_QUERIES, caption_texts, check_out, write_index
 
     start = time.perf_counter()
+    _check_search_flags(args)
+    check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before anything is loaded or encoded
     names = None
     if args.names:
         from xmodal.data.loaders import read_captions
 
         names = read_captions(args.names)
-    from xmodal.commands import _video_inputs, load_run
-
-    model = load_run(args.run)
+    model = load_run(args.run)  # loaded once: write_index takes it as it is
     texts = None
     if args.data is not None:
         _video_inputs.check_no_flags(args)
@@ -121,39 +155,14 @@ def run(args: argparse.Namespace) -> int:
         feats, mask = _video_inputs.from_split(split, model)
         if names is None and split.video_names is not None:
             names = list(split.video_names)
-        from xmodal.retrieval.search import caption_texts
-
         texts = caption_texts(split.captions, split.text, mask=split.text_mask, text_to_video=split.text_to_video)
     elif args.video_features is None:
         raise ValueError("--video-features: required (or --data DIR --split S)")
     else:
         feats, mask = _video_inputs.from_flags(args, model, lambda path, flag: load_npy(path, flag, mmap=True))
-    _check_search_flags(args)
-    from xmodal.retrieval.search import RECALL_QUERIES, write_index
-
     if args.texts is not None:
-        from pathlib import Path
-
-        from xmodal.data.loaders import read_captions
-        from xmodal.retrieval.search import caption_texts, check_out, encode_captions
-
-        check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before the captions are encoded
-        try:
-            captions = read_captions(args.texts)
-        except ValueError as exc:
-            raise ValueError(f"--texts: {exc}") from None
-        if not captions:
-            raise ValueError(f"--texts: {args.texts} holds no caption")
-        from xmodal.features.identity import index_encoders, resolve_text
-
-        text_dim = model.architecture()["text"]["in_dim"]
-        choice = resolve_text(index_encoders(args.run, args.text_encoder, text_dim)["encoders"]["text"], text_dim)
-        if choice["spec"] is None:
-            raise ValueError(f"--texts: no text encoder to encode them with: {choice['reason']}")
-        if choice["status"] == "assumed":
-            print(f"note: --texts: {choice['reason']}", file=sys.stderr)
-        feats_t = encode_captions(model, captions, choice["spec"])
-        texts = caption_texts(captions, *(feats_t if isinstance(feats_t, tuple) else (feats_t,)))
+        texts = _caption_file(args, model)
+    select_on = _select_on(args, model)
     if args.threads is None:  # faiss's OpenMP threads follow torch's (--threads)
         import torch
 
@@ -166,12 +175,13 @@ def run(args: argparse.Namespace) -> int:
                                text_encoder=args.text_encoder, overwrite=args.overwrite, video_mask=mask, log=stage,
                                texts=texts, target_recall=args.target_recall,
                                recall_queries=args.recall_queries or RECALL_QUERIES, nlist=args.nlist,
-                               nprobe=args.nprobe, ef_search=args.ef_search)
+                               nprobe=args.nprobe, ef_search=args.ef_search, model=model, store=args.store,
+                               select_on=select_on)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts", "nlist": "--nlist",
                  "nprobe": "--nprobe", "ef_search": "--ef-search", "target_recall": "--target-recall",
-                 "recall_queries": "--recall-queries"}
+                 "recall_queries": "--recall-queries", "kind": "--kind"}
         if sep and name in flags:
             raise type(exc)(f"{flags[name]}:{rest}") from None
         raise
@@ -191,14 +201,107 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index {meta['factory']}, "
           f"normaliser {meta['normalizer']} folded in{shown}; {time.perf_counter() - start:.1f} s)")
+    choice = meta.get("normalizer_choice") or {}
+    if choice.get("given") == "auto":
+        print(f"normaliser {meta['normalizer']}: {choice.get('why')}")
+    if choice.get("bank_note"):
+        print(f"note: {choice['bank_note']}", file=sys.stderr)
     print(recall_line(meta))
+    if meta.get("curve") and meta["kind"] != "flat":
+        print(curve_table(meta))
     if meta["target_met"] is False:
-        print(f"warning: no {_param_word(meta)} reached the target recall@10 {meta['target_recall']:.3f}; the index "
-              f"keeps the largest tried ({recall_line(meta, short=True)}); try --kind ivf or hnsw, or a lower "
-              f"--target-recall", file=sys.stderr)
+        print(f"warning: {miss_warning(meta)}", file=sys.stderr)
     elif meta["recall_at_10"] is None:
         print("note: this run stores no text embeddings, so the recall could not be measured", file=sys.stderr)
     return 0
+
+
+def curve_table(meta: dict) -> str:
+    """The settings the build measured: ``nprobe | recall@10 | queries/s`` (the kept one marked)."""
+    from xmodal.commands import markdown_table
+
+    word = _param_word(meta)
+    kept = (meta.get("search_params") or {}).get(word)
+    rows = []
+    for point in meta["curve"]:
+        setting = "exact scan" if point.get("exact") else str(point.get(word))
+        mark = " (kept)" if not point.get("exact") and point.get(word) == kept else ""
+        rows.append([setting + mark, f"{point['recall_at_10']:.3f}", f"{point['queries_per_s']:,.0f}"])
+    return markdown_table([word, "recall@10", "queries/s"], rows)
+
+
+def miss_warning(meta: dict) -> str:
+    """What a missed target means for this kind, and what to do about it."""
+    word, target = _param_word(meta), meta["target_recall"]
+    best = max(p["recall_at_10"] for p in meta["curve"] if not p.get("exact"))
+    kept = recall_line(meta, short=True)
+    head = (f"no {word} reached the target recall@10 {target:.3f} (best measured {best:.3f}); the index keeps "
+            f"the fastest setting within 0.005 of the best ({kept})")
+    if meta["kind"] == "hnsw":
+        exact = next((p for p in meta["curve"] if p.get("exact")), None)
+        scan = "" if exact is None else \
+            f"; 'xmodal query --exact' scans this index's vectors at {exact['queries_per_s']:,.0f} queries/s"
+        return (f"{head}{scan}; the graph caps the recall on this gallery: --kind ivf (float32 vectors, any "
+                f"recall up to exact) or flat, or a lower --target-recall")
+    if meta["kind"] == "ivfpq":
+        return (f"{head}; the compressed vectors cap the recall: --kind ivfpqr (the same codes re-ranked by "
+                f"8-bit vectors) or ivf (float32 vectors) reach higher recall, or accept this one with a lower "
+                f"--target-recall")
+    if meta["kind"] == "ivfpqr":
+        return (f"{head}; the 8-bit re-ranking caps the recall here: --kind ivf (float32 vectors) reaches the "
+                f"target, or accept this recall with a lower --target-recall")
+    return f"{head}; a lower --target-recall, or --kind flat for exact answers"
+
+
+def _select_on(args: argparse.Namespace, model) -> dict | None:
+    """``--select-split``: that split's captions and videos embedded by the run, the measurement set of
+    ``--normalizer auto`` (its videos are the gallery's own rows when it is the indexed split)."""
+    if args.select_split is None:
+        if args.select_data is not None:
+            raise ValueError("--select-data: only with --select-split")
+        return None
+    if args.normalizer != "auto":
+        raise ValueError(f"--select-split: measures --normalizer auto's choice; --normalizer {args.normalizer} "
+                         f"folds what it names")
+    root = args.select_data or args.data
+    if root is None:
+        raise ValueError("--select-split: needs --select-data DIR (or --data DIR), the layout the split is read from")
+    from pathlib import Path
+
+    from xmodal.commands import _video_inputs
+    from xmodal.data import load_paired_split
+
+    split = load_paired_split(root, args.select_split)
+    text = model.encode_text(*split.text_input())
+    same = args.data is not None and Path(root).resolve() == Path(args.data).resolve() and \
+        args.select_split == args.split
+    video = None if same else model.encode_video(*_video_inputs.from_split(split, model))
+    return {"text": text, "video": video, "text_to_video": split.text_to_video,
+            "source": f"captions of split {args.select_split!r} of {root}"}
+
+
+def _caption_file(args: argparse.Namespace, model) -> dict:
+    """``--texts FILE``: its captions encoded with ``--text-encoder`` (:func:`~xmodal.retrieval.build.caption_texts`)."""
+    from xmodal.data.loaders import read_captions
+    from xmodal.retrieval.build import caption_texts
+    from xmodal.retrieval.search import encode_captions
+
+    try:
+        captions = read_captions(args.texts)
+    except ValueError as exc:
+        raise ValueError(f"--texts: {exc}") from None
+    if not captions:
+        raise ValueError(f"--texts: {args.texts} holds no caption")
+    from xmodal.features.identity import index_encoders, resolve_text
+
+    text_dim = model.architecture()["text"]["in_dim"]
+    choice = resolve_text(index_encoders(args.run, args.text_encoder, text_dim)["encoders"]["text"], text_dim)
+    if choice["spec"] is None:
+        raise ValueError(f"--texts: no text encoder to encode them with: {choice['reason']}")
+    if choice["status"] == "assumed":
+        print(f"note: --texts: {choice['reason']}", file=sys.stderr)
+    feats = encode_captions(model, captions, choice["spec"])
+    return caption_texts(captions, *(feats if isinstance(feats, tuple) else (feats,)))
 
 
 def _param_word(meta: dict) -> str:
@@ -221,17 +324,23 @@ def recall_line(meta: dict, *, short: bool = False) -> str:
 
 
 def _check_search_flags(args: argparse.Namespace) -> None:
+    from xmodal.retrieval.index import MAX_EF_SEARCH, MAX_NPROBE
+
     kind = args.kind
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq"):
-        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq (this is {kind}"
+    for flag, value, most in (("--nprobe", args.nprobe, MAX_NPROBE), ("--ef-search", args.ef_search, MAX_EF_SEARCH),
+                              ("--nlist", args.nlist, MAX_NPROBE)):
+        if value is not None and not 1 <= value <= most:
+            raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
+        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr (this is {kind}"
                          + ("; hnsw takes --ef-search)" if kind == "hnsw" else ")"))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for --kind hnsw (this is {kind})")
-    if args.nlist is not None and kind not in ("ivf", "ivfpq"):
-        raise ValueError(f"--nlist: only for --kind ivf / ivfpq (this is {kind})")
+    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
+        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr (this is {kind})")
     if args.target_recall is not None:
         if kind == "flat":
-            raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq or hnsw")
+            raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq, ivfpqr or hnsw")
         if not 0 < args.target_recall <= 1:
             raise ValueError(f"--target-recall: must lie in (0, 1], got {args.target_recall}")
         if args.nprobe is not None or args.ef_search is not None:

@@ -21,11 +21,11 @@ refused), else, for a text size that matches a built-in encoder, that one, print
 assumed; otherwise --captions is refused (give --text-features, or --text-encoder SPEC).
 --text-features beside an OUT.encoder.json of another encoder is refused too. Scores are the run's normalised text -> video scores (the normaliser
 folded into the index). With a flat index the top-k equals brute force over all
-videos; an approximate index (ivf, ivfpq, hnsw) returns, on average, the share of the
+videos; an approximate index (ivf, ivfpq, ivfpqr, hnsw) returns, on average, the share of the
 true top-10 that 'xmodal index' measured and stored (recall@10, printed below the
-results). --nprobe N (ivf, ivfpq) or --ef-search N (hnsw) trades speed for recall
+results). --nprobe N (ivf, ivfpq, ivfpqr) or --ef-search N (hnsw) trades speed for recall
 (the stored recall then no longer applies); --exact searches exactly (ivf: every
-cell; hnsw: its stored vectors; not ivfpq, which keeps only compressed vectors)."""
+cell; hnsw: its stored vectors; not ivfpq / ivfpqr, which keep only compressed vectors)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--captions: the recorded encoder's spec here (e.g. hf:DIR of a moved folder), or the "
                              "encoder of an index that records none")
     parser.add_argument("--out", metavar="NPY", default=None,
-                        help="also save the indices [T, k] (int64); scores go to OUT with .scores.npy")
+                        help="save the indices [T, k] (int64) here, the scores to OUT with .scores.npy, and print "
+                             "a summary instead of the table (--json still prints every result)")
     parser.add_argument("--nprobe", type=int, default=None, metavar="N",
-                        help="ivf / ivfpq index: cells visited per query instead of the measured setting")
+                        help="ivf / ivfpq / ivfpqr index: cells visited per query instead of the measured setting")
     parser.add_argument("--ef-search", type=int, default=None, metavar="N",
                         help="hnsw index: efSearch instead of the measured setting")
     parser.add_argument("--exact", action="store_true",
@@ -73,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--k: must be >= 1, got {args.k}")
     if getattr(args, "text_mask", None) and args.text_features is None:
         raise ValueError("--text-mask: only with --text-features")
-    for flag, value in (("--nprobe", args.nprobe), ("--ef-search", args.ef_search)):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag}: must be >= 1, got {value}")
+    from xmodal.retrieval.index import MAX_EF_SEARCH, MAX_NPROBE
+
+    for flag, value, most in (("--nprobe", args.nprobe, MAX_NPROBE), ("--ef-search", args.ef_search, MAX_EF_SEARCH)):
+        if value is not None and not 1 <= value <= most:
+            raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
     if args.exact and (args.nprobe is not None or args.ef_search is not None):
         raise ValueError("--exact: give --exact or --nprobe / --ef-search, not both")
     outputs = _outputs(args.out) if args.out else None
@@ -83,13 +86,13 @@ def run(args: argparse.Namespace) -> int:
 
     idx = SearchIndex(args.index)
     kind = idx.index.kind
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq"):
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
         raise ValueError(f"--nprobe: only for ivf / ivfpq indexes; {args.index} is {kind}"
                          + (" (use --ef-search)" if kind == "hnsw" else ""))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for hnsw indexes; {args.index} is {kind}")
-    if args.exact and kind == "ivfpq":
-        raise ValueError(f"--exact: {args.index} is an ivfpq index, which stores only compressed vectors, so no "
+    if args.exact and kind in ("ivfpq", "ivfpqr"):
+        raise ValueError(f"--exact: {args.index} is an {kind} index, which stores only compressed vectors, so no "
                          f"search of it is exact; build a flat, ivf or hnsw index for exact answers")
     search_kw = {"nprobe": args.nprobe, "ef_search": args.ef_search, "exact": args.exact}
     quality = idx.quality(**search_kw)
@@ -137,6 +140,13 @@ def run(args: argparse.Namespace) -> int:
                           "exact": quality["exact"], "recall_at_10": quality["recall_at_10"],
                           "recall_queries": quality["recall_queries"], "search_params": quality["search_params"],
                           "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))
+        return 0
+    if outputs is not None:  # the results are in the files: a summary, not one table row per result
+        found = int((indices >= 0).sum())
+        print(f"wrote {outputs[0]} (video rows [{len(labels)}, {args.k}], int64; -1 = none) and {outputs[1]} "
+              f"(scores, float32): {len(labels):,} queries x top {args.k} against {idx.index.num_items:,} videos, "
+              f"{found:,} results")
+        print(f"(normaliser {idx.meta.get('normalizer')} folded in; {quality['note']})")
         return 0
     from xmodal.commands import markdown_table
 

@@ -133,13 +133,35 @@ def streaming_text_video(text: Any, video: Any, text_to_video: Any, *,
     """
     t, v = _pair(text, video, "text", "video")
     v2t = choice(v2t, "v2t", V2T)
-    num_t, num_v = t.shape[0], v.shape[0]
-    t2v = caption_groups(text_to_video, num_t, num_v).to(t.device)
+    t2v = caption_groups(text_to_video, t.shape[0], v.shape[0]).to(t.device)
     out = {"t2v": streaming_retrieval(t, v, t2v, ks=ks, ties=ties, bias=t2v_bias,
                                       transform=transform, block_size=block_size,
                                       progress=progress)}
+    out["v2t"] = streaming_video_text(v, t, t2v, ks=ks, ties=ties, v2t=v2t, bias=v2t_bias, transform=transform,
+                                      block_size=block_size, progress=progress)
+    return out
+
+
+@torch.no_grad()
+def streaming_video_text(video: Any, text: Any, text_to_video: Any, *, ks: Sequence[int] = (1, 5, 10, 50),
+                         ties: str = "pessimistic", v2t: str = "all-captions", bias: Any = None,
+                         transform: Callable | None = None, block_size: int = 4096,
+                         progress: bool = False) -> dict:
+    """The ``v2t`` half of :func:`streaming_text_video`: videos as queries against the captions, in
+    blocks of videos, with its own ``bias`` ``[T]`` / row-wise ``transform`` (a normaliser fitted for
+    this direction, as :meth:`xmodal.retrieval.testtime.TestTime.similarities` fits one).
+
+    Shape:
+        video: [V, D]; text: [T, D]; text_to_video: [T] (every video needs a caption).
+    """
+    t, v = _pair(text, video, "text", "video")
+    v2t = choice(v2t, "v2t", V2T)
+    num_t, num_v = t.shape[0], v.shape[0]
+    t2v = caption_groups(text_to_video, num_t, num_v).to(t.device)
     ks = check_ks(ks)
-    bt = _bias(v2t_bias, num_t, t, "v2t_bias")
+    ties = check_ties(ties)
+    block_size = check_block_size(block_size)
+    bt = _bias(bias, num_t, t, "bias")
     parts = []
     for start, stop in _blocks(num_v, num_t, block_size, progress, "v2t"):
         s = _scores(v[start:stop], t, bt, transform)
@@ -148,8 +170,7 @@ def streaming_text_video(text: Any, video: Any, text_to_video: Any, *,
             parts.append(block_counts(s, mask=t2v[None, :] == vids[:, None], ties=ties))
         else:
             parts.append(block_counts(group_max(s, t2v, num_v), index=vids, ties=ties))
-    out["v2t"] = summarize(*(torch.cat(x) for x in zip(*parts)), ks)
-    return out
+    return summarize(*(torch.cat(x) for x in zip(*parts)), ks)
 
 
-__all__ = ["streaming_retrieval", "streaming_text_video", "MAX_BLOCK_SCORES"]
+__all__ = ["streaming_retrieval", "streaming_text_video", "streaming_video_text", "MAX_BLOCK_SCORES"]

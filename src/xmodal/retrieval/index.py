@@ -50,13 +50,14 @@ the whole gallery and cannot be folded into an inner product.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xmodal._validate import as_tensor, float_matrix, option, whole_number
+from xmodal._validate import as_tensor, float_matrix, option, short_repr, whole_number
 
 __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "selected_normalizer", "best_foldable",
            "FOLDABLE", "KINDS", "gallery_bias"]
@@ -64,15 +65,32 @@ __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "s
 #: Run normalisers an inner-product index can hold exactly.
 FOLDABLE = ("none", "dn", "sinkhorn", "ncl")
 #: Index kinds (see the module docstring).
-KINDS = ("flat", "ivf", "ivfpq", "hnsw")
+KINDS = ("flat", "ivf", "ivfpq", "ivfpqr", "hnsw")
+#: Kinds with IVF cells (an ``nprobe``), and kinds that keep only compressed vectors (no exact search).
+IVF_KINDS = ("ivf", "ivfpq", "ivfpqr")
+COMPRESSED_KINDS = ("ivfpq", "ivfpqr")
+#: ``ivfpqr``: candidates re-ranked by the SQ8 refine stage, per result asked for.
+REFINE_K_FACTOR = 8
 #: Values per product-quantiser sub-vector (``ivfpq``).
 PQ_DSUB = 4
 #: HNSW neighbours per node.
 HNSW_M = 32
 #: Default target recall@10 of the approximate kinds.
 TARGET_RECALL = 0.95
+#: When no setting reaches the target: the cheapest setting within this of the best recall measured is kept.
+RECALL_TOLERANCE = 0.005
 #: Gallery rows per block when building.
 BLOCK_ROWS = 16384
+#: FAISS's minimum training points per centroid: an ivfpq gallery needs two per code of its
+#: smallest (1-bit) sub-quantisers.
+MIN_POINTS_PER_CENTROID = 39
+MIN_PQ_ROWS = 2 * MIN_POINTS_PER_CENTROID
+#: Cell counts an ivf / ivfpq build with recall queries chooses among, as multiples of sqrt(N).
+NLIST_FACTORS = (1, 2, 4)
+#: Largest efSearch (hnsw) a search takes: HNSW keeps efSearch candidates per query (1e9 asked for 7.9 GB).
+MAX_EF_SEARCH = 1 << 16
+#: Largest nprobe a search takes (FAISS's C int; any value above nlist visits every cell).
+MAX_NPROBE = (1 << 31) - 1
 
 
 def import_faiss():
@@ -119,7 +137,7 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
 def _width(dim: int, kind: str) -> int:
     """Width of the folded vectors: ``dim + 1``, or for ``ivfpq`` the embedding padded to a
     multiple of :data:`PQ_DSUB` plus one sub-vector for the bias."""
-    if kind != "ivfpq":
+    if kind not in COMPRESSED_KINDS:
         return dim + 1
     return -(-dim // PQ_DSUB) * PQ_DSUB + PQ_DSUB
 
@@ -146,7 +164,7 @@ class BiasedIndex:
             (:class:`~xmodal.retrieval.rowstore.RowStore`: ``shape``, ``[a:b]``, ``take``).
         bias: optional ``[N]`` per-gallery bias (e.g. ``SinkhornBias(...).bias`` or
             ``DistributionNormalization.gallery_bias(gallery)``).
-        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"`` or ``"hnsw"`` (module docstring).
+        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"``, ``"ivfpqr"`` or ``"hnsw"`` (module docstring).
         queries: ``[Q, D]`` sample queries (already shifted as searches will be) on which the
             recall@10 is measured and the search parameter chosen; None: not measured.
         target_recall: the recall@10 the search parameter must reach (default 0.95 for the
@@ -160,7 +178,11 @@ class BiasedIndex:
     Attributes:
         recall_at_10: measured recall@10 at ``search_params`` (1.0 for ``flat``; None when
             not measured), ``recall_queries`` (queries it was measured on), ``search_params``
-            (``{"nprobe": p}`` / ``{"efSearch": e}`` / ``{}``), ``target_met``.
+            (``{"nprobe": p}`` / ``{"efSearch": e}`` / ``{}``), ``target_met``; ``curve``: every
+            setting measured, ``[{"nprobe" | "efSearch": value, "recall_at_10", "queries_per_s"}, ...]``
+            (hnsw also an exact scan of its vectors, ``{"efSearch": None, "exact": True, ...}``).
+            When no setting reaches the target, the smallest (the fastest) within
+            :data:`RECALL_TOLERANCE` of the best recall measured is kept.
 
     ``search(queries, k)`` returns ``(scores [Q, k], indices [Q, k])`` as numpy
     (float32 scores ``x . y_j + b_j``; indices int64, -1 where fewer than ``k`` found).
@@ -185,33 +207,56 @@ class BiasedIndex:
         block_rows = whole_number(block_rows, "block_rows", minimum=1)
         self.num_items, self.dim, self.width = n, d, _width(d, self.kind)
         self.nlist = None
-        if self.kind in ("ivf", "ivfpq"):
+        self.nlist_choice: list[dict] = []
+        if self.kind in IVF_KINDS:
             self.nlist = whole_number(nlist, "nlist", minimum=1) if nlist is not None else _default_nlist(n)
             if self.nlist > n:
                 raise ValueError(f"nlist: must be in [1, {n}], got {self.nlist}")
         if nprobe is not None:
-            nprobe = whole_number(nprobe, "nprobe", minimum=1)
+            nprobe = _bounded(nprobe, "nprobe", MAX_NPROBE)
         if ef_search is not None:
-            ef_search = whole_number(ef_search, "ef_search", minimum=1)
-        self.factory = self._factory_string(n)
-        self.index = faiss.index_factory(self.width, self.factory, faiss.METRIC_INNER_PRODUCT)
+            ef_search = _bounded(ef_search, "ef_search", MAX_EF_SEARCH)
+        if self.kind in COMPRESSED_KINDS and n < MIN_PQ_ROWS:
+            raise ValueError(f"gallery: {self.kind} needs at least {MIN_PQ_ROWS} rows to train its quantisers "
+                             f"({MIN_POINTS_PER_CENTROID} per centroid), got {n}; use kind flat")
 
         def blocks():  # folded gallery blocks, in order
             for start in range(0, n, block_rows):
                 stop = min(n, start + block_rows)
-                yield start, stop, _place(_numpy(rows[start:stop]), b[start:stop], self.width)
+                yield start, stop, _finite(_place(_numpy(rows[start:stop]), b[start:stop], self.width), start)
 
-        if self.kind in ("ivf", "ivfpq"):
+        tuning = queries is not None and nprobe is None and ef_search is None and self.kind != "flat"
+        if tuning:
+            self.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
+            q_folded = self._fold_queries(_float32(queries, "queries"))
+            self._exact_rows = self._exact(q_folded, blocks, min(10, n))
+        centroids = None
+        if self.kind in IVF_KINDS and nlist is None and tuning:
+            self.nlist, centroids, self.nlist_choice = self._choose_nlist(rows, b, q_folded, seed)
+        self.factory = self._factory_string(n)
+        self.index = faiss.index_factory(self.width, self.factory, faiss.METRIC_INNER_PRODUCT)
+        if self.kind in IVF_KINDS:
             ivf = faiss.extract_index_ivf(self.index)
             ivf.cp.niter, ivf.cp.seed = 10, int(seed)
-            if self.kind == "ivfpq":
-                self.index.pq.cp.niter, self.index.pq.cp.seed = 10, int(seed)  # the sub-quantisers' k-means
+            if centroids is not None:  # the chosen cell count's quantiser, trained while choosing it
+                ivf.quantizer.add(centroids)
+            if self.kind in COMPRESSED_KINDS:
+                pq = faiss.downcast_index(ivf).pq  # the sub-quantisers' k-means
+                pq.cp.niter, pq.cp.seed = 10, int(seed)
             from xmodal.retrieval.recall import sample_rows
 
-            train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind == "ivfpq" else 0), seed)
-            self.index.train(_place(_take(rows, train_rows), b[train_rows], self.width))
+            train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind in COMPRESSED_KINDS else 0), seed)
+            if centroids is None or self.kind != "ivf":  # ivf with trained cells needs no training
+                self.index.train(_finite(_place(_take(rows, train_rows), b[train_rows], self.width), train_rows))
+            else:
+                self.index.is_trained = True
             _release_freed_memory()  # the training sample's pages, before the index grows
-            _add_presized(ivf, blocks, n)
+            if self.kind == "ivfpqr":  # fast-scan lists and the refine codes: FAISS's own add, block by block
+                self.index.k_factor = REFINE_K_FACTOR
+                for _, _, block in blocks():
+                    self.index.add(block)
+            else:
+                _add_presized(ivf, blocks, n)
         else:
             for _, _, block in blocks():
                 self.index.add(block)
@@ -219,17 +264,68 @@ class BiasedIndex:
         self.recall_at_10: float | None = 1.0 if self.kind == "flat" else None
         self.recall_queries = 0
         self.target_met: bool | None = None
-        self.target_recall = None
         self.recall_tried: dict[int, float] = {}
+        self.curve: list[dict] = []
+        if not tuning:
+            self.target_recall = None
         if self.kind == "flat":
             self.search_params: dict = {}
-        elif queries is not None and nprobe is None and ef_search is None:
-            self.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
+        elif tuning:
             self._tune(_float32(queries, "queries"), blocks)
         else:
             self._set_params((ef_search or 64) if self.kind == "hnsw" else (nprobe or 8))
             if queries is not None:
                 self._measure_fixed(_float32(queries, "queries"), blocks)
+
+    def _choose_nlist(self, rows: Any, b: np.ndarray, q: np.ndarray, seed: int) -> tuple[int, np.ndarray, list]:
+        """The cell count, chosen by measurement: for each candidate (:data:`NLIST_FACTORS` x sqrt(N), at
+        most N / 39) the coarse quantiser is trained as the index trains it, and for every nprobe the
+        recall@10 an IVF search would reach is counted from the cells the exact top 10 of each recall
+        query fall in (an IVF search returns a true neighbour exactly when it visits its cell), its cost
+        as the vectors compared per query (centroids + the probed cells' rows, cell sizes from the
+        training sample). The cheapest (cells, nprobe) reaching the target wins; none reaching it: the
+        largest candidate. Returns ``(nlist, its centroids, [{"nlist", "nprobe", "recall_at_10",
+        "compared"}, ...])`` (each candidate's cheapest setting reaching the target, or its best)."""
+        faiss = import_faiss()
+        from xmodal.retrieval.recall import sample_rows
+
+        n = self.num_items
+        candidates = sorted({max(1, min(int(f * np.sqrt(n)), n // MIN_POINTS_PER_CENTROID)) for f in NLIST_FACTORS})
+        tops = self._exact_rows
+        top_rows = np.unique(tops[tops >= 0])
+        top_vecs = _place(_take(rows, top_rows), b[top_rows], self.width)
+        where = {int(r): i for i, r in enumerate(top_rows)}
+        best, table, centroids = None, [], {}
+        for c in candidates:
+            ivf = faiss.index_factory(self.width, f"IVF{c},Flat", faiss.METRIC_INNER_PRODUCT)
+            ivf.cp.niter, ivf.cp.seed = 10, int(seed)
+            sample = sample_rows(n, 40 * c, seed)
+            x = _finite(_place(_take(rows, sample), b[sample], self.width), sample)
+            ivf.train(x)
+            quant = ivf.quantizer
+            sizes = np.bincount(quant.search(x, 1)[1][:, 0], minlength=c) * (n / len(sample))
+            probes = min(c, 256)
+            order = quant.search(q, probes)[1]                      # [Q, probes] cells, nearest first
+            cell_of = quant.search(top_vecs, 1)[1][:, 0]            # cell of each true neighbour
+            rank = np.full((q.shape[0], c), probes, np.int64)       # position of each cell in the query's order
+            np.put_along_axis(rank, order, np.arange(probes)[None, :], axis=1)
+            item_cells = np.vectorize(lambda r: cell_of[where[int(r)]] if r >= 0 else -1)(tops)
+            found = np.where(item_cells >= 0, np.take_along_axis(rank, np.maximum(item_cells, 0), 1), probes)
+            recall = np.array([(found < p).sum() / tops.size for p in range(1, probes + 1)])
+            scanned = np.cumsum(sizes[order], axis=1).mean(0)       # [probes]: rows compared per query
+            cost = c + scanned
+            ok = np.flatnonzero(recall >= self.target_recall)
+            p = int(ok[np.argmin(cost[ok])]) if ok.size else int(np.argmax(recall))
+            row = {"nlist": c, "nprobe": p + 1, "recall_at_10": float(recall[p]), "compared": float(cost[p]),
+                   "reaches_target": bool(ok.size)}
+            table.append(row)
+            centroids[c] = quant.reconstruct_n(0, c)
+            del ivf, x
+            if row["reaches_target"] and (best is None or row["compared"] < best["compared"]):
+                best = row
+        chosen = best["nlist"] if best is not None else candidates[-1]
+        _release_freed_memory()
+        return chosen, centroids[chosen], table
 
     def _factory_string(self, n: int) -> str:
         if self.kind == "flat":
@@ -238,6 +334,8 @@ class BiasedIndex:
             return f"HNSW{HNSW_M}"
         if self.kind == "ivf":
             return f"IVF{self.nlist},Flat"
+        if self.kind == "ivfpqr":  # 4-bit fast-scan codes shortlist, 8-bit scalar codes re-rank
+            return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x4fsr,Refine(SQ8)"
         nbits = 8 if n >= 256 * 39 else max(1, min(8, int(np.log2(max(2, n // 39)))))
         # "np": no polysemous training (index_factory's default for IVF-PQ; minutes of annealing for
         # a code order only the polysemous filter uses)
@@ -246,7 +344,7 @@ class BiasedIndex:
     # -- search parameters ----------------------------------------------------------------
     @property
     def _param_name(self) -> str | None:
-        return {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}.get(self.kind)
+        return {"ivf": "nprobe", "ivfpq": "nprobe", "ivfpqr": "nprobe", "hnsw": "efSearch"}.get(self.kind)
 
     def _set_params(self, value: int) -> None:
         """Make ``value`` the index's own default (saved with it)."""
@@ -261,15 +359,19 @@ class BiasedIndex:
     def _params(self, nprobe: int | None = None, ef_search: int | None = None):
         faiss = import_faiss()
         if nprobe is not None:
-            if self.kind not in ("ivf", "ivfpq"):
+            if self.kind not in IVF_KINDS:
                 raise ValueError(f"nprobe: only the ivf and ivfpq kinds have cells to probe; this index is "
                                  f"{self.kind}" + (" (use ef_search)" if self.kind == "hnsw" else ""))
-            return faiss.SearchParametersIVF(nprobe=min(whole_number(nprobe, "nprobe", minimum=1), self.nlist))
+            params = faiss.SearchParametersIVF(nprobe=min(_bounded(nprobe, "nprobe", MAX_NPROBE), self.nlist))
+            if self.kind == "ivfpqr":
+                return faiss.IndexRefineSearchParameters(k_factor=float(self.index.k_factor),
+                                                         base_index_params=params)
+            return params
         if ef_search is not None:
             if self.kind != "hnsw":
                 raise ValueError(f"ef_search: only the hnsw kind has it; this index is {self.kind}"
                                  + (" (use nprobe)" if self.kind != "flat" else ""))
-            return faiss.SearchParametersHNSW(efSearch=whole_number(ef_search, "ef_search", minimum=1))
+            return faiss.SearchParametersHNSW(efSearch=_bounded(ef_search, "ef_search", MAX_EF_SEARCH))
         return None
 
     def _candidates(self, k: int) -> list[int]:
@@ -288,49 +390,82 @@ class BiasedIndex:
         return exact_topk(q, blocks(), k)[1]
 
     def _tune(self, queries: np.ndarray, blocks) -> None:
+        """The smallest setting reaching the target; when none does, the smallest (the fastest: the
+        search's cost grows with nprobe / efSearch) within :data:`RECALL_TOLERANCE` of the best recall
+        measured. Every setting tried goes into :attr:`curve` with its recall and queries/s."""
         from xmodal.retrieval.recall import recall_at_k, smallest_reaching
 
         q = self._fold_queries(queries)
         k = min(10, self.num_items)
-        exact = self._exact(q, blocks, k)
-        best, recall, met, tried = smallest_reaching(
-            lambda v: recall_at_k(self._search_with(q, k, v), exact, k), self._candidates(k), self.target_recall)
+        exact = self._exact_rows  # computed before the build (the cell count was chosen on it)
+        speed: dict[int, float] = {}
+
+        def measure(v: int) -> float:
+            start = time.perf_counter()
+            got = self._search_with(q, k, v)
+            speed[v] = q.shape[0] / max(time.perf_counter() - start, 1e-9)
+            return recall_at_k(got, exact, k)
+
+        candidates = self._candidates(k)
+        best, recall, met, tried = smallest_reaching(measure, candidates, self.target_recall)
+        if not met:  # the best trade-off: nothing reaches the target, so the cheapest near the best recall
+            top = max(tried.values())
+            cached = lambda v: tried[v] if v in tried else measure(v)  # noqa: E731
+            best, recall, _, tried2 = smallest_reaching(cached, candidates, top - RECALL_TOLERANCE)
+            tried.update(tried2)
         self._set_params(best)
         self.recall_at_10, self.recall_queries, self.target_met = recall, int(q.shape[0]), met
         self.recall_tried = tried
+        self.curve = [{self._param_name: int(v), "recall_at_10": float(tried[v]),
+                       "queries_per_s": float(speed[v])} for v in sorted(tried)]
+        if self.kind == "hnsw":  # an exact scan of the stored vectors: the point a high efSearch competes with
+            start = time.perf_counter()
+            import_faiss().downcast_index(self.index.storage).search(q, k)
+            self.curve.append({self._param_name: None, "exact": True, "recall_at_10": 1.0,
+                               "queries_per_s": float(q.shape[0] / max(time.perf_counter() - start, 1e-9))})
 
     def _measure_fixed(self, queries: np.ndarray, blocks) -> None:
         from xmodal.retrieval.recall import recall_at_k
 
         q = self._fold_queries(queries)
         k = min(10, self.num_items)
-        self.recall_at_10 = recall_at_k(self.index.search(q, k)[1], self._exact(q, blocks, k), k)
+        start = time.perf_counter()
+        got = self.index.search(q, k)[1]
+        qps = q.shape[0] / max(time.perf_counter() - start, 1e-9)
+        self.recall_at_10 = recall_at_k(got, self._exact(q, blocks, k), k)
         self.recall_queries = int(q.shape[0])
+        (name, value), = self.search_params.items()
+        self.curve = [{name: int(value), "recall_at_10": float(self.recall_at_10), "queries_per_s": float(qps)}]
 
     # -- search ---------------------------------------------------------------------------
-    def _fold_queries(self, q: np.ndarray) -> np.ndarray:
+    def _fold_queries(self, q: np.ndarray, bias: bool = True) -> np.ndarray:
         if q.shape[1] != self.dim:
             raise ValueError(f"queries: embedding size {q.shape[1]} != gallery's {self.dim}")
-        return _place(q, np.ones(q.shape[0], np.float32), self.width)
+        return _place(q, np.full(q.shape[0], 1.0 if bias else 0.0, np.float32), self.width)
 
     def search(self, queries: Any, k: int = 10, *, nprobe: int | None = None, ef_search: int | None = None,
-               exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+               exact: bool = False, bias: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Biased top-``k``.  Shape: queries ``[Q, D]`` -> ``([Q, k], [Q, k])``.
 
         Args:
+            bias: add the folded per-item bias (the normalised text -> video score); ``False`` ranks
+                by the inner product alone (a video as the query: "more like this"; with a DN fold
+                the gallery is stored shifted, which moves each query's scores by one constant).
             nprobe: IVF cells to visit (``ivf``/``ivfpq``) instead of the stored parameter.
             ef_search: HNSW's ``efSearch`` instead of the stored one.
             exact: exact search (``flat``; ``ivf`` visiting every cell; ``hnsw`` scanning its
                 stored vectors); ``ivfpq`` keeps no exact vectors and refuses.
         """
         k = whole_number(k, "k", minimum=1)
-        q = self._fold_queries(_float32(queries, "queries"))
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias: expected True or False, got {short_repr(bias)}")
+        q = self._fold_queries(_float32(queries, "queries"), bias)
         k = min(int(k), self.num_items)
         if exact:
             if nprobe is not None or ef_search is not None:
                 raise ValueError("exact: give exact or a search parameter (nprobe / ef_search), not both")
-            if self.kind == "ivfpq":
-                raise ValueError("exact: an ivfpq index stores compressed vectors, so no search over it is exact "
+            if self.kind in COMPRESSED_KINDS:
+                raise ValueError(f"exact: an {self.kind} index stores compressed vectors, so no search over it is exact "
                                  "(nprobe = nlist scans every code); build a flat, ivf or hnsw index for exact "
                                  "answers")
             if self.kind == "hnsw":
@@ -368,7 +503,8 @@ class BiasedIndex:
         obj.index, obj.num_items, obj.width = index, int(index.ntotal), int(index.d)
         ivf = faiss.try_extract_index_ivf(index)  # read_index returns the index as its own class
         if ivf is not None:
-            obj.kind = "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
+            obj.kind = "ivfpqr" if isinstance(index, faiss.IndexRefine) else \
+                "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
             obj.nlist = int(ivf.nlist)
             obj.search_params = {"nprobe": int(ivf.nprobe)}
         elif isinstance(index, faiss.IndexHNSW):
@@ -382,6 +518,7 @@ class BiasedIndex:
                              f"embeddings of size {obj.dim}")
         obj.recall_at_10 = 1.0 if obj.kind == "flat" else None
         obj.recall_queries, obj.target_met, obj.target_recall, obj.recall_tried = 0, None, None, {}
+        obj.curve, obj.nlist_choice = [], []
         return obj
 
 
@@ -430,6 +567,24 @@ def _take(rows: Any, idx: np.ndarray) -> np.ndarray:
     from xmodal.retrieval.rowstore import take_rows
 
     return take_rows(rows, idx)
+
+
+def _finite(block: np.ndarray, rows: Any) -> np.ndarray:
+    """``block`` (gallery rows ``rows``: a first row number or the rows themselves), refused when a row
+    is not finite: FAISS would index a NaN no search finds, or fail in its k-means."""
+    ok = np.isfinite(block).all(axis=1)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise ValueError(f"gallery: row {rows + i if isinstance(rows, int) else int(rows[i])} is not finite")
+    return block
+
+
+def _bounded(value: Any, name: str, maximum: int) -> int:
+    """A search parameter: an integer in ``[1, maximum]``."""
+    v = whole_number(value, name, minimum=1)
+    if v > maximum:
+        raise ValueError(f"{name}: must be at most {maximum}, got {short_repr(value)}")
+    return v
 
 
 def _recall_target(value: Any) -> float:
@@ -505,7 +660,7 @@ def best_foldable(model: Any, metric: str = "rsum") -> str:
 
 @torch.no_grad()
 def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "selected", *,
-                        metric: str = "rsum") -> dict[str, Any]:
+                        metric: str = "rsum", extra: Any = None) -> dict[str, Any]:
     """The index form of a run's text -> video normaliser over a new gallery.
 
     The one place that reads the run's test-time state for the index (adapt here when
@@ -520,6 +675,10 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
             run selected a normaliser that cannot be folded (QB-Norm, IS, DSL), ``"selected"``
             falls back to :func:`best_foldable` and says so in ``fallback_from``.
         metric: the run's selection metric (``train.metric``) for that fallback.
+        extra: ``[U, D]`` further videos, not part of the fit: also returned in the index's form
+            (``"extra_gallery"`` ``[U, D]``, ``"extra_bias"`` ``[U]`` or None), as if they were in the
+            gallery but without refitting it (:func:`gallery_bias`'s ``extra``); the build measures a
+            fold on held-out captions whose videos it adds this way.
 
     Returns:
         ``{"normalizer": name, "gallery": [N, D], "bias": [N] or None,
@@ -532,7 +691,10 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
     """
     name = selected_normalizer(model, normalizer)
     video = video_embeddings if _is_source(video_embeddings) else float_matrix(video_embeddings, "video_embeddings")
+    x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
     out: dict[str, Any] = {"normalizer": name, "gallery": video, "bias": None, "query_shift": None}
+    if x is not None:
+        out.update(extra_gallery=x, extra_bias=None)
     if normalizer == "selected" and name not in FOLDABLE:
         out.update(normalizer=best_foldable(model, metric), fallback_from=name)
         name = out["normalizer"]
@@ -553,25 +715,38 @@ def fold_run_normalizer(model: Any, video_embeddings: Any, normalizer: str = "se
         mu_g, mu_q = dn.mu_gallery.float().cpu(), dn.mu_queries.float().cpu()
         gallery = ShiftedRows(video, dn.lam * mu_g) if _is_source(video) else video - dn.lam * mu_g.to(video)
         out.update(gallery=gallery, query_shift=dn.lam * mu_q)
+        if x is not None:
+            out["extra_gallery"] = x - dn.lam * mu_g
         return out
     bank = _METHODS[name][1]
     if bank not in tt.banks:
         raise ValueError(f"normalizer: {name!r} needs the {bank!r} query bank, which this run lacks")
-    out["bias"] = gallery_bias(name, video, tt.banks[bank][0], **tt._hp())
+    if x is None:
+        out["bias"] = gallery_bias(name, video, tt.banks[bank][0], **tt._hp())
+    else:
+        out["bias"], out["extra_bias"] = gallery_bias(name, video, tt.banks[bank][0], extra=x, **tt._hp())
     return out
 
 
 @torch.no_grad()
-def gallery_bias(name: str, gallery: Any, bank: Any, **hparams: Any) -> torch.Tensor:
+def gallery_bias(name: str, gallery: Any, bank: Any, *, extra: Any = None, **hparams: Any) -> Any:
     """The Sinkhorn / NCL gallery bias ``[N]`` of ``gallery`` against the query ``bank``, as
     :func:`xmodal.retrieval.testtime.fit_normalizer` computes it, reading a row source in
     gallery blocks (:func:`xmodal.normalize.sinkhorn.gallery_block_log_sinkhorn`, ``iters + 1``
     passes; the same blocks, hence the same numbers, as the gallery held in memory).
 
+    ``extra`` (``[U, D]`` further videos, not part of the fit): also return the bias each would get
+    from the fitted row scaling (one more column update, ``log beta_u = log c - logsumexp_i(S_iu /
+    gamma + log alpha_i)`` with ``c = 1 / N``), on the same scale as the gallery's; ``(bias, extra_bias)``.
+    A copy of a gallery row gets that row's bias. The index build measures a fold on held-out captions
+    whose videos are added to the gallery this way, without refitting the gallery's bias.
+
     Shape:
-        gallery ``[N, D]`` (tensor or row source), bank ``[K, D]`` -> ``[N]``.
+        gallery ``[N, D]`` (tensor or row source), bank ``[K, D]`` -> ``[N]`` (and extra ``[U, D]`` -> ``[U]``).
     """
-    from xmodal.retrieval.testtime import _canonical, _METHODS, fit_normalizer
+    import math
+
+    from xmodal.retrieval.testtime import _canonical, _METHODS, build_normalizer, fit_normalizer
 
     if _METHODS[_canonical(name, "name")][0] != "sinkhorn":
         raise ValueError(f"name: {name!r} has no gallery bias; expected sinkhorn or ncl")
@@ -579,23 +754,32 @@ def gallery_bias(name: str, gallery: Any, bank: Any, **hparams: Any) -> torch.Te
     if not _is_source(gallery):
         gallery = float_matrix(gallery, "gallery")
     n = int(gallery.shape[0])
+    norm = build_normalizer(name, **hparams)  # a SinkhornBias with the run's temperature / iterations
     if not _is_source(gallery) or bank_t.shape[0] > n:
         g = gallery if not _is_source(gallery) else gallery[0:n]
-        return fit_normalizer(name, g, g, bank_t.to(g), **hparams).bias.to(g)
-    import math
+        fitted = fit_normalizer(name, g, g, bank_t.to(g), **hparams)
+        bias, log_alpha, log_beta = fitted.bias.to(g), fitted._log_alpha, fitted._log_beta
+    else:
+        from xmodal.normalize._base import default_block_rows
+        from xmodal.normalize.sinkhorn import gallery_block_log_sinkhorn
 
-    from xmodal.normalize._base import default_block_rows
-    from xmodal.normalize.sinkhorn import gallery_block_log_sinkhorn
-    from xmodal.retrieval.testtime import build_normalizer
-
-    norm = build_normalizer(name, **hparams)  # a SinkhornBias with the run's temperature / iterations
-    k = bank_t.shape[0]
-    if bank_t.shape[1] != gallery.shape[1]:
-        raise ValueError(f"bank and gallery: embedding sizes differ ({bank_t.shape[1]} vs {gallery.shape[1]})")
-    log_r = torch.full((k,), -math.log(k))
-    log_c = torch.full((n,), -math.log(n))
-    _, log_beta, _ = gallery_block_log_sinkhorn(bank_t, gallery, gamma=norm.temperature, iters=norm.iters,
-                                                log_r=log_r, log_c=log_c,
-                                                block_cols=default_block_rows(k, norm.block_size),
-                                                track_error=norm.track_error)
-    return norm.temperature * (log_beta - torch.logsumexp(log_beta, dim=0))
+        k = bank_t.shape[0]
+        if bank_t.shape[1] != gallery.shape[1]:
+            raise ValueError(f"bank and gallery: embedding sizes differ ({bank_t.shape[1]} vs {gallery.shape[1]})")
+        log_r = torch.full((k,), -math.log(k))
+        log_c = torch.full((n,), -math.log(n))
+        log_alpha, log_beta, _ = gallery_block_log_sinkhorn(bank_t, gallery, gamma=norm.temperature,
+                                                            iters=norm.iters, log_r=log_r, log_c=log_c,
+                                                            block_cols=default_block_rows(k, norm.block_size),
+                                                            track_error=norm.track_error)
+        bias = norm.temperature * (log_beta - torch.logsumexp(log_beta, dim=0))
+    if extra is None:
+        return bias
+    x = float_matrix(extra, "extra").detach().float().cpu()
+    if x.shape[1] != bank_t.shape[1]:
+        raise ValueError(f"extra: embedding size {x.shape[1]} != the bank's {bank_t.shape[1]}")
+    la = log_alpha.detach().float().cpu()
+    cols = torch.logsumexp(bank_t @ x.T / norm.temperature + la[:, None], dim=0)  # [U]
+    log_beta_x = -math.log(n) - cols
+    extra_bias = norm.temperature * (log_beta_x - torch.logsumexp(log_beta.detach().float().cpu(), dim=0))
+    return bias, extra_bias.to(bias)

@@ -57,6 +57,8 @@ _ALIASES = {"ncl_oracle": "sinkhorn_oracle"}
 NAMES = tuple(_METHODS)
 ORACLE_NAMES = ("sinkhorn_oracle",)
 _SYMMETRIC = ("none", "dn")
+#: ``hparams`` keys that record how the run was fitted, not normaliser settings.
+RECORDS = ("dn_source", "heldout")
 
 
 def _canonical(name: str, arg: str = "normalizer") -> str:
@@ -128,7 +130,9 @@ class TestTime:
     Attributes:
         temperature: the model's test temperature (Sinkhorn / DSL ``gamma``).
         hparams: ``iters``, ``lam``, ``k``, ``beta``, ``num_samples`` shared by the normalisers,
-            and ``dn_source`` (``train``/``val``: where DN's means came from; a record only).
+            and ``dn_source`` (``train``/``val``: where DN's means came from; a record only),
+            ``heldout`` (``"pairs"``: row ``i`` of ``banks["heldout"]``'s videos is the video of its
+            text ``i``; runs before it stored an unrelated sample of videos).
         banks: ``{"train": (text_queries, video_queries), "ncl": (...)}`` embedded train queries.
         dn: DN's fitted state (``DistributionNormalization.state_dict()``), or None.
         names: the fitted candidates, in selection order.
@@ -150,7 +154,7 @@ class TestTime:
     selection: dict = field(default_factory=dict)
 
     def _hp(self) -> dict:
-        return {"temperature": self.temperature, **{k: v for k, v in self.hparams.items() if k != "dn_source"}}
+        return {"temperature": self.temperature, **{k: v for k, v in self.hparams.items() if k not in RECORDS}}
 
     def resolve(self, normalizer: str) -> str:
         """``"selected"`` -> the selected name; checks the name is fitted."""
@@ -302,7 +306,8 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
                   iters: int = 4, lam: float = 0.25, k: int = 1, beta: float = 20.0,
                   dn_bank: tuple[torch.Tensor, torch.Tensor] | None = None, dn_num_samples: int | None = 100,
                   dn_seeds: int = 1, dn_source: str = "train",
-                  heldout_bank: tuple[torch.Tensor, torch.Tensor] | None = None) -> TestTime:
+                  heldout_bank: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  heldout_pairs: bool = False) -> TestTime:
     """Fit the candidate normalisers ``names`` once (``ncl`` is dropped without ``ncl_bank``).
 
     Args:
@@ -318,8 +323,11 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
         dn_source: recorded in ``hparams`` (``train`` or ``val``), nothing else.
         heldout_bank: ``(texts, videos)`` train queries embedded by the final model that no
             normaliser is fitted on, stored as ``banks["heldout"]``: the queries an approximate
-            index measures its recall on (:func:`xmodal.retrieval.search.write_index`), so the
+            index measures its recall on (:func:`xmodal.retrieval.build.write_index`), so the
             recall is not measured on the very queries a Sinkhorn bias was fitted to.
+        heldout_pairs: row ``i`` of the held-out videos is the video of text ``i`` (recorded as
+            ``hparams["heldout"] = "pairs"``): the index build then measures, on these captions with
+            their videos added to its gallery, whether folding the normaliser helps text -> video.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> t, v = torch.randn(20, 4, generator=g), torch.randn(20, 4, generator=g)
@@ -345,14 +353,21 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
     held = _bank_pair(heldout_bank, "heldout_bank")
     if held is not None and len(held[0]):
         banks["heldout"] = held
+    from xmodal._validate import flag
+
+    heldout_pairs = flag(heldout_pairs, "heldout_pairs")
+    if heldout_pairs and "heldout" in banks and len(banks["heldout"][0]) != len(banks["heldout"][1]):
+        raise ValueError("heldout_bank: paired held-out texts and videos must have as many rows")
     dn_bank = _bank_pair(dn_bank, "dn_bank")
     keep = []
     for n in ["none", *names]:
         key = _canonical(n, "names")
         if key not in keep and (_METHODS[key][1] in (None, "queries") or _METHODS[key][1] in banks):
             keep.append(key)
-    tt = TestTime(temperature=float(temperature), hparams={"iters": int(iters), "lam": float(lam), "k": int(k),
-                                                              "beta": float(beta), "dn_source": str(dn_source)},
+    hparams = {"iters": int(iters), "lam": float(lam), "k": int(k), "beta": float(beta), "dn_source": str(dn_source)}
+    if heldout_pairs and "heldout" in banks:
+        hparams["heldout"] = "pairs"
+    tt = TestTime(temperature=float(temperature), hparams=hparams,
                   banks=banks, names=tuple(keep))
     if "dn" in keep:
         from xmodal.normalize import DistributionNormalization

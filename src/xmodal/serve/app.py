@@ -291,7 +291,10 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     busy = {"upload": False, "receiving": 0}
 
     def info(searcher: Searcher) -> dict:
+        choice = searcher.meta.get("normalizer_choice")
         return {"items": searcher.num_items, "normalizer": searcher.meta.get("normalizer"),
+                "normalizer_choice": choice.get("why") if isinstance(choice, dict) and
+                isinstance(choice.get("why"), str) else None,  # shown as text, cut to 600 characters
                 "text_encoder": searcher.text_encoder, "text_encoder_status": searcher.text_choice["status"],
                 "text_reason": searcher.text_choice["reason"], "kind": searcher.meta.get("kind", "flat"),
                 "texts": 0 if searcher.extras.texts is None else int(searcher.extras.texts.shape[0]),

@@ -122,7 +122,8 @@ def _latency(result: dict[str, Any], params: dict) -> str:
     json_link = (f" &middot; <a href=\"/api/search?{escape(urlencode(params))}\">JSON</a>"
                  if not result.get("upload") else "")
     return (f"<p class=\"status\" id=\"latency\">{len(result['results'])} results in {lat['total']:.1f} ms "
-            f"({first} {lat['encode']:.1f} ms, {'index' if result['direction'] == 't2v' else 'exact'} search "
+            f"({first} {lat['encode']:.1f} ms, "
+            f"{'exact' if result['direction'] != 't2v' and result.get('exact') else 'index'} search "
             f"{lat['search']:.2f} ms){json_link}</p>")
 
 
@@ -219,6 +220,8 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
                 f"</b> folded into the index &middot; {_text_encoder(info)} &middot; {_recall(info)}")
         if texts:
             head += f" &middot; {info['texts']:,} captions for video &rarr; text"
+        if info.get("normalizer_choice"):  # how the build chose it (xmodal index --normalizer auto)
+            head += f"</p><p class=\"note\" id=\"normalizer-choice\">normaliser: {escape(str(info['normalizer_choice'])[:600])}"
     parts = [
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">",

@@ -81,10 +81,11 @@ class Searcher:
                  "name": None if ex.text_to_video is None else self.name(int(ex.text_to_video[int(t)]))}
                 for rank, (s, t) in enumerate(zip(scores, indices), 1)]
 
-    def _answer(self, direction: str, results: list, k: int, times: tuple, **query) -> dict:
+    def _answer(self, direction: str, results: list, k: int, times: tuple, how: dict | None = None,
+                **query) -> dict:
         t0, t1, t2 = times
-        recall = self.recall() if direction == "t2v" else {"recall_at_10": 1.0, "recall_queries": None,
-                                                           "search_params": None, "exact": True}
+        recall = self.recall() if direction == "t2v" else how or {"recall_at_10": 1.0, "recall_queries": None,
+                                                                  "search_params": None, "exact": True}
         return {"direction": direction, "query": query.get("q"), "video": query.get("video"), "results": results,
                 "normalizer": self.meta.get("normalizer") if direction == "t2v" else None, "k": k, **recall,
                 "latency_ms": {"encode": 1e3 * (t1 - t0), "search": 1e3 * (t2 - t1), "total": 1e3 * (t2 - t0)}}
@@ -139,7 +140,10 @@ class Searcher:
 
     def search_embedding(self, emb: np.ndarray, k: int, direction: str, *, video: str | None = None,
                          exclude: int | None = None, t0: float | None = None) -> dict[str, Any]:
-        """From a video embedding ``[D]`` (a gallery row or an uploaded video's)."""
+        """From a video embedding ``[D]`` (a gallery row or an uploaded video's), through the FAISS indexes:
+        ``v2v`` searches the gallery's index without its bias (a DN fold's shifted gallery moves every
+        score by one constant), ``v2t`` the captions' own ``texts.faiss``; the found rows are rescored
+        exactly from ``videos.npy`` / ``texts.npy``. Folders without them are searched exactly."""
         from xmodal.retrieval.search import top_k
 
         if direction not in ("v2v", "v2t"):
@@ -149,15 +153,57 @@ class Searcher:
         if direction == "v2v":
             if self.extras.videos is None:
                 raise LookupError("video: this index has no videos.npy (rewrite it with 'xmodal index')")
-            scores, rows = top_k(self.extras.videos, emb, k, exclude=exclude)
+            index = self.index.index
+            with self._lock:
+                found = index.search(emb[None, :], k + (exclude is not None), bias=False)
+            # FAISS's scores are the cosines where it stores the vectors as they are (not ivfpq's codes,
+            # not a DN fold's shifted gallery); else the found rows are rescored from videos.npy
+            exact_scores = index.kind in ("flat", "ivf", "hnsw") and self.meta.get("normalizer") != "dn"
+            scores, rows = _found(found, k, exclude) if exact_scores else \
+                _rescored(self.extras.videos, emb, found[1][0], k, exclude)
             results = self._videos(scores, rows)
+            how = self._how(self.index.index, self.meta.get("search_params"))
         else:
             if self.extras.texts is None:
                 raise LookupError("direction: this index has no captions for video -> text (build it with "
                                   "'xmodal index --data DIR' or '--texts FILE')")
-            scores, rows = top_k(self.extras.texts, emb, k)
+            if self.extras.texts_index is not None:
+                with self._lock:
+                    found = self.extras.texts_index.search(emb[None, :], k)
+                scores, rows = _found(found, k, None) if self.extras.texts_index.kind in ("flat", "ivf", "hnsw") else \
+                    _rescored(self.extras.texts, emb, found[1][0], k, None)
+                how = self._how(self.extras.texts_index, (self.meta.get("texts_index") or {}).get("search_params"))
+            else:
+                scores, rows = top_k(self.extras.texts, emb, k)
+                how = {"exact": True, "recall_at_10": 1.0, "recall_queries": None, "search_params": None}
             results = self._texts(scores, rows)
-        return self._answer(direction, results, k, (t0, t1, time.perf_counter()), video=video)
+        return self._answer(direction, results, k, (t0, t1, time.perf_counter()), how=how, video=video)
+
+    def _how(self, index: Any, params: Any) -> dict:
+        """The quality of a video-query search through ``index``: exact for flat, else approximate with
+        the recall not measured for video queries (the stored recall is the text queries')."""
+        exact = index.kind == "flat"
+        return {"exact": exact, "recall_at_10": 1.0 if exact else None, "recall_queries": None,
+                "search_params": None if exact else params}
+
+
+def _found(found: tuple, k: int, exclude: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS's ``(scores [1, k'], rows [1, k'])`` without ``-1`` and ``exclude``, at most ``k``."""
+    scores, rows = found[0][0], found[1][0]
+    keep = (rows >= 0) & (rows != (-2 if exclude is None else exclude))
+    return scores[keep][:k], rows[keep][:k]
+
+
+def _rescored(matrix: np.ndarray, emb: np.ndarray, rows: np.ndarray, k: int, exclude: int | None):
+    """``(scores, rows)`` of the found ``rows`` (``-1``: none) by ``matrix[row] . emb`` (float32), best
+    first, ties by the lower row; ``exclude`` left out; at most ``k``."""
+    rows = np.asarray([int(r) for r in rows if r >= 0 and r != exclude], dtype=np.int64)
+    if not rows.size:
+        return np.empty(0, np.float32), rows
+    scores = np.asarray(matrix[np.sort(rows)], dtype=np.float32) @ emb.astype(np.float32)
+    rows = np.sort(rows)
+    order = np.lexsort((rows, -scores))[:k]
+    return scores[order], rows[order]
 
 
 class IndexHolder:
@@ -177,7 +223,7 @@ class IndexHolder:
         self._failed: tuple[tuple, str] | None = None
 
     def _signature(self) -> tuple:
-        from xmodal.retrieval.search import INDEX_FILES
+        from xmodal.retrieval.build import INDEX_FILES
 
         out = []
         for name in INDEX_FILES:

@@ -172,18 +172,19 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
     video_bank = model.encode_video(*train.video_input(vi))
     ncl_bank = loss.query_bank() if hasattr(loss, "query_bank") else None
-    # up to HELDOUT_QUERIES further train texts / videos that no normaliser sees: an approximate
-    # index measures its recall on them (xmodal.retrieval.search.write_index)
-    rest_t, rest_v = np.setdiff1d(np.arange(train.num_texts), ti), np.setdiff1d(np.arange(train.num_videos), vi)
+    # up to HELDOUT_QUERIES further train texts that no normaliser sees, with the video of each: an
+    # approximate index measures its recall on the texts, and the index build measures whether folding
+    # the normaliser helps text -> video on its gallery with their videos added (xmodal.retrieval.build)
+    rest_t = np.setdiff1d(np.arange(train.num_texts), ti)
     hi = np.sort(g.choice(rest_t, min(HELDOUT_QUERIES, rest_t.size), replace=False))
-    hv = np.sort(g.choice(rest_v, min(HELDOUT_QUERIES, rest_v.size), replace=False))
+    hv = np.asarray(train.text_to_video)[hi]
     heldout = (model.encode_text(*train.text_input(hi)), model.encode_video(*train.video_input(hv))) \
-        if hi.size and hv.size else None
+        if hi.size else None
     return fit_test_time(tc.normalizers, text_bank=model.encode_text(*train.text_input(ti)), video_bank=video_bank,
                          ncl_bank=ncl_bank, temperature=model.temperature, iters=tc.sinkhorn_iters,
                          lam=tc.dn_lam, k=tc.qb_k, beta=tc.qb_beta, dn_bank=dn_bank,
                          dn_num_samples=tc.dn_num_samples, dn_seeds=tc.dn_seeds, dn_source=tc.dn_source,
-                         heldout_bank=heldout)
+                         heldout_bank=heldout, heldout_pairs=True)
 
 
 #: Train texts (and videos) embedded at the end of training besides the normalisers' banks.

@@ -1,0 +1,167 @@
+"""Which normaliser an index folds: the one that serves text -> video on the gallery it is folded into.
+
+A run selects its normaliser on its validation split, over both directions, on a gallery of its own
+size. Folded into a million-video index the same normaliser can hurt: NCL's / Sinkhorn's gallery
+bias, fitted from 2,000 train queries against 1M videos (500 videos a query), lowered text -> video
+R@1 from 45.00 to 32.25 (issue 34). So the index build measures before it folds
+(:func:`choose_fold`): held-out train captions of the run (``banks["heldout"]``, which no normaliser
+was fitted on; their videos are added to the gallery as if it held them, with the bias the fitted
+scaling gives them, :func:`xmodal.retrieval.index.gallery_bias`), or a split the user names, are
+ranked against the gallery with and without the fold (:func:`fold_ranks`), and the fold is kept only
+when it is clear of ``none`` by the paired rule of :mod:`xmodal.retrieval.selection` (the lower end
+of the paired bootstrap interval of its text -> video R@1 + R@5 + R@10 minus ``none``'s above 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["fold_ranks", "choose_fold", "heldout_pairs", "describe_choice"]
+
+#: Videos a bank query may stand for before the build says the bank is small for the gallery.
+SMALL_BANK_RATIO = 10
+
+
+def heldout_pairs(model: Any) -> dict | None:
+    """The run's held-out train captions with their videos: ``{"text": [H, D], "video": [U, D] (distinct
+    rows), "text_to_video": int [H] (rows of "video")}``, or None (runs whose held-out videos are not the
+    captions' own: trained before issue 34)."""
+    tt = getattr(model, "test_time", None)
+    banks = getattr(tt, "banks", None) or {}
+    if (getattr(tt, "hparams", None) or {}).get("heldout") != "pairs" or "heldout" not in banks:
+        return None
+    text, video = (b.detach().float().cpu() for b in banks["heldout"])
+    if not len(text) or len(text) != len(video):
+        return None
+    unique, t2v = np.unique(video.numpy(), axis=0, return_inverse=True)  # several captions of one video
+    return {"text": text, "video": torch.from_numpy(np.ascontiguousarray(unique)),
+            "text_to_video": t2v.reshape(-1).astype(np.int64)}
+
+
+def _column_terms(folded: dict, rows: torch.Tensor, extra: bool, start: int = 0) -> torch.Tensor:
+    """Per-video terms that turn a block's cosine scores into the fold's, up to a constant per query:
+    ``bias_j`` (Sinkhorn / NCL) and, for DN, ``-lam mu_x . y_j`` (``(x - a) . (y - b)`` ranks as
+    ``x . y - a . y``)."""
+    terms = torch.zeros(rows.shape[0])
+    shift = folded.get("query_shift")
+    if shift is not None:
+        terms -= rows.float() @ torch.as_tensor(shift, dtype=torch.float32)
+    bias = folded.get("extra_bias" if extra else "bias")
+    if bias is None:
+        return terms
+    return terms + torch.as_tensor(bias, dtype=torch.float32).cpu()[start:start + rows.shape[0]]
+
+
+@torch.no_grad()
+def fold_ranks(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, extra: Any = None,
+               block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Text -> video ranks ``(without the fold, with it)`` of ``queries`` against the gallery ``rows``
+    (``[N, D]``, a tensor or a row source read in blocks) followed by the ``extra`` videos (``[U, D]``).
+
+    Args:
+        rows: the gallery's embeddings (not shifted).
+        folded: :func:`xmodal.retrieval.index.fold_run_normalizer` of ``rows`` (with ``extra=``: its
+            ``"extra_bias"`` is the added videos' bias).
+        queries: L2-normalised caption embeddings ``[H, D]``.
+        text_to_video: int ``[H]``: each caption's video, a row of the measurement gallery (``< N``:
+            a gallery row; ``N + u``: row ``u`` of ``extra``).
+        block_rows: gallery rows per block (default: about 4M scores a block).
+
+    Returns:
+        int64 ``[H]`` 1-based ranks, pessimistic ties (every other video scoring at least as high
+        comes first), without and with the fold.
+
+    Shape:
+        rows ``[N, D]``, queries ``[H, D]``, text_to_video ``[H]``, extra ``[U, D]`` -> ``[H]``, ``[H]``.
+    """
+    from xmodal._validate import float_matrix, positive_int
+
+    q = float_matrix(queries, "queries").detach().float().cpu()
+    n = int(rows.shape[0])
+    x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
+    total = n + (0 if x is None else x.shape[0])
+    t2v = torch.as_tensor(np.asarray(text_to_video, dtype=np.int64))
+    if t2v.shape != (q.shape[0],) or int(t2v.min()) < 0 or int(t2v.max()) >= total:
+        raise ValueError(f"text_to_video: expected {q.shape[0]} rows in [0, {total})")
+    block_rows = positive_int(block_rows, "block_rows") if block_rows is not None else \
+        max(256, (1 << 22) // max(1, q.shape[0]))
+
+    def blocks():  # (start, raw rows, fold terms) of the measurement gallery
+        for start in range(0, n, block_rows):
+            g = rows[start:min(n, start + block_rows)]
+            g = torch.as_tensor(g.numpy() if hasattr(g, "numpy") else np.asarray(g)).float()
+            yield start, g, _column_terms(folded, g, extra=False, start=start)
+        if x is not None:
+            yield n, x, _column_terms(folded, x, extra=True)
+
+    # the positives' own scores (a dot product each, the same numbers as in their block's GEMM row)
+    pos = torch.empty((q.shape[0], q.shape[1]))
+    pos_terms = torch.empty(q.shape[0])
+    for start, g, terms in blocks():
+        inside = (t2v >= start) & (t2v < start + g.shape[0])
+        if bool(inside.any()):
+            pos[inside] = g[t2v[inside] - start]
+            pos_terms[inside] = terms[t2v[inside] - start]
+    own = (q * pos).sum(1)
+    counts = [torch.zeros(q.shape[0], dtype=torch.int64) for _ in range(2)]
+    for start, g, terms in blocks():
+        s = q @ g.T
+        mine = (t2v[:, None] == torch.arange(start, start + g.shape[0])[None, :])  # each caption's own video
+        for c, scores, target in ((counts[0], s, own), (counts[1], s + terms[None, :], own + pos_terms)):
+            c += ((scores >= target[:, None]) & ~mine).sum(1)
+    return (1 + counts[0]).numpy(), (1 + counts[1]).numpy()
+
+
+def _recalls(ranks: np.ndarray) -> dict:
+    return {f"R@{k}": float(100.0 * np.mean(ranks <= k)) for k in (1, 5, 10)}
+
+
+def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, extra: Any = None,
+                level: float = 0.95, n_boot: int = 10000, seed: int = 0) -> dict:
+    """Whether the fold ``folded`` (a candidate's index form) is clear of ``none`` for text -> video on
+    this gallery: :func:`fold_ranks`, then the paired bootstrap of the per-query
+    ``100 * ([r <= 1] + [r <= 5] + [r <= 10])`` (fold minus none, queries resampled).
+
+    Returns:
+        ``{"candidate", "chosen", "rule", "metric", "queries", "none": {R@1, R@5, R@10},
+        "fold": {R@1, R@5, R@10}, "test": {"diff", "ci_low", "ci_high", "p_value", "clear"}}``;
+        ``chosen`` is the candidate when clear, else ``"none"``.
+    """
+    from xmodal.metrics.paired import paired_strata_test
+
+    a, b = fold_ranks(rows, folded, queries, text_to_video, extra=extra)
+    hits = lambda r: 100.0 * sum((r <= k).astype(np.float64) for k in (1, 5, 10))  # noqa: E731
+    t = paired_strata_test([(hits(a), hits(b), 1.0)], n_boot=n_boot, seed=seed, level=level)
+    clear = bool(t["ci_low"] > 0)
+    return {"candidate": folded["normalizer"], "chosen": folded["normalizer"] if clear else "none",
+            "rule": "paired", "metric": "t2v R@1+R@5+R@10", "level": float(level), "queries": int(len(a)),
+            "none": _recalls(a), "fold": _recalls(b),
+            "test": {"diff": t["diff"], "ci_low": t["ci_low"], "ci_high": t["ci_high"], "p_value": t["p_value"],
+                     "clear": clear}}
+
+
+def describe_choice(record: dict) -> str:
+    """One line: how the index's normaliser was chosen (``xmodal index`` prints it, the search page shows it)."""
+    if not isinstance(record, dict):
+        return ""
+    if "test" not in record:
+        return str(record.get("why", ""))
+    cand, n, f, t = record["candidate"], record["none"], record["fold"], record["test"]
+    where = f"{record['queries']:,} {record.get('source', 'captions')}"
+    if record.get("added_videos"):
+        where += f" (their {record['added_videos']:,} videos added to the {record.get('gallery', 0):,}-video gallery)"
+    verdict = (f"{cand} is clear of none, folded" if t["clear"] else f"{cand} is not clear of none, none folded")
+    return (f"measured on {where}: {cand} t2v R@1 {f['R@1']:.2f} / R@10 {f['R@10']:.2f} vs none "
+            f"{n['R@1']:.2f} / {n['R@10']:.2f}; R@1+5+10 {t['diff']:+.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]: "
+            f"{verdict}")
+
+
+def bank_note(name: str, bank_rows: int, gallery: int) -> str | None:
+    """A line when a Sinkhorn / NCL bank is much smaller than the gallery its bias is fitted on."""
+    if name not in ("sinkhorn", "ncl") or bank_rows <= 0 or gallery <= SMALL_BANK_RATIO * bank_rows:
+        return None
+    return (f"the {name} bias is fitted from {bank_rows:,} stored train queries against {gallery:,} videos "
+            f"({gallery // bank_rows:,} videos a query): a bank much smaller than the gallery")
