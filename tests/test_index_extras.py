@@ -76,7 +76,7 @@ def test_more_like_this_goes_through_the_faiss_index(run_dir, tmp_path, monkeypa
 
     out = tmp_path / "idx"
     build(run_dir, out, "--kind", "flat", "--normalizer", normalizer)
-    searcher = Searcher(out, text_encoder="minilm")
+    searcher = Searcher(out, text_encoder="none")
     monkeypatch.setattr(search, "top_k", lambda *a, **k: pytest.fail("brute force instead of the index"))
     videos = xmodal.load_model(run_dir / "run").encode_video(np.load(run_dir / "v.npy")).numpy()
     for item in (0, 17, 2999):
@@ -93,7 +93,7 @@ def test_an_approximate_index_answers_more_like_this_from_its_cells(run_dir, tmp
 
     out = tmp_path / "idx"
     build(run_dir, out, "--kind", "ivf", "--normalizer", "none")
-    searcher = Searcher(out, text_encoder="minilm")
+    searcher = Searcher(out, text_encoder="none")
     body = searcher.search_video("5", 10)
     assert body["exact"] is False and body["recall_at_10"] is None
     assert body["search_params"] == json.loads((out / "meta.json").read_text())["search_params"]
