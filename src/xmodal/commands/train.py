@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from xmodal.commands import Parser, add_common_args, apply_threads, progress_enabled
+from xmodal.commands import Parser, add_common_args, apply_threads
 
 NAME = "train"
 HELP = "train a two-tower head on pre-extracted features (YAML config + overrides)"
@@ -134,14 +134,14 @@ def _check_config_outside(config: str, out: str, cfg) -> None:
                      f"keep the config outside the run directory")
 
 
-def _progress(args: argparse.Namespace, cfg) -> bool:
-    """``--progress/--no-progress`` as given; else bars only on a terminal (never into a
-    redirected log file) and only if the config's ``train.progress`` allows them."""
+def _progress(args: argparse.Namespace, cfg) -> bool | None:  # noqa: ARG001 - cfg: train() reads it
+    """``--progress/--no-progress`` as given (``--quiet``: nothing); else None: bars on a terminal when
+    the config's ``train.progress`` allows them, a progress line every 30 s otherwise (a log file)."""
     if getattr(args, "quiet", False):
         return False
     if getattr(args, "progress", None) is not None:
         return bool(args.progress)
-    return progress_enabled(args) and bool(cfg.train.progress)
+    return None
 
 
 _WIDTHS = {"R@1": 7, "R@5": 6, "R@10": 6, "MdR": 6, "MnR": 7}

@@ -220,7 +220,7 @@ class Trackers:
     until :meth:`flush` (after the epoch's checkpoint); a tracker that fails later is warned about once
     and dropped, so training goes on."""
 
-    def __init__(self, out: Path, log_to: tuple, *, history: list[dict]) -> None:
+    def __init__(self, out: Path, log_to: tuple, *, history: list[dict], resumed: bool | None = None) -> None:
         from xmodal._validate import short_repr
 
         if not isinstance(out, (str, os.PathLike)):
@@ -232,19 +232,23 @@ class Trackers:
             raise TypeError(f"history: expected a list of epoch records, got {short_repr(history)}")
         self.out = Path(out)
         names = [n for n in TRACKERS if n in log_to]
+        if resumed is not None and not isinstance(resumed, bool):
+            raise TypeError(f"resumed: expected True, False or None, got {short_repr(resumed)}")
         self.pending: list[tuple[int, dict[str, float]]] = []
-        state = read_state(self.out) if history else {}
-        self.epochs_sent = int(state.get("epochs_sent", 0)) if history else 0
+        # resumed: from a checkpoint (with history, or one inside the first epoch): reopen the tracker runs
+        resumed = bool(history) if resumed is None else bool(resumed)
+        state = read_state(self.out) if resumed else {}
+        self.epochs_sent = int(state.get("epochs_sent", 0)) if resumed else 0
         self.trackers = []
         for n in names:
             try:
-                self.trackers.append(_CLASSES[n](self.out, state.get(n) if history else None))
+                self.trackers.append(_CLASSES[n](self.out, state.get(n) if resumed else None))
             except ValueError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a server that does not answer, a store it cannot open
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 raise ValueError(f"train.log_to: {n} could not start ({type(exc).__name__}: {first})") from None
-        self.resumed = bool(history)
+        self.resumed = resumed
         if self.trackers:
             self._save()
 
