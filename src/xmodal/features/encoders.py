@@ -198,7 +198,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                        fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32,
                        truncated: str = "keep", max_side: int | None = ENCODE_MAX_SIDE,
                        max_pixels: int | None = None, on_note: Callable[[str], None] | None = None,
-                       on_frames: Callable[[int], None] | None = None):
+                       on_frames: Callable[[int], None] | None = None, workers: int = 1):
     """Encode video files' frames, streamed and batched across videos; yield each video when it is done.
 
     Each file is decoded one frame at a time (:mod:`xmodal.features.video`): decode -> sample ->
@@ -220,14 +220,15 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
             :data:`xmodal.features.video.DEFAULT_MAX_PIXELS`).
         on_note: called with one line per truncated file that is kept (default: ``warnings.warn``).
         on_frames: called with the number of frames of each forward pass (progress within a video).
+        workers: processes decoding the videos (:class:`xmodal.features.decoders.Decoders`); 1 decodes
+            in this process. The frames reach the encoder in the same order and batches either way, so
+            the features are the same, bit for bit.
 
     Yields:
         ``(index, result)`` in input order, ``result`` being float32 ``[F, D]`` features or a
         ``ValueError`` naming the file that could not be encoded, whatever went wrong with it (a
         corrupt or empty file, no video stream, too large frames, out of memory ...): the others go on.
     """
-    from PIL import Image
-
     from xmodal.features import video
 
     video._check_sampling(frames, fps)
@@ -238,6 +239,9 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     video._check_limits(max_side, max_pixels)
     if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
         raise TypeError(f"paths: expected a list of video files, got {video._shown(paths)}")
+    from xmodal._validate import whole_number
+
+    workers = whole_number(workers, "workers", minimum=1)
     enc = get_encoder(model, "image")
     for fn, what in ((on_note, "on_note"), (on_frames, "on_frames")):
         if fn is not None and not callable(fn):
@@ -280,40 +284,60 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                 note(v.note)
             yield v.index, np.stack(v.rows).astype(np.float32, copy=False)
 
-    for i, path in enumerate(paths):
-        name = Path(os.fspath(path)).name if isinstance(path, (str, os.PathLike)) else f"paths[{i}]"
-        v = _Video(i, name)
-        pending.append(v)
-        try:
-            stream = video._sampled(video._path(path), frames=frames, fps=fps, max_pixels=int(max_pixels))
-            while True:
-                try:
-                    item = next(stream)
-                except StopIteration as stop:
-                    _, why = stop.value
-                    break
-                if item is video.RESTART:  # the count was wrong: the frames so far are not the sample
-                    v.generation, v.sent, v.rows = v.generation + 1, 0, []
-                    continue
-                buf.append((Image.fromarray(video.to_rgb(item[1], max_side)), v, v.generation))
-                v.sent += 1
-                if len(buf) >= bs:
-                    flush()
-                    yield from ready()
-            if v.sent == 0:
-                raise ValueError(f"{name}: no decodable video frame")
-            if why is not None:
-                if truncated == "skip":
-                    raise video.TruncatedVideo(f"{name}: truncated: {why}; skipped (--truncated keep encodes "
-                                               f"its frames)")
-                v.note = f"{name}: truncated: {why}; its frames are kept"
-        except (ImportError, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
-            v.error = exc if isinstance(exc, video.TruncatedVideo) else _named(exc, name)
-        v.decoded = True
-        yield from ready()
+    from xmodal.features.decoders import Decoders, video_events
+
+    names = [Path(os.fspath(p)).name if isinstance(p, (str, os.PathLike)) else f"paths[{i}]"
+             for i, p in enumerate(paths)]
+    settings = dict(frames=frames, fps=fps, max_side=max_side, max_pixels=int(max_pixels))
+    # several workers: each holds at most one batch of frames ahead (memory: workers x batch_size frames)
+    decoders = Decoders(paths, names, workers=workers, prefetch=bs, **settings) if workers > 1 else None
+    try:
+        for i, path in enumerate(paths):
+            v = _Video(i, names[i])
+            pending.append(v)
+            events = decoders.events(i) if decoders is not None else video_events(path, **settings)
+            yield from _encode_one(v, events, buf, bs, flush, ready, truncated)
+    finally:
+        if decoders is not None:
+            decoders.close()
     flush()
+    yield from ready()
+
+
+def _encode_one(v: "_Video", events, buf: list, bs: int, flush, ready, truncated: str):
+    """Send one video's sampled frames (its decoding ``events``, :mod:`xmodal.features.decoders`) to the
+    encoder's batches; yield the videos done meanwhile. A failure of this file is recorded on ``v``."""
+    from PIL import Image
+
+    from xmodal.features import video
+    from xmodal.features.decoders import END, RESTART
+
+    why = None
+    try:
+        for kind, value in events:
+            if kind == END:
+                why = value
+                break
+            if kind == RESTART:  # the count was wrong: the frames so far are not the sample
+                v.generation, v.sent, v.rows = v.generation + 1, 0, []
+                continue
+            buf.append((Image.fromarray(value), v, v.generation))
+            v.sent += 1
+            if len(buf) >= bs:
+                flush()
+                yield from ready()
+        if v.sent == 0:
+            raise ValueError(f"{v.name}: no decodable video frame")
+        if why is not None:
+            if truncated == "skip":
+                raise video.TruncatedVideo(f"{v.name}: truncated: {why}; skipped (--truncated keep encodes "
+                                           f"its frames)")
+            v.note = f"{v.name}: truncated: {why}; its frames are kept"
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
+        v.error = exc if isinstance(exc, video.TruncatedVideo) else _named(exc, v.name)
+    v.decoded = True
     yield from ready()
 
 

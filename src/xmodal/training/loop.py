@@ -264,7 +264,6 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     tc = cfg.train
     is_main = dist.rank() == 0
     mode = _progress_mode(progress, tc.progress, is_main)
-    show = mode == "bar"
     # the steps before, between and after the epochs: a line every 30 s while one lasts (also on a terminal)
     with Stages(show=None if mode else False) as stage:
         return _run(cfg, out, resume=resume, stop_after_epochs=stop_after_epochs, mode=mode, stage=stage,
