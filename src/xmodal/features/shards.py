@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["parse_shard", "shard_from_env", "in_shard", "write_summary", "read_summaries", "combine",
-           "SUMMARY_DIR"]
+__all__ = ["parse_shard", "shard_from_env", "in_shard", "read_summaries", "combine", "SUMMARY_DIR"]
 
 #: The folder inside ``FEATS`` that holds one summary per shard (hidden: not a video's features).
 SUMMARY_DIR = ".encode-shards"
@@ -45,9 +44,13 @@ def parse_shard(text: Any, flag: str = "--shard") -> tuple[int, int]:
     >>> parse_shard("2/8")
     (2, 8)
     """
+    if not isinstance(flag, str):
+        raise TypeError(f"flag: expected the option's name, got {type(flag).__name__}")
     m = re.fullmatch(r"\s*(\d{1,9})\s*/\s*(\d{1,9})\s*", text) if isinstance(text, str) else None
     if m is None:
-        raise ValueError(f"{flag}: expected K/N (shard K of N, e.g. 1/4), got {str(text)[:40]!r}")
+        from xmodal._validate import short_repr
+
+        raise ValueError(f"{flag}: expected K/N (shard K of N, e.g. 1/4), got {short_repr(text)}")
     k, n = int(m[1]), int(m[2])
     if not 1 <= k <= n:
         raise ValueError(f"{flag}: K must lie in 1..N, got {k}/{n}")
@@ -69,7 +72,9 @@ def shard_from_env(env: Any = None) -> tuple[int, int] | None:
     try:
         size, rank = int(size), int(rank)
     except ValueError:
-        raise ValueError(f"RANK/WORLD_SIZE: expected integers, got {str(rank)[:20]!r}/{str(size)[:20]!r}") from None
+        from xmodal._validate import short_repr
+
+        raise ValueError(f"RANK/WORLD_SIZE: expected integers, got {short_repr(rank)}/{short_repr(size)}") from None
     if size <= 1:
         return None
     if not 0 <= rank < size:
@@ -80,7 +85,9 @@ def shard_from_env(env: Any = None) -> tuple[int, int] | None:
 def _check(shard: Any) -> tuple[int, int]:
     if not (isinstance(shard, tuple) and len(shard) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
                                                                    for x in shard) and 1 <= shard[0] <= shard[1]):
-        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N, got {str(shard)[:40]}")
+        from xmodal._validate import short_repr
+
+        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N, got {short_repr(shard)}")
     return shard
 
 
@@ -181,7 +188,9 @@ def combine(summaries: dict[int, dict], n: int) -> dict:
                                                   for k, v in summaries.items()):
         raise TypeError("summaries: expected {K: shard summary} (read_summaries)")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n: expected a positive number of shards, got {str(n)[:20]}")
+        from xmodal._validate import short_repr
+
+        raise ValueError(f"n: expected a positive number of shards, got {short_repr(n)}")
     done = sorted(k for k in summaries if 1 <= k <= n)
     totals = {key: sum(summaries[k][key] for k in done) for key in _COUNTS if key != "collection"}
     hashes = {summaries[k].get("collection_hash") for k in done}

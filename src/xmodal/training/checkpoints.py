@@ -36,7 +36,7 @@ from xmodal.models import model_payload
 from xmodal.runs import RunDirError, load_checkpoint
 from xmodal.training.parts import generator_states, load_module_state, set_generator_states
 
-__all__ = ["CheckpointClock", "same_run_config", "payload", "restore", "rng_state", "set_rng_state"]
+__all__ = ["CheckpointClock", "same_run_config"]
 
 #: Config keys a resume may change: they say how the run is written, not what it computes.
 RESUME_MAY_CHANGE = (("train", "checkpoint_minutes"),)
