@@ -220,3 +220,30 @@ def test_progress_lines_without_a_terminal_before_inside_and_after_the_epochs(tm
     assert "clips/s, loss " in line and "about" in line and "left" in line  # rate, loss, time left
     train(_config({}, 1e-9), tmp_path / "quiet", progress=False, verbose=False)
     assert capsys.readouterr().err == ""
+
+
+def test_midepoch_resume_with_the_hierarchy(tmp_path, monkeypatch):
+    """Batches of whole groups, the global towers, CrossCLR's queue, RAdam and reduce-on-plateau."""
+    import numpy as np
+
+    from test_hierarchy import hier_split
+    from test_hierarchy_train import hier_config
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, name in enumerate(("train", "val", "test")):
+        s = hier_split(seed=10 + i, groups=24 if name == "train" else 10)
+        for role, arr in (("video_features", s.video), ("video_mask", s.video_mask), ("text_features", s.text),
+                          ("text_to_video", s.text_to_video), ("video_to_group", s.video_to_group)):
+            np.save(data / f"{name}_{role}.npy", arr)
+    full = hier_config(data, train={"epochs": 2, "checkpoint_minutes": 0})
+    cfg = hier_config(data, train={"epochs": 2, "checkpoint_minutes": 1e-9})
+    train(full, tmp_path / "full", progress=False, verbose=False)
+    with monkeypatch.context() as m:
+        _crash_at(m, 9)  # 6 batches of 4 groups per epoch: inside epoch 2
+        with pytest.raises(Crash):
+            train(cfg, tmp_path / "killed", progress=False, verbose=False)
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["state"]["batch"] == 2
+    torch.manual_seed(5)
+    train(cfg, tmp_path / "killed", progress=False, verbose=False)
+    _same_weights(_weights(tmp_path / "full"), _weights(tmp_path / "killed"))

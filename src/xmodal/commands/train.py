@@ -18,8 +18,12 @@ Overrides are section.key=value (values parsed as YAML), given after the config,
   xmodal train configs/synthetic.yaml --out runs/x loss.name=ncl --optim.lr 3e-4 --set train.seed=1
 
 An interrupted run resumes from DIR/checkpoint.pt (same final weights as an
-uninterrupted run); a resume over data files that changed since the run started is
-refused (--accept-changed-data goes on and records both sets of hashes).
+uninterrupted run), written at every epoch's end and, inside an epoch, every
+train.checkpoint_minutes (30; a killed long epoch resumes from that batch); a resume
+over data files that changed since the run started is refused (--accept-changed-data
+goes on and records both sets of hashes). Without a terminal, progress lines go to
+stderr every 30 s (XMODAL_PROGRESS_SECONDS) while the data loads, inside each epoch
+(batches, clips/s, time left) and while the run is evaluated.
 Multi-process: torchrun --nproc_per_node N -m xmodal train ..."""
 
 
