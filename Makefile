@@ -2,19 +2,20 @@
 #   make demo   -- main job on the embedded synthetic dataset (train, normalise, evaluate, table)
 #   make test   -- the whole test suite
 #   make bench  -- installs the bench-only references, then runs every bench in its quick mode
+#   make docs   -- builds the documentation site into site/ (mkdocs build --strict)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench docs venv clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU wheel pinned first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,serve,serve-test,tensorboard,video,onnx,mlflow,wandb]'
+	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,serve,serve-test,tensorboard,video,onnx,mlflow,wandb,docs]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,9 +26,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,serve,serve-test,tensorboard,video,onnx,mlflow,wandb,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,serve,serve-test,tensorboard,video,onnx,mlflow,wandb,docs,bench]'
 	# open_clip_torch without its dependencies: its torchvision requirement would replace torch.
 	$(BIN)/pip install --quiet --no-deps open_clip_torch
 	touch $(BENCH_STAMP)
@@ -39,4 +43,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_gpu.py --quick
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs site .pytest_cache .hypothesis

@@ -1,6 +1,6 @@
 """The Flickr8k paper-table claims as paired tests (issue 28): one `xmodal compare` per claim.
 
-Each claim of README's "The papers' methods on Flickr8k" table and of
+Each claim of docs/results/index.md's "The papers' methods on Flickr8k" table and of
 ``docs/results/flickr8k_paper_tables.md`` compares two columns of seed groups (runs of
 ``bench/f8k_sweep.py --variants bench/f8k_paper_variants.yaml --seeds 0,1,2``) on the dev
 queries: t2i (t2v) R@1 difference B - A, its 95 % bootstrap interval (queries resampled, each

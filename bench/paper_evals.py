@@ -3,7 +3,7 @@
 Given run directories written by ``xmodal train`` on Flickr8k (train -> dev), grouped by a
 label (e.g. the objective), print / write:
 
-1. **Linear probe and image-to-image retrieval by class** (Cali-NCE Sec. 4, "action
+1. **Linear probe and image-to-image retrieval by class** (Cali-NCE Sec. 5.1, "action
    recognition" and "video-to-video retrieval"): Flickr8k has no class labels, so an
    image's class is the k-means cluster (``--k``, seed 0) of its mean caption feature,
    fitted on the train images; dev images take the nearest centroid (cosine).
@@ -261,7 +261,7 @@ def tables(results: dict[str, list[dict]], runs: dict[str, list[Path]], dev, img
     parts = ["# Paper evaluations on Flickr8k dev (runs trained train -> dev)\n",
              "Numbers are mean ± std over the runs of each label (n = runs). Dev is also the split the runs "
              "were early-stopped and their normaliser selected on.\n",
-             f"## Linear probe and image-to-image retrieval by class (Cali-NCE Sec. 4)\n\n"
+             f"## Linear probe and image-to-image retrieval by class (Cali-NCE Sec. 5.1)\n\n"
              f"Classes: k-means (k={k}, seed 0) of each image's mean caption feature, fitted on train, dev by "
              "nearest centroid. Probe: logistic regression on frozen image embeddings, train -> dev, C chosen "
              "on a train hold-out. Retrieval: dev images query the other dev images, hit = same class.\n"]

@@ -1,4 +1,4 @@
-"""Peak memory of thumbnails and service under idle connections (issue 25 items 2, 3), for the README.
+"""Peak memory of thumbnails and service under idle connections (issue 25 items 2, 3), for docs/search.md.
 
     .venv/bin/python bench/serve_memory.py [--limit-gb 8] [--idle 64]
 

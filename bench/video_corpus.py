@@ -4,7 +4,7 @@ ProRes, mpeg4, mjpeg, MPEG-2; mp4, mkv, webm, avi, mov, MPEG-TS, MPEG-PS), odd s
 1 frame to 60 s, variable frame rate, audio, broken and truncated files, macOS leftovers, with ``pairs.csv``
 (the images' captions, 300/60/60 train/val/test); and a camera folder (subfolders, AVCHD ``.MTS``, ``.3gp``,
 ``.ts``/``.m2ts``, a file without extension, a folder named ``trip.mp4``, a FIFO, a symlink loop, a dangling
-link, hidden files) with ``camera_pairs.csv``. The README's "From video files" numbers come from running its
+link, hidden files) with ``camera_pairs.csv``. The "From video files" numbers (docs/video.md) come from running its
 commands on these (``--out /tmp/vcorpus``; seeded).
 
     python bench/video_corpus.py --out /tmp/vcorpus [--flickr ../shared/data/flickr8k] [--big]

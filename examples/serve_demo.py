@@ -1,4 +1,4 @@
-"""A searchable gallery of generated images for ``xmodal serve`` (the README's screenshot).
+"""A searchable gallery of generated images for ``xmodal serve`` (the screenshots of docs/search.md).
 
 Draws seeded pictures of coloured shapes with Pillow, encodes them with EfficientNet-Lite0 and
 their captions with MiniLM (extra ``[encoders]``, offline), trains a small run on them, and

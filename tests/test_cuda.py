@@ -1,7 +1,7 @@
 """CUDA paths: every GPU result equals the CPU result (skips without a GPU).
 
 Run on a machine with CUDA: ``python -m pytest tests/test_cuda.py``. CI machines have no
-GPU, so these tests skip there with a message; the README records the last GPU run.
+GPU, so these tests skip there with a message; docs/benchmarks.md records the last GPU run.
 """
 
 from __future__ import annotations

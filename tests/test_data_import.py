@@ -1,4 +1,4 @@
-"""``xmodal data import`` / ``check`` and the commands of the README's "Your data" section, end to end."""
+"""``xmodal data import`` / ``check`` and the commands of the "Your data" page (docs/data.md), end to end."""
 
 import csv
 import json
@@ -137,16 +137,13 @@ def test_check_lists_every_problem_and_exits_1(tmp_path, capsys):
 
 
 def _doc_blocks(lang):
-    """The code blocks of the README's "Your data" section (up to the next level-2 heading)."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("\n## Your data\n")
-    end = readme.find("\n## ", start + 1)
-    text = readme[start:end if end > 0 else None]
+    """The code blocks of the "Your data" page of the documentation (docs/data.md)."""
+    text = (ROOT / "docs" / "data.md").read_text()
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
 def test_the_commands_of_readme_your_data_run(tmp_path, one_thread):
-    """Runs the bash blocks of the README's "Your data" section verbatim (xmodal = this checkout's CLI)
+    """Runs the bash blocks of the "Your data" page verbatim (xmodal = this checkout's CLI)
     on an example pairs.csv, then its Python blocks."""
     # The "From video files" block needs real video files: tests/test_video_encode.py runs that path.
     blocks = [b for b in _doc_blocks("bash") if "xmodal encode videos" not in b]
@@ -163,4 +160,4 @@ def test_the_commands_of_readme_your_data_run(tmp_path, one_thread):
     assert "ok: no problems" in res.stdout and "selected normaliser" in res.stdout
     assert (tmp_path / "runs" / "mine" / "model.pt").is_file()
     for block in _doc_blocks("python"):
-        exec(compile(block, "README.md (Your data)", "exec"), {})
+        exec(compile(block, "docs/data.md", "exec"), {})

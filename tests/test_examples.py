@@ -1,4 +1,4 @@
-"""The README's library tour (examples/tour.py) runs as documented."""
+"""The library tour of docs/getting-started.md (examples/tour.py) runs as documented."""
 import os
 import subprocess
 import sys

@@ -16,7 +16,7 @@ def _scores(k, n, seed=0, scale=1.0):
 
 
 def plain_sinkhorn(s, gamma, iters, r=None, c=None):
-    """Textbook Sinkhorn-Knopp in the exp domain with explicit loops (NCL eqs. 9-10):
+    """Textbook Sinkhorn-Knopp in the exp domain with explicit loops (NCL eqs. 7-9):
     alpha_i = r_i / sum_j M_ij beta_j ; beta_j = c_j / sum_i alpha_i M_ij ; beta starts at 1."""
     k, n = s.shape
     r = [1 / k] * k if r is None else list(r / r.sum())

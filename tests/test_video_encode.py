@@ -291,7 +291,7 @@ def test_list_file_relative_paths(tmp_path):
 @needs_encoder
 @pytest.mark.usefixtures("one_thread")
 def test_videos_to_trained_run(tmp_path, capsys):
-    """README "From video files": encode videos -> data import -> data check -> train (1 epoch)."""
+    """docs/video.md ("From video files"): encode videos -> data import -> data check -> train (1 epoch)."""
     rng = np.random.default_rng(0)
     vids = tmp_path / "my_videos"
     vids.mkdir()

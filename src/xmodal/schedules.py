@@ -86,7 +86,13 @@ class Constant(Schedule):
 
 
 class Cosine(Schedule):
-    """TS++ eq. 4.1: ``base + (alpha (1 + cos(2 pi t / period)) - alpha) / 2``."""
+    """TS++ eq. 4.1: ``base + (alpha (1 + cos(2 pi t / period)) - alpha) / 2``.
+
+    Examples:
+        >>> s = Cosine(0.07, 0.06, 100)       # base 0.07, amplitude 0.06, period 100 steps
+        >>> round(s(0), 3), round(s(25), 3), round(s(50), 3)
+        (0.1, 0.07, 0.04)
+    """
 
     def __init__(self, base: float, alpha: float, period: int, *, allow_zero: bool = False) -> None:
         self.base, self.alpha = _number(base, "base"), _number(alpha, "alpha")
@@ -130,6 +136,11 @@ class ClassTemperature:
 
     Shape:
         ``values``: ``[C]`` float64; ``per_sample(class_ids [B], step)`` -> ``[B]``.
+
+    Examples:
+        >>> ct = ClassTemperature([100, 10, 1], t_min=0.04, t_max=0.1)   # class 0 is the most frequent
+        >>> [round(float(t), 4) for t in ct.values]
+        [0.1, 0.0455, 0.04]
     """
 
     allow_zero = False

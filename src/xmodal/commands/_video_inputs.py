@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, group: Any = None, data: b
                         "(else refused: they look zero-padded)")
     if data:
         g.add_argument("--data", metavar="DIR", help="instead of --video-features: a data directory in the "
-                       "layout of the README's 'Your data' (frame masks and experts included)")
+                       "layout of docs/data.md (frame masks and experts included)")
         g.add_argument("--split", default="test", help="split of --data (default test)")
 
 

@@ -6,11 +6,16 @@ import argparse
 
 NAME = "data"
 HELP = "import a table of (video, caption) pairs into the data layout, or check a data directory"
-DESCRIPTION = """Your own data in the layout xmodal train reads (README.md, "Your data"):
+DESCRIPTION = """Your own data in the layout xmodal train reads (docs/data.md, "Your data"):
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
                      [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...] [--max-frames N]
   xmodal data check mydata [--split train ...] [--config CONFIG]
+  xmodal data synthetic --out synth [--seed 0]
+
+synthetic: writes the embedded default dataset (xmodal.data.synthetic: train 2,000 videos x 3
+captions, val and test 500 videos) as a layout, the splits 'data.name: synthetic' generates for
+train.seed = --seed, so every command that reads a data folder can be tried on it.
 
 import: pairs.csv (header: video_id,caption[,split]; UTF-8 with or without BOM, ',' or ';')
 or pairs.jsonl (clips inside long videos: header
@@ -74,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the training config: its data.train_split / val_split / test_split are the "
                           "split names expected (default train, val, test)")
     add_common_args(chk, threads=None, progress=False)
+    syn = sub.add_parser("synthetic", help="write the embedded synthetic default dataset as a data layout")
+    syn.add_argument("--out", required=True, help="output data directory (new, or one written by this command)")
+    syn.add_argument("--seed", type=int, default=0, help="the generator's seed (train.seed of a synthetic run)")
+    add_common_args(syn, threads=None, progress=False)
 
 
 def summarize(arrays: dict) -> list[str]:
@@ -107,6 +116,17 @@ def check(root: str, splits: list[str] | None = None) -> tuple[dict[str, list[st
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "synthetic":
+        from xmodal.data.synthetic import write_synthetic
+
+        if args.seed < 0:
+            raise ValueError(f"--seed: expected a non-negative integer, got {args.seed}")
+        splits = write_synthetic(args.out, seed=args.seed)
+        for name, split in splits.items():
+            print(f"{name}: {split.num_videos} videos, {split.num_texts} texts")
+        print(f"wrote {args.out} (train on it with: xmodal train configs/synthetic.yaml --out RUN "
+              f"data.name=paired data.root={args.out})")
+        return 0
     if args.action == "import":
         from xmodal.data.importer import import_pairs, parse_experts
 

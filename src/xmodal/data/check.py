@@ -221,7 +221,7 @@ def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
     found = layout.splits_in(root) if splits is None else list(_strings(splits, "splits"))
     found = found or layout.splits_in(root)
     if not found:
-        raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see the README "
+        raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see docs/data.md "
                          f"section 'Your data')")
     problems, summaries, arrays = {}, {}, {}
     for split in found:

@@ -1,6 +1,6 @@
 """The paired-split file layout: the one place that names its files.
 
-A split ``S`` of a data directory holds (``README.md, "Your data"``; aliases in brackets
+A split ``S`` of a data directory holds (``docs/data.md``; aliases in brackets
 are the Flickr8k names of ``../shared/data/flickr8k``)::
 
     S_video_features.npy   float [N, Dv] or [N, F, Dv]        (S_image_features.npy)

@@ -1,5 +1,5 @@
 """Loader for the paired-split directory layout (:mod:`xmodal.data.layout`,
-``README.md, "Your data"``); ``../shared/data/flickr8k`` uses its Flickr8k aliases.
+``docs/data.md``); ``../shared/data/flickr8k`` uses its Flickr8k aliases.
 
 :func:`inspect_split` reads everything it can and lists every problem; the loader
 raises them all in one ``ValueError``, ``xmodal data check`` prints them.

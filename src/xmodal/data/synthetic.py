@@ -42,6 +42,9 @@ what test-time normalisation corrects; the effect is modest, as on real data).
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import numpy as np
 
 from xmodal._validate import positive_number, short_repr
@@ -251,3 +254,65 @@ def _shuffle_pairs(text: np.ndarray, text_labels: np.ndarray, t2v: np.ndarray, f
     text, text_labels = text.copy(), text_labels.copy()
     text[rows], text_labels[rows] = text[src], text_labels[src]
     return text, text_labels
+
+
+#: The layout roles :func:`write_synthetic` writes (and so may replace on a second run).
+SYNTHETIC_ROLES = ("video", "text", "text_to_video", "video_labels", "text_labels")
+
+
+def write_synthetic(out: str | os.PathLike, *, seed: int = 0, **knobs: Any) -> dict[str, PairedSplit]:
+    """Write :func:`synthetic` (``train``, ``val``, ``test``) as a data layout under ``out``.
+
+    The folder is built beside ``out`` and renamed at the end (a failure leaves the previous
+    folder as it was); a second call replaces the files of the first, and an ``out`` holding
+    any other file is refused. ``xmodal train ... data.name=paired data.root=OUT`` then trains
+    on exactly the splits that ``data.name: synthetic`` generates for ``train.seed: seed``.
+
+    Args:
+        out: the data directory to write.
+        seed: the generator's seed (``train.seed`` of a synthetic run).
+        **knobs: keyword arguments of :func:`synthetic`.
+
+    Returns:
+        The splits written, ``{"train", "val", "test"}``.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp()) / "synth"
+    >>> splits = write_synthetic(root, num_train=20, num_val=5, num_test=5)
+    >>> sorted(p.name for p in root.iterdir())[:3]
+    ['test_text_features.npy', 'test_text_labels.npy', 'test_text_to_video.npy']
+    """
+    import shutil
+    from pathlib import Path
+
+    from xmodal.data import layout
+    from xmodal.data.importer import _pid_alive, _publish
+
+    splits = synthetic(seed=seed, **knobs)
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ValueError(f"out: {out} is a file or a symbolic link; give a folder")
+    if out.is_dir():  # only files an earlier write_synthetic wrote may be replaced
+        foreign = sorted(p.name for p in out.iterdir() if not (p.is_file() and not p.is_symlink() and (
+            (parsed := layout.parse(p.name)) is not None and parsed[3] and parsed[1] in SYNTHETIC_ROLES)))
+        if foreign:
+            raise ValueError(f"out: {out} holds {len(foreign)} file(s) that 'xmodal data synthetic' does not write "
+                             f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); give a new or "
+                             f"empty folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in out.parent.glob(f".{out.name}.synthetic-*"):  # left by a killed write
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)) and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.synthetic-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        for name, split in splits.items():
+            split.save(tmp, name)
+        _publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return splits

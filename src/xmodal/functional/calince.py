@@ -72,7 +72,7 @@ def correspondence_loss(match_logits: torch.Tensor, mismatch_logits: torch.Tenso
     Shape:
         ``[B, 2], [B, 2]`` -> scalar.
 
-    Example:
+    Examples:
         >>> import torch
         >>> logit = torch.log(torch.tensor([[0.2, 0.8]]))          # c = 0.8 on both pairs
         >>> round(correspondence_loss(logit, logit).item(), 4)      # -log 0.8 - log 0.2

@@ -3,9 +3,9 @@
 For an anchor ``x_i`` (video) with its pair ``y_i`` (text), ``delta(a, b) = exp(<z_a, z_b> / tau)``:
 
     L(x_i) = -log delta(x_i, y_i) / (delta(x_i, y_i) + sum_{y_k in N^E_i} delta(x_i, y_k)
-                                     + lambda sum_{x_k in N^R_i} delta(x_i, x_k))      (eqs. 3, 6)
+                                     + lambda sum_{x_k in N^R_i} delta(x_i, x_k))      (eqs. 2, 6)
 
-and symmetrically ``L(y_i)``; the loss is ``(L_x + L_y) / 2`` with ``L_x`` the weighted
+and symmetrically ``L(y_i)`` (eq. 3); the loss is ``(L_x + L_y) / 2`` with ``L_x`` the weighted
 mean ``sum_i w_i L(x_i) / sum_i w_i``. Sets (sec. 3.2 and Algorithm 1, in the modality of
 the anchor ``x``):
 

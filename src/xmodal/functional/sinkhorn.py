@@ -70,8 +70,8 @@ def log_sinkhorn(scores: torch.Tensor, *, gamma: float, iters: int,
         scores ``[K, N]`` -> ``[K]``, ``[N]``.
 
     Raises:
-        ValueError / TypeError: bad shapes, NaN/inf, non-positive ``gamma`` or
-        ``iters < 1``, negative marginals.
+        ValueError: bad shapes, NaN/inf, a non-positive ``gamma``, ``iters < 1`` or negative
+            marginals (``TypeError`` for a wrong type).
     """
     s = float_matrix(scores, "scores")
     gamma = positive_number(gamma, "gamma")

@@ -70,7 +70,7 @@ class CaliNCE(nn.Module):
     Shape:
         video, text ``[B, D]``; ``*_input`` ``[B, Dv]``, ``[B, Dt]``; ids ``[B]``; scalar out.
 
-    Example:
+    Examples:
         >>> import torch
         >>> g = torch.Generator().manual_seed(0)
         >>> v, t = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)

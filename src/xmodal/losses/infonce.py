@@ -39,6 +39,13 @@ class InfoNCE(nn.Module):
     Shape:
         video, text: ``[B, D]``; ``ids``: ``[B]``; ``temperature``: float or ``[B]``;
         output: scalar.
+
+    Examples:
+        >>> import torch; _ = torch.manual_seed(0)
+        >>> video, text = torch.randn(4, 8), torch.randn(4, 8)
+        >>> loss = InfoNCE(temperature=0.05)(video, text)
+        >>> loss.ndim, bool(InfoNCE(temperature=0.05)(video, video) < loss)   # matched pairs score lower
+        (0, True)
     """
 
     accepts = ("ids", "temperature", "t2v_temperature", "v2t_temperature")

@@ -82,6 +82,14 @@ class NCL(nn.Module):
 
     Shape:
         video, text: ``[B, D]``; ids: ``[B]``; returns a scalar.
+
+    Examples:
+        >>> import torch; _ = torch.manual_seed(0)
+        >>> ncl = NCL(temperature=0.05, queue_size=16)
+        >>> loss = ncl(torch.randn(4, 8), torch.randn(4, 8))
+        >>> text_queries, video_queries = ncl.query_bank()   # kept for the test-time biases
+        >>> loss.ndim, tuple(text_queries.shape)
+        (0, (4, 8))
     """
 
     accepts: tuple[str, ...] = ("ids", "temperature")

@@ -67,7 +67,7 @@ def caption_score(image_features: Any, caption_features: Any, *, references: Any
     Shape:
         image_features: [N, D]; caption_features: [N, D]; references: [N, R, D].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> caption_score(np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([[1.0, 1.0], [-1.0, 0.0]])).round(4)
         array([1.7678, 0.    ])
@@ -110,7 +110,7 @@ def kendall_tau(scores: Any, human: Any, *, variant: str = "c") -> float:
     Returns:
         tau in [-1, 1] (the papers' tables print ``100 * tau``).
 
-    Example:
+    Examples:
         >>> round(kendall_tau([0.1, 0.4, 0.3, 0.9], [1, 3, 2, 4], variant="b"), 3)
         1.0
     """

@@ -32,6 +32,14 @@ def normalization_error(sim: Any, temperature: float, target: Any = None) -> flo
 
     Shape:
         sim: [Q, G]; target: [G].
+
+    Examples:
+        >>> import numpy as np
+        >>> round(normalization_error(np.eye(3), temperature=0.1), 6)   # every item gets its share
+        0.0
+        >>> sim = np.array([[0.9, 0.1, 0.3], [0.2, 0.8, 0.1], [0.4, 0.7, 0.6]])
+        >>> round(normalization_error(sim, temperature=0.1), 4)
+        0.4914
     """
     s = similarity(sim, "sim")
     t = positive_number(temperature, "temperature")
@@ -60,6 +68,11 @@ def modality_gap(a: Any, b: Any) -> float:
 
     Shape:
         a: [N, D]; b: [M, D].
+
+    Examples:
+        >>> import numpy as np
+        >>> round(modality_gap(np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[1.0, 0.0], [1.0, 0.0]])), 4)
+        0.7071
     """
     x = similarity(a, "a").to(torch.float64)
     y = similarity(b, "b").to(torch.float64)

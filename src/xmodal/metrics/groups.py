@@ -53,7 +53,7 @@ def retrieval_by_group(sim: Any, positives: Any, groups: Any, ks: Sequence[int] 
     Shape:
         sim: [Q, G]; positives: [Q] or [Q, G]; groups: [Q].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> sim = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]])
         >>> r = retrieval_by_group(sim, np.array([0, 1, 1]), ["head", "tail", "tail"], ks=(1,))
@@ -85,7 +85,7 @@ def mir_by_group(sim: Any, relevancy: Any, groups: Any, *, ties: str = "pessimis
     Shape:
         sim: [Q, G]; relevancy: [Q, G]; groups: [Q].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> sim = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]])
         >>> rel = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
@@ -137,7 +137,7 @@ def head_tail_groups(class_ids: Any, *, class_counts: Any = None, tail_classes: 
     Returns:
         str array ``[N]`` of ``"head"`` / ``"tail"``.
 
-    Example:
+    Examples:
         >>> head_tail_groups([0, 0, 0, 1, 2], head_mass=0.5).tolist()
         ['head', 'head', 'head', 'tail', 'tail']
     """

@@ -46,7 +46,7 @@ def retrieval_mass(sim: Any, temperature: float) -> np.ndarray:
     Shape:
         sim: [Q, G] -> [G].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> retrieval_mass(np.array([[1.0, 0.0], [1.0, 0.0]]), 1.0).round(3)
         array([1.462, 0.538])
@@ -140,7 +140,7 @@ def fn_fp_by_mass(sim: Any, positives: Any, temperature: float, *, bins: Any = 1
     Shape:
         sim: [Q, G]; positives: [Q] or [Q, G].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> sim = np.array([[0.9, 0.1, 0.0], [0.8, 0.2, 0.1], [0.7, 0.1, 0.3]])
         >>> r = fn_fp_by_mass(sim, np.array([0, 1, 2]), 0.1, bins=[0.0, 1.0, 3.0])

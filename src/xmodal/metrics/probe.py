@@ -1,11 +1,11 @@
 """Class-label evaluations of frozen embeddings: linear probe, zero-shot, label retrieval.
 
-* :func:`linear_probe`: Cali-NCE (Zhao et al.) Sec. 4 "Video action recognition": a
+* :func:`linear_probe`: Cali-NCE (Zhao et al.) Sec. 5.1 "Video action recognition": a
   linear classifier (the paper: linear SVM) trained on frozen video embeddings.
 * :func:`zero_shot`: DN (Zhou et al., NeurIPS 2023) Sec. 4.1 / 4.4: class prompts are
   the gallery, each image is assigned its most similar classes; DN (eq. 7) is applied
   to both sides before the cosine.
-* :func:`label_retrieval`: Cali-NCE Sec. 4 "Video-to-video retrieval": cosine nearest
+* :func:`label_retrieval`: Cali-NCE Sec. 5.1 "Video-to-video retrieval": cosine nearest
   neighbours; a query succeeds at K if a video of its class is among its top K.
 
 Top-k accuracies use the pessimistic tie rule of :func:`xmodal.metrics.retrieval`:
@@ -69,7 +69,7 @@ def linear_probe(train_features: Any, train_labels: Any, test_features: Any, tes
     Shape:
         train_features: [N, D]; train_labels: [N]; test_features: [M, D]; test_labels: [M].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> rng = np.random.default_rng(0)
         >>> y = np.repeat(np.arange(3), 20)
@@ -143,7 +143,7 @@ def zero_shot(features: Any, class_embeddings: Any, labels: Any, *, ks: Sequence
     Shape:
         features: [N, D]; class_embeddings: [C, D]; labels: int [N] in [0, C).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> zero_shot(np.array([[1.0, 0.1], [0.2, 1.0]]), np.eye(2), np.array([0, 0]), ks=(1,))
         {'top1': 50.0}
@@ -182,7 +182,7 @@ def label_retrieval(embeddings: Any, labels: Any, ks: Sequence[int] = (1, 5, 10,
     Shape:
         embeddings: [N, D]; labels: [N]; gallery: [G, D]; gallery_labels: [G].
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> e = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
         >>> label_retrieval(e, np.array([0, 0, 1, 1]), ks=(1,))["R@1"]

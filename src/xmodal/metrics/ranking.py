@@ -65,6 +65,13 @@ def retrieval(sim: Any, positives: Any, ks: Sequence[int] = (1, 5, 10, 50),
 
     Shape:
         sim: [Q, G]; positives: [Q] or [Q, G].
+
+    Examples:
+        >>> import numpy as np
+        >>> sim = np.array([[0.9, 0.1, 0.3], [0.2, 0.8, 0.1], [0.4, 0.7, 0.6]])
+        >>> r = retrieval(sim, [0, 1, 2], ks=(1, 5))
+        >>> round(r["R@1"], 2), r["R@5"], r["MdR"]
+        (66.67, 100.0, 1.0)
     """
     s = similarity(sim, "sim")
     ks = check_ks(ks)
@@ -130,6 +137,13 @@ def text_video(sim_tv: Any, text_to_video: Any, ks: Sequence[int] = (1, 5, 10, 5
 
     Shape:
         sim_tv: [num_texts, num_videos]; text_to_video: int [num_texts].
+
+    Examples:
+        >>> import numpy as np
+        >>> sim = np.array([[0.9, 0.1], [0.7, 0.2], [0.3, 0.8]])   # 3 captions x 2 videos
+        >>> r = text_video(sim, [0, 0, 1], ks=(1,))
+        >>> r["t2v"]["R@1"], r["v2t"]["R@1"]
+        (100.0, 100.0)
     """
     ks = check_ks(ks)
     counts = _text_video_counts(sim_tv, text_to_video, ties, v2t, block_size)

@@ -1,16 +1,14 @@
 """Test-time similarity normalisers (one interface: ``fit`` on banks, ``__call__``
 on a similarity block, ``uses_test_queries``, ``state_dict``/``from_state_dict``).
 
-=============  =============================  ==================================
-key            class                          statistics used
-=============  =============================  ==================================
-``none``       :class:`Identity`              none
-``dn``         :class:`DistributionNormalization`  sample means of queries/gallery
-``sinkhorn``   :class:`SinkhornBias`          query bank (train, or test = oracle)
-``qbnorm``     :class:`QBNorm`                query bank
-``is``         :class:`InvertedSoftmax`       query bank
-``dsl``        :class:`DualSoftmax`           the test queries (or a bank)
-=============  =============================  ==================================
+| key | class | statistics used |
+|---|---|---|
+| ``none`` | :class:`Identity` | none |
+| ``dn`` | :class:`DistributionNormalization` | sample means of queries / gallery |
+| ``sinkhorn`` | :class:`SinkhornBias` | query bank (train, or test = oracle) |
+| ``qbnorm`` | :class:`QBNorm` | query bank |
+| ``is`` | :class:`InvertedSoftmax` | query bank |
+| ``dsl`` | :class:`DualSoftmax` | the test queries (or a bank) |
 
 Row-independent normalisers stream through
 ``xmodal.metrics.streaming_retrieval(..., **normalizer.streaming_kwargs())``;

@@ -68,7 +68,7 @@ class DistributionNormalization(Normalizer):
         tau: the temperature of eqs. 6 and 8 (CLIP's learned 0.01 by default; unused by eq. 7).
         coef: the sample coefficient of eq. 8 (paper: 0.5).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from xmodal.normalize import DistributionNormalization
         >>> g = torch.Generator().manual_seed(0)

@@ -296,6 +296,15 @@ class SinkhornBias(Normalizer):
         block_size: bank rows per block, or gallery items per block when :meth:`fit`
             reads ``S`` in gallery blocks (``K <= N``); auto when None.
         track_error: also measure the last iteration's error (one more pass).
+
+    Examples:
+        >>> import torch; _ = torch.manual_seed(0)
+        >>> unit = lambda x: torch.nn.functional.normalize(x, dim=1)
+        >>> bank, gallery = unit(torch.randn(64, 8)), unit(torch.randn(5, 8))
+        >>> sb = SinkhornBias(temperature=0.05).fit(bank, gallery)
+        >>> sim = bank[:3] @ gallery.T
+        >>> tuple(sb.bias.shape), torch.allclose(sb(sim), sim + sb.bias[None, :])
+        ((5,), True)
     """
 
     name = "sinkhorn"

@@ -140,7 +140,7 @@ class HierarchyData:
                  batch_size: int, text_mask_all: torch.Tensor | None = None) -> None:
         if split.video_to_group is None:
             raise ValueError(f"model.hierarchy: the training split {split.name or ''} has no groups; add "
-                             f"S_video_to_group.npy (README, 'Your data')")
+                             f"S_video_to_group.npy (docs/data.md, 'Clips inside long videos')")
         self.split, self.video_all, self.mask_all, self.text_all = split, video_all, mask_all, text_all
         self.text_mask_all = text_mask_all
         self.seed, self.batch_size = seed, batch_size
