@@ -40,8 +40,11 @@ import scale  # noqa: E402  (the layout generator and the process-tree memory sa
 XMODAL = str(Path(sys.executable).parent / "xmodal")
 
 
+SRC = str(HERE.parent / "src")  # --src: the xmodal sources the child processes run (e.g. another checkout)
+
+
 def _env(threads: int) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(HERE.parent / "src"))
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=SRC)
 
 
 def check_section(data: Path, work: Path, results: dict) -> None:
@@ -173,13 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-after", type=float, default=5.0,
                    help="seconds between the first mid-epoch checkpoint line and the SIGKILL")
     p.add_argument("--only", default="check,resume")
+    p.add_argument("--src", default=None, help="run the xmodal of this source folder (default: this checkout's "
+                   "src), e.g. an older checkout for a before/after comparison")
     p.add_argument("--json", default=None, help="also write the numbers here")
     args = p.parse_args(argv)
+    global SRC
+    SRC = str(Path(args.src).resolve()) if args.src else SRC
     work = Path(args.root) / f"n{args.videos}"
     data = work / "data"
     t0 = time.perf_counter()
     sizes = scale.make_layout(data, args.videos, gallery=False)
-    print(f"layout {data}: {sizes} ({time.perf_counter() - t0:.0f} s); machine load {os.getloadavg()[0]:.1f}")
+    print(f"layout {data}: {sizes} ({time.perf_counter() - t0:.0f} s); machine load {os.getloadavg()[0]:.1f}; "
+          f"xmodal from {SRC}")
     results: dict = {"videos": args.videos, "threads": args.threads, "load": os.getloadavg()}
     only = set(args.only.split(","))
     if "check" in only:

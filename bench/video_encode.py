@@ -16,7 +16,9 @@ clips where decoding costs what it costs on real footage: ``--clips`` clips of `
 ``--rate`` (30) fps, ``--seconds`` (10) s long, a smooth texture panning across the frame, encoded at
 ``--fps`` (1) frame per second (30 frames decoded per frame encoded). Both runs go through the CLI in
 this process, alternating, best of ``--repeats``, with ``--threads`` torch threads; the features of the
-two must be equal byte for byte.
+two must be equal byte for byte. Printed after them: decoding alone and encoding alone in one process,
+and the most overlapping the two can give. ``--stand-in`` replaces EfficientNet-Lite0 by an encoder that
+costs next to nothing (each frame's mean colour), as a GPU encoder nearly does next to CPU decoding.
 
     python bench/video_encode.py --workers 2 [--clips 8] [--size 1280x720] [--seconds 10] [--repeats 2]
 """
@@ -135,21 +137,56 @@ def make_footage(root: Path, n: int, *, width: int, height: int, rate: int, seco
     return paths
 
 
-def workers_run(src: Path, out: Path, workers: int, fps: float, batch: int) -> float:
+STAND_IN = "stand-in-mean-rgb"
+
+
+def _stand_in(images, *, batch_size, progress):
+    """An image encoder that costs next to nothing (each frame's mean R, G, B), as a GPU encoder nearly does
+    next to CPU decoding: the run then measures the decoding pipeline."""
+    return np.stack([np.asarray(im.convert("RGB"), np.float32).mean((0, 1)) for im in images])
+
+
+def workers_run(src: Path, out: Path, workers: int, fps: float, batch: int, model: str) -> float:
     from xmodal.cli import main as cli
 
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     rc = cli(["encode", "videos", str(src), "--out", str(out), "--fps", str(fps), "--batch-size", str(batch),
-              "--workers", str(workers), "--no-progress"])
+              "--workers", str(workers), "--no-progress", "--model", model])
     assert rc == 0, rc
     return time.perf_counter() - t0
+
+
+def components(paths: list[Path], fps: float, batch: int, model: str) -> tuple[float, float]:
+    """Seconds to decode the clips alone (sampled frames as RGB, in this process) and to encode those
+    frames alone (the image encoder, batches of ``batch``)."""
+    from PIL import Image
+
+    from xmodal.features.decoders import FRAME, video_events
+    from xmodal.features.encoders import ENCODE_MAX_SIDE, get_encoder
+
+    t0 = time.perf_counter()
+    frames = [Image.fromarray(v) for p in paths
+              for k, v in video_events(p, frames=None, fps=fps, max_side=ENCODE_MAX_SIDE, max_pixels=2**40)
+              if k == FRAME]
+    decode = time.perf_counter() - t0
+    enc = get_encoder(model, "image")
+    t0 = time.perf_counter()
+    for start in range(0, len(frames), batch):
+        enc.fn(frames[start:start + batch], batch_size=batch, progress=False)
+    return decode, time.perf_counter() - t0
 
 
 def workers_section(args: argparse.Namespace) -> None:
     import os
 
+    from xmodal.features.encoders import register_encoder
+
     w, h = (int(x) for x in args.size.lower().split("x"))
+    model = "efficientnet-lite0"
+    if args.stand_in:
+        register_encoder(STAND_IN, _stand_in, kind="image", overwrite=True)
+        model = STAND_IN
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         src = tmp / "footage"
@@ -160,14 +197,15 @@ def workers_section(args: argparse.Namespace) -> None:
         times: dict[int, list[float]] = {1: [], args.workers: []}
         for _ in range(args.repeats):  # alternating: the machine's load drifts
             for n in (1, args.workers):
-                times[n].append(workers_run(src, tmp / f"w{n}", n, args.fps, args.batch))
+                times[n].append(workers_run(src, tmp / f"w{n}", n, args.fps, args.batch, model))
+        decode, encode = components(sorted(src.glob("*.mp4")), args.fps, args.batch, model)
         feats = {n: {p.name: np.load(p) for p in sorted((tmp / f"w{n}").glob("*.npy"))} for n in times}
         frames = sum(f.shape[0] for f in feats[1].values())
         same = feats[1].keys() == feats[args.workers].keys() and all(
             feats[1][k].tobytes() == feats[args.workers][k].tobytes() for k in feats[1])
         one, many = min(times[1]), min(times[args.workers])
         decoded = args.clips * int(round(args.rate * args.seconds))
-        print(f"{args.clips} clips {w}x{h}, {args.rate} fps, {args.seconds:g} s (made in {made:.0f} s); --fps "
+        print(f"encoder {model}; {args.clips} clips {w}x{h}, {args.rate} fps, {args.seconds:g} s (made in {made:.0f} s); --fps "
               f"{args.fps:g}: {frames} frames encoded of {decoded} decoded; batch {args.batch}, {args.threads} torch "
               f"thread(s), {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; best of {args.repeats}")
         print("| --workers | wall | frames/s | x --workers 1 |")
@@ -176,6 +214,11 @@ def workers_section(args: argparse.Namespace) -> None:
             print(f"| {n} | {t:.1f} s ({', '.join(f'{x:.1f}' for x in times[n])}) | {frames / t:.2f} | "
                   f"{one / t:.2f} |")
         print(f"features of --workers {args.workers} equal to --workers 1, byte for byte: {same}")
+        cores = os.cpu_count() or 1
+        bound = (decode + encode) / max(encode, decode / max(1, min(args.workers, cores - 1)))
+        print(f"in one process, after the runs: decoding alone {decode:.1f} s, encoding alone {encode:.1f} s; with "
+              f"the encoder on one core and the decoders on the other {cores - 1}, --workers {args.workers} can at "
+              f"most give {bound:.2f}x on an otherwise idle machine")
 
 
 def main() -> None:
@@ -193,6 +236,8 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=30, help="--workers: frames per second of the clips")
     ap.add_argument("--seconds", type=float, default=10.0, help="--workers: length of each clip")
     ap.add_argument("--fps", type=float, default=1.0, help="--workers: frames encoded per second of video")
+    ap.add_argument("--stand-in", action="store_true",
+                    help="--workers: a stand-in encoder that costs nothing (a GPU's share, nearly): decoding alone")
     args = ap.parse_args()
     import torch
 

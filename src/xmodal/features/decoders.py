@@ -12,7 +12,8 @@ FFmpeg threads) while this process runs the image encoder on batches of frames:
   same order and in the same batches as with ``workers=1`` (decoding here): the features are bit-identical
   (``tests/test_video_workers.py``);
 - memory is bounded by the settings: each queue holds at most ``prefetch`` events (frames of at most
-  ``max_side`` x ``max_side`` pixels), whatever the videos' lengths;
+  ``max_side`` x ``max_side`` pixels), whatever the videos' lengths, and each worker's FFmpeg runs
+  ``min(2, cores // N)`` threads (at least one), so N workers do not multiply the decoders' frames;
 - a worker that dies (a decoder crash, the kernel's OOM killer) fails the video it was decoding, named,
   and a new worker takes over the rest of its share: one bad file never stops the others.
 
@@ -60,10 +61,14 @@ def video_events(path: Any, *, frames: int | None, fps: float | None, max_side: 
             yield FRAME, video.to_rgb(item[1], max_side)
 
 
-def _work(jobs: list[tuple[Any, str]], events: Any, settings: dict) -> None:
-    """A worker: decode ``jobs`` (path, name) in order, every event into ``events``."""
+def _work(jobs: list[tuple[Any, str]], events: Any, settings: dict, threads: int) -> None:
+    """A worker: decode ``jobs`` (path, name) in order, every event into ``events``, with ``threads``
+    FFmpeg threads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the encoding process stops the workers
+    from xmodal.features import video
     from xmodal.features.encoders import _named
+
+    video.DECODE_THREADS = threads  # this process's decoder only
 
     for path, name in jobs:
         try:
@@ -102,6 +107,11 @@ class Decoders:
         self.prefetch = whole_number(prefetch, "prefetch", minimum=1)
         self.settings = {"frames": frames, "fps": fps, "max_side": max_side, "max_pixels": int(max_pixels)}
         self.paths, self.names = list(paths), list(names)
+        from xmodal.features.video import DECODE_THREADS
+
+        # FFmpeg threads per worker: the cores shared out, at most DECODE_THREADS (which bounds the frames
+        # a decoder holds), at least one; N workers on N cores decode one thread each
+        self.threads = max(1, min(DECODE_THREADS, (os.cpu_count() or 1) // self.workers))
         import multiprocessing
 
         self._ctx = multiprocessing.get_context("spawn")
@@ -115,7 +125,8 @@ class Decoders:
         jobs = [(os.fspath(self.paths[i]) if isinstance(self.paths[i], os.PathLike) else self.paths[i],
                  self.names[i]) for i in range(first, len(self.paths), self.workers)]
         q = self._ctx.Queue(maxsize=self.prefetch)
-        p = self._ctx.Process(target=_work, args=(jobs, q, self.settings), name=f"xmodal-decoder-{w}", daemon=True)
+        p = self._ctx.Process(target=_work, args=(jobs, q, self.settings, self.threads), name=f"xmodal-decoder-{w}",
+                              daemon=True)
         p.start()
         self._procs[w], self._queues[w] = p, q
 
