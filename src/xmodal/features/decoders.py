@@ -66,7 +66,6 @@ def _work(jobs: list[tuple[Any, str]], events: Any, settings: dict, threads: int
     FFmpeg threads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the encoding process stops the workers
     from xmodal.features import video
-    from xmodal.features.encoders import _named
 
     video.DECODE_THREADS = threads  # this process's decoder only
 
@@ -78,7 +77,7 @@ def _work(jobs: list[tuple[Any, str]], events: Any, settings: dict, threads: int
             events.put((_FATAL, str(exc)))
             return
         except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
-            events.put((_ERROR, str(_named(exc, name))))
+            events.put((_ERROR, str(video._named(exc, name))))
 
 
 class Decoders:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.features.video import _named  # noqa: F401  (one failure, one line naming the file)
+
 __all__ = ["IMAGE_EXTENSIONS", "ENCODE_MAX_SIDE", "register_encoder", "encode_text", "encode_text_tokens",
            "encode_images", "encode_videos", "iter_encode_videos", "list_images", "list_videos", "preprocess_image",
            "load_image"]
@@ -181,17 +183,6 @@ class _Video:
 
     def finished(self) -> bool:
         return self.decoded and (self.error is not None or len(self.rows) == self.sent)
-
-
-def _named(exc: BaseException, name: str) -> ValueError:
-    """Any failure on one file as a one-line ValueError that starts with the file's name."""
-    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    if isinstance(exc, ValueError) and text.startswith(f"{name}:"):
-        return exc
-    what = text or type(exc).__name__
-    if not isinstance(exc, ValueError):
-        what = f"{type(exc).__name__}: {what}" if text else what
-    return ValueError(f"{name}: {what}")
 
 
 def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None,
