@@ -291,3 +291,15 @@ def test_data_synthetic_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "train: 2000 videos, 6000 texts" in out and "data.root=" in out
     assert main(["data", "check", str(tmp_path / "s")]) == 0
+
+
+def test_data_synthetic_output_of_the_wrong_kind_is_one_line(tmp_path, capsys):
+    from xmodal.cli import main
+
+    (tmp_path / "file").write_bytes(b"mine")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    for out in ("file", "link"):
+        assert main(["data", "synthetic", "--out", str(tmp_path / out)]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("xmodal data: error: out:") and out in err[0]
+    assert (tmp_path / "file").read_bytes() == b"mine"

@@ -265,9 +265,9 @@ def test_encode_videos_on_a_full_disk(small_disk, capsys, tmp_path, dummy_encode
     rc = main(args)
     err = _one_line_no_space(capsys, rc)
     assert ".npy" in err and str(out) in err, err
-    for p in out.iterdir():  # what is there is whole
+    for p in out.glob("*.npy"):  # what is there is whole
         assert np.load(p).shape == (12, 256), p
     _no_hidden_leftovers(folder)
     _free_space(folder)
     assert main(args) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["a.npy", "b.npy", "c.npy"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.npy", "b.npy", "c.npy", "encoder.json"]  # + the sidecar

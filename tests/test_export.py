@@ -276,7 +276,7 @@ def test_encoders_stated_inferred_or_not_recorded(tmp_path, capsys):
     assert enc["video"]["name"] == "efficientnet-lite0" and enc["video"]["source"].startswith("inferred")
     main(["export", str(tmp_path / "model.pt"), "--out", str(tmp_path / "a"), "--video-encoder", "my-clip"])
     enc = json.loads((tmp_path / "a" / "config.json").read_text())["encoders"]
-    assert enc["video"] == {"name": "my-clip", "source": "stated with --video-encoder at export"}
+    assert enc["video"] == {"name": "my-clip", "spec": "my-clip", "source": "stated with --video-encoder at export"}
     m2 = _with_test_time(_randomize(build_model(video_dim=10, text_dim=6, dim=4)))
     atomic_save({"model": model_payload(m2)}, tmp_path / "m2.pt")
     capsys.readouterr()

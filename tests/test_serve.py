@@ -194,9 +194,13 @@ def test_bad_parameters_are_400_json(client, params, needle):
 
 
 def test_request_limits_and_methods(client):
-    assert client.post("/api/search?q=dog", content=b"x" * 10).status_code == 413
+    # POST /api/search takes query features (issue 33): junk or nothing is a 400 naming them
+    res = client.post("/api/search?q=dog", content=b"x" * 10)
+    assert res.status_code == 400 and res.json()["error"].startswith("features: not a readable .npy array")
     assert client.get("/api/search?q=dog", headers={"content-length": "5"}).status_code == 413
-    assert client.post("/api/search?q=dog").status_code == 405
+    res = client.post("/api/search?q=dog")
+    assert res.status_code == 400 and res.json()["error"].startswith("features: empty body")
+    assert client.put("/api/search?q=dog").status_code == 405
     assert client.get("/api/search", params={"q": "a" * 9000}).status_code == 414
     assert client.get("/api/search?q=dog", headers={"x-big": "a" * 17000}).status_code == 431
     assert client.get("/nothing").status_code == 404
@@ -336,7 +340,7 @@ def test_real_socket_api_matches_app(client, index_dir, gallery):
         assert status == 400 and json.loads(body)["error"].startswith("q:")
         status, _, _ = http_get(live.url + "/api/search?q=" + "a" * 9000)
         assert status == 414
-        req = urllib.request.Request(live.url + "/api/search?q=dog", data=b"x" * 100, method="POST")
+        req = urllib.request.Request(live.url + "/", data=b"x" * 100, method="POST")  # only the API takes one
         try:
             urllib.request.urlopen(req, timeout=60)
             raise AssertionError("a request body was accepted")

@@ -265,7 +265,7 @@ def _index_and_query(tmp_path, data, split):
         feats, mask = idx.encode_captions(["a b", "c d e f"], text_encoder="test-words")
         assert feats.shape == (2, 4, dim) and mask.sum(1).tolist() == [2, 4]
         assert idx.search((feats, mask), 2)[1].shape == (2, 2)
-        with pytest.raises(ValueError, match="text encoder 'nope' gives no token features"):
+        with pytest.raises(ValueError, match="^--text-encoder: unknown encoder 'nope'"):  # checked before encoding
             idx.encode_captions(["a"], text_encoder="nope")
     finally:
         del encoders.TOKEN_ENCODERS["test-words"]

@@ -228,7 +228,7 @@ def test_pan_zoom_frames_change(clips, ref_feats):
 def test_bad_files_reported_rest_written_rerun_skips(clips, capsys):
     feats = clips["feats"]
     assert clips["rc"] == 1
-    assert sorted(p.name for p in feats.iterdir()) == ["a_still.npy", "c_still.npy", "e_still.npy",
+    assert sorted(p.name for p in feats.iterdir()) == ["a_still.npy", "c_still.npy", "e_still.npy", "encoder.json",
                                                        "f_bgr.npy", "g_pan.npy"]  # no temp file left
     before = {p.name: p.stat().st_mtime_ns for p in feats.iterdir()}
     rc = main(["encode", "videos", str(clips["vids"]), "--out", str(feats), "--frames", "8", "--no-progress"])
@@ -306,7 +306,7 @@ def test_videos_to_trained_run(tmp_path, capsys):
     np.save(tmp_path / "tf.npy", rng.standard_normal((16, 12)).astype(np.float32))
     feats, data, run = tmp_path / "feats", tmp_path / "mydata", tmp_path / "run"
     assert main(["encode", "videos", str(vids), "--out", str(feats), "--frames", "2", "--no-progress"]) == 0
-    assert sorted(p.name for p in feats.iterdir()) == [f"v{v}.npy" for v in range(8)]
+    assert sorted(p.name for p in feats.iterdir()) == ["encoder.json"] + [f"v{v}.npy" for v in range(8)]
     assert main(["data", "import", str(tmp_path / "pairs.csv"), "--features", str(feats), "--out", str(data),
                  "--text-features", str(tmp_path / "tf.npy"), "--max-frames", "2"]) == 0
     assert np.load(data / "train_video_features.npy").shape == (6, 2, 1280)

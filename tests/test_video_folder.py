@@ -141,7 +141,7 @@ def test_cli_summary_names_every_skip_and_fails_only_unreadable_videos(tmp_path,
     assert len(errors) == 2 and "gone.mp4: broken or looping" in errors[0] and "loop.mp4" in errors[1]
     assert "skipped pipe.mp4: not a regular file" in err  # named, never opened (a FIFO would block)
     assert sorted(p.name for p in feats.iterdir()) == sorted(
-        f"{s}.npy" for s in ("a", "b", "c", "d", "e", "f", "g", "clip_no_extension", "h"))
+        [f"{s}.npy" for s in ("a", "b", "c", "d", "e", "f", "g", "clip_no_extension", "h")] + ["encoder.json"])
     summary = out.strip().splitlines()[-1]
     assert summary.startswith("looked at 18 file(s): encoded 9 video(s)")
     for part in ("2 failed", "1 macOS AppleDouble (._*) (._a.mp4)", "1 hidden (.DS_Store)", "1 image (poster.jpg)",

@@ -36,13 +36,13 @@ import torch
 LOCK_NAME = ".lock"
 _TMP_PATTERNS = (".checkpoint.pt.tmp*", ".model.pt.tmp*", ".log.jsonl.tmp*", ".metrics.json.tmp*",
                  ".config.yaml.tmp*", ".*.png.tmp*", ".log.csv.tmp*", ".provenance.json.tmp*",
-                 ".trackers.json.tmp*", ".per_query.npz.tmp*")
+                 ".trackers.json.tmp*", ".per_query.npz.tmp*", ".encoders.json.tmp*")
 #: Files of a run directory's own kind: what ``xmodal train`` (and ``xmodal report``, the
 #: page of the run) write there. A fresh run removes them all before it trains.
 RUN_FILES = ("config.yaml", "log.jsonl", "log.csv", "checkpoint.pt", "model.pt", "metrics.json",
              "per_query.npz", "provenance.json", "curves.png", "schedule.png", "retrieval_mass.png", "fn_fp.png",
              "report.html", "mlflow.db", "mlflow.db-journal", "mlflow.db-wal", "mlflow.db-shm",  # log_to: [mlflow]
-             "trackers.json")
+             "trackers.json", "encoders.json")
 #: Folders of a run directory's own kind (``train.log_to: [tensorboard, mlflow, wandb]``).
 RUN_DIRS = ("tensorboard", "mlartifacts", "wandb")
 

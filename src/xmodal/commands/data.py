@@ -23,8 +23,10 @@ video_id,clip_id[,start,end],caption: the clips are the rows, features per clip
 feats/<clip_id>.npy, and {split}_video_to_group.npy + {split}_groups.txt hold the long
 videos; clips ordered by start within their video); per-video features feats/<video_id>.npy or .npz ([D] or [F, D], any number
 of frames: padded + mask; --max-frames N samples longer videos uniformly), or a glob
-('feats/*.npy'); captions encoded with MiniLM unless --text-features gives a .npy with one
-row per pair. Every feature file is looked up before any caption is encoded; a video id is its
+('feats/*.npy'); captions encoded with --text-model (MiniLM by default; hf:DIR) unless
+--text-features gives a .npy with one row per pair. The encoders that made the features (the
+--features folder's encoder.json, --text-features' OUT.encoder.json, --text-model) are recorded
+in DATA/encoders.json, which 'train' carries into the run. Every feature file is looked up before any caption is encoded; a video id is its
 feature file's stem (feats/clip1.npy for clip1.mp4), and --skip-missing drops (and names) the
 rows of videos without one. --dtype float16 stores the features as float16. Features are
 streamed one video at a time into the split's arrays. Built in a temporary folder and renamed to --out at the end: a failure leaves
@@ -58,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--split", default="train", help="split of rows without a split column (default: train)")
     imp.add_argument("--text-features", default=None,
                      help=".npy [rows, Dt] aligned with the table (default: encode captions with MiniLM)")
-    imp.add_argument("--text-model", default="minilm", help="registered text encoder (xmodal.features.encoders)")
+    imp.add_argument("--text-model", default="minilm", metavar="SPEC",
+                     help="text encoder spec of the captions when --text-features is not given: minilm (default), "
+                          "hf:DIR or a registered name (recorded in DATA/encoders.json)")
     imp.add_argument("--expert", action="append", default=[], metavar="NAME=DIR_OR_GLOB",
                      help="a further expert's per-video files (repeatable) -> {split}_video_features.NAME.npy; "
                           "videos without a file are masked in {split}_video_mask.NAME.npy")
@@ -130,9 +134,16 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "import":
         from xmodal.data.importer import import_pairs, parse_experts
 
-        encode = None
+        encode, records = None, None
         if args.text_features is None:
-            from xmodal.features.encoders import encode_text
+            from xmodal.features.encoders import encode_text, identity_of
+
+            try:
+                records = {"text": identity_of(args.text_model, "text")}
+            except ModuleNotFoundError as exc:
+                raise ValueError(f"--text-model: {exc}") from None
+            except ValueError as exc:
+                raise ValueError(f"--text-model: {str(exc).removeprefix('model: ')}") from None
 
             def encode(captions):
                 try:
@@ -145,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         summary = import_pairs(args.pairs, features=args.features, out=args.out, split=args.split,
                                text_features=args.text_features, encode=encode, experts=experts,
                                max_frames=args.max_frames, skip_missing=args.skip_missing, dtype=args.dtype,
-                               progress=progress_choice(args))
+                               progress=progress_choice(args), encoders=records)
         notes = []
         first = next(iter(summary.values()))
         if first.get("missing"):
@@ -166,6 +177,11 @@ def run(args: argparse.Namespace) -> int:
             notes = s.get("notes", [])
         for note in notes:
             print(f"note: {note}")
+        from xmodal.features.identity import read_encoders
+
+        known = read_encoders(args.out) or {}
+        named = ", ".join(f"{k} {known[k]['spec']}" for k in ("video", "text") if known.get(k))
+        print(f"encoders: {named or 'none recorded'} ({args.out}/encoders.json)")
         print(f"wrote {args.out}, {args.dtype} features (check it with: xmodal data check {args.out})")
         return 0
     from xmodal.data.check import check_directory

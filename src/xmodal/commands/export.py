@@ -27,9 +27,12 @@ xmodal.load_model(DIR) gives the run's model (bit-identical scores), and every c
 takes a run takes DIR: eval --run DIR, index --run DIR (then query / serve the index).
 Publishing is the user's own step: huggingface-cli upload USER/NAME DIR.
 
-The run does not record which extractors made its features: --text-encoder / --video-encoder
-state them for the card; left out, a feature size matching a built-in encoder (minilm 384,
-efficientnet-lite0 1280) is recorded as inferred, any other as not recorded. Running export
+The encoders that made the run's features are carried from 'xmodal encode' through 'data import'
+and 'train' (RUN/encoders.json) into config.json ("encoders": spec, hub name, weights SHA-256,
+preprocessing, size; an hf: folder by its hub id or folder name, never a path of this machine).
+A run that records none: --text-encoder / --video-encoder state them for the card; left out, a
+feature size matching a built-in encoder (minilm 384, efficientnet-lite0 1280) is recorded as
+inferred, any other as not recorded. A stated encoder that is not the recorded one is refused. Running export
 again into DIR replaces its files (a folder holding other files is refused)."""
 
 #: Built-in extractors: name -> (input, feature size, what it is).
@@ -59,23 +62,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=1, progress=False)
 
 
-def encoder_record(given: str | None, modality: str, size: int, flag: str) -> dict:
-    """What config.json says about the extractor of one input."""
+def encoder_record(given: str | None, modality: str, size: int, flag: str, recorded: dict | None = None) -> dict:
+    """What config.json says about the extractor of one input: ``name`` (shown on the card), ``spec``
+    (the encoder spec, an ``hf:`` folder by its hub id or base name), ``source``, and where known the
+    identity record's fields (``hub_name``, ``weights_sha256``, ``preprocessing``, ``dim``,
+    ``normalized``, :mod:`xmodal.features.identity`). A stated encoder that is not the recorded one is
+    refused."""
+    from xmodal.features.identity import mismatch, portable
+
+    if given is not None and not given.strip():
+        raise ValueError(f"{flag}: expected an encoder name, got an empty string")
+    stated = _stated_identity(given, modality, size, flag) if given is not None else None
+    if recorded is not None:
+        names = {recorded["spec"], portable(recorded)["spec"], recorded.get("hub_name")}
+        why = mismatch(recorded, stated) if stated is not None or given is None or given in names else \
+            f"{given} is not the recorded encoder {portable(recorded)['spec']}"
+        if why is not None:
+            raise ValueError(f"{flag}: {why} (the run records the encoder that made its features)")
+        rec = portable(recorded)
+        return {"name": rec.get("hub_name") or rec["spec"], **rec,
+                "source": "recorded with the features ('xmodal encode', carried by 'data import' and 'train')",
+                **({"description": BUILTIN_ENCODERS[rec["spec"]][2]} if rec["spec"] in BUILTIN_ENCODERS else {})}
     if given is not None:
-        if not given.strip():
-            raise ValueError(f"{flag}: expected an encoder name, got an empty string")
         known = BUILTIN_ENCODERS.get(given)
         if known and known[1] != size:
             raise ValueError(f"{flag}: {given} makes {known[1]}-d features but the run's {modality} tower "
                              f"takes {size}-d ones")
-        return {"name": given, "source": f"stated with {flag} at export",
-                **({"description": known[2]} if known else {})}
+        rec = portable(stated) or {"spec": given}  # a name this xmodal cannot resolve: kept as stated
+        return {"name": (stated or {}).get("hub_name") or rec.get("spec") or given, **rec,
+                "source": f"stated with {flag} at export", **({"description": known[2]} if known else {})}
     for name, (kind, dim, what) in BUILTIN_ENCODERS.items():
         if kind == modality and dim == size:
-            return {"name": name, "description": what,
+            return {"name": name, "spec": name, "description": what,
                     "source": f"inferred from the feature size {size} (the run does not record its extractor; "
                               f"state it with {flag})"}
-    return {"name": None, "source": f"not recorded (the run does not record its extractor; state it with {flag})"}
+    return {"name": None, "spec": None,
+            "source": f"not recorded (the run does not record its extractor; state it with {flag})"}
+
+
+def _stated_identity(given: str, modality: str, size: int, flag: str) -> dict | None:
+    """The identity of a stated encoder spec (None for a free-form name that is no spec here)."""
+    from xmodal.features.encoders import ENCODERS, identity_of
+
+    if not (given.startswith("hf:") or given in ENCODERS):
+        return None
+    try:
+        record = identity_of(given, "text" if modality == "text" else "video")
+    except ModuleNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {str(exc).removeprefix('model: ')}") from None
+    if record.get("dim") not in (None, size):
+        raise ValueError(f"{flag}: {given} makes {record['dim']}-d features but the run's {modality} tower "
+                         f"takes {size}-d ones")
+    return {**record, "dim": size}
 
 
 def check_out(out: Path, run: str) -> None:
@@ -124,10 +164,18 @@ def run(args: argparse.Namespace) -> int:
     model = load_run(args.run, "RUN")
     check_out(out, args.run)
     sizes = model.architecture()
-    encoders = {"text": encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder"),
-                "video": encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder")}
+    from xmodal.features.identity import portable, run_encoders
+
+    recorded = run_encoders(args.run, "RUN")
+    encoders = {"text": encoder_record(args.text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder",
+                                       recorded["text"]),
+                "video": encoder_record(args.video_encoder, "video", sizes["video"]["in_dim"], "--video-encoder",
+                                        recorded["video"])}
     if model.experts:
-        encoders["experts"] = {k: {"name": None, "source": "not recorded"} for k in model.experts if k != "video"}
+        encoders["experts"] = {k: ({"name": None, "source": "not recorded"} if recorded["experts"].get(k) is None
+                                   else {"name": portable(recorded["experts"][k])["spec"],
+                                         **portable(recorded["experts"][k]), "source": "recorded with the features"})
+                               for k in model.experts if k != "video"}
     tensors, config = export_state(model, encoders=encoders, run_config=run_config(args.run))
     if args.onnx:  # the extra is checked before anything in --out changes
         from xmodal.models.onnx_towers import _need

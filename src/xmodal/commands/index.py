@@ -47,7 +47,12 @@ best foldable one clear of none on val, else none), and a note says why. DIR hol
 query_shift.npy, meta.json and a copy of the run's checkpoint (for the text head), and for 'xmodal serve'
 videos.npy (the gallery's video embeddings, float32 [V, D]: "more like this"; as large as a flat
 index, whatever --kind) and, with --data (the layout's captions,
-S_texts.tsv) or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search)."""
+S_texts.tsv) or --texts FILE, texts.npy + texts.json (caption embeddings: video -> text search).
+
+meta.json records the encoders of the run's features (from RUN/encoders.json or an export's
+config.json): "text_encoder" is the spec 'query --captions' and 'serve' encode captions with,
+null when unknown (then a text size matching a built-in encoder is shown as assumed, any other
+means no text search by words); --text-encoder states it for a run that records none."""
 
 
 
@@ -82,9 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--target-recall (the recall at N is still measured)")
     parser.add_argument("--ef-search", type=int, default=None, metavar="N",
                         help="fix hnsw's efSearch instead of choosing it by --target-recall")
-    parser.add_argument("--text-encoder", default="minilm", metavar="NAME",
-                        help="encoder 'xmodal query --captions' uses (default minilm, the one "
-                             "that made the shared caption features)")
+    parser.add_argument("--text-encoder", default=None, metavar="SPEC",
+                        help="the encoder of the run's caption features, for 'query --captions' and 'serve' "
+                             "(default: the one the run records; for a run that records none, state it here, "
+                             "else meta.json says unknown; another encoder than the recorded one is refused)")
     parser.add_argument("--texts", metavar="TXT", default=None,
                         help="captions for the search page's video -> text search, one per line (or a .tsv, "
                              "text last), encoded with --text-encoder; --data uses its split's captions "
@@ -138,7 +144,15 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--texts: {exc}") from None
         if not captions:
             raise ValueError(f"--texts: {args.texts} holds no caption")
-        feats_t = encode_captions(model, captions, args.text_encoder)
+        from xmodal.features.identity import index_encoders, resolve_text
+
+        text_dim = model.architecture()["text"]["in_dim"]
+        choice = resolve_text(index_encoders(args.run, args.text_encoder, text_dim)["encoders"]["text"], text_dim)
+        if choice["spec"] is None:
+            raise ValueError(f"--texts: no text encoder to encode them with: {choice['reason']}")
+        if choice["status"] == "assumed":
+            print(f"note: --texts: {choice['reason']}", file=sys.stderr)
+        feats_t = encode_captions(model, captions, choice["spec"])
         texts = caption_texts(captions, *(feats_t if isinstance(feats_t, tuple) else (feats_t,)))
     if args.threads is None:  # faiss's OpenMP threads follow torch's (--threads)
         import torch
@@ -169,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
               f"the whole gallery and cannot be folded into an index; using {meta['normalizer']}, the best "
               f"foldable normaliser on val (--normalizer NAME to choose another)", file=sys.stderr)
     shown = f"; {meta['texts']} captions for video -> text" if meta.get("texts") else ""
+    if meta.get("text_encoder") is not None:
+        shown += f"; text encoder {meta['text_encoder']} ({meta.get('text_encoder_source')})"
+    else:
+        print("note: the run records no text encoder (meta.json text_encoder: null); 'query --captions' and "
+              "'serve' assume a built-in one only where the text size matches it (state it with --text-encoder)",
+              file=sys.stderr)
     print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index {meta['factory']}, "
           f"normaliser {meta['normalizer']} folded in{shown}; {time.perf_counter() - start:.1f} s)")
     print(recall_line(meta))

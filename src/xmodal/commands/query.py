@@ -15,8 +15,11 @@ DESCRIPTION = """Search an index written by 'xmodal index' with text:
   xmodal query --index DIR --captions "a dog runs on grass" "two people cook" --k 5
 
 Caption features go through the run's text head (copied into DIR); raw captions are
-first encoded offline with the index's text encoder (default MiniLM, extra
-[encoders]). Scores are the run's normalised text -> video scores (the normaliser
+first encoded offline with the index's text encoder: the one recorded with the features
+(meta.json "text_encoder"; --text-encoder names a local copy of it, another encoder is
+refused), else, for a text size that matches a built-in encoder, that one, printed as
+assumed; otherwise --captions is refused (give --text-features, or --text-encoder SPEC).
+--text-features beside an OUT.encoder.json of another encoder is refused too. Scores are the run's normalised text -> video scores (the normaliser
 folded into the index). With a flat index the top-k equals brute force over all
 videos; an approximate index (ivf, ivfpq, hnsw) returns, on average, the share of the
 true top-10 that 'xmodal index' measured and stored (recall@10, printed below the
@@ -34,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "features (written by 'xmodal encode text --tokens')")
     parser.add_argument("--captions", nargs="+", metavar="TEXT", help="raw captions to encode and search")
     parser.add_argument("--k", type=int, default=10, help="results per query (default 10)")
-    parser.add_argument("--text-encoder", default=None, metavar="NAME",
-                        help="override the index's text encoder for --captions")
+    parser.add_argument("--text-encoder", default=None, metavar="SPEC",
+                        help="--captions: the recorded encoder's spec here (e.g. hf:DIR of a moved folder), or the "
+                             "encoder of an index that records none")
     parser.add_argument("--out", metavar="NPY", default=None,
                         help="also save the indices [T, k] (int64); scores go to OUT with .scores.npy")
     parser.add_argument("--nprobe", type=int, default=None, metavar="N",
@@ -89,7 +93,11 @@ def run(args: argparse.Namespace) -> int:
                          f"search of it is exact; build a flat, ivf or hnsw index for exact answers")
     search_kw = {"nprobe": args.nprobe, "ef_search": args.ef_search, "exact": args.exact}
     quality = idx.quality(**search_kw)
+    choice = None
     if args.captions is not None:
+        choice = idx.text_encoder(args.text_encoder)
+        if choice["spec"] is None:
+            raise ValueError(f"--captions: no text encoder for this index: {choice['reason']}")
         try:
             feats = idx.encode_captions(args.captions, text_encoder=args.text_encoder,
                                         progress=progress_enabled(args))
@@ -99,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
             raise
         labels = list(args.captions)
     else:
+        if args.text_encoder is not None:
+            raise ValueError("--text-encoder: only with --captions (--text-features carry their own OUT.encoder.json)")
+        _check_features_encoder(idx, args.text_features)
         feats = load_npy(args.text_features, "--text-features")
         labels = [f"text {i}" for i in range(len(feats))]
         if getattr(args, "text_mask", None):
@@ -121,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
             atomic_save_npy(path, array)
     if args.json:
         print(json.dumps({"normalizer": idx.meta.get("normalizer"), "k": args.k, "kind": kind,
+                          "text_encoder": None if choice is None else choice["spec"],
+                          "text_encoder_status": None if choice is None else choice["status"],
                           "exact": quality["exact"], "recall_at_10": quality["recall_at_10"],
                           "recall_queries": quality["recall_queries"], "search_params": quality["search_params"],
                           "indices": indices.tolist(), "scores": scores.tolist()}, indent=2))
@@ -133,6 +146,19 @@ def run(args: argparse.Namespace) -> int:
             name = idx.names[j] if idx.names is not None and j >= 0 else str(j)
             rows.append([label if rank == 1 else "", rank, name, f"{s:.4f}"])
     print(markdown_table(["query", "rank", "video", "score"], rows))
+    encoder = "" if choice is None else f"; text encoder {choice['spec']} ({choice['status']})"
     print(f"({len(labels)} queries against {idx.index.num_items} videos; normaliser "
-          f"{idx.meta.get('normalizer')} folded in; {quality['note']})")
+          f"{idx.meta.get('normalizer')} folded in; {quality['note']}{encoder})")
+    if choice is not None and choice["status"] == "assumed":
+        print(f"note: {choice['reason']}")
     return 0
+
+
+def _check_features_encoder(idx, path: str) -> None:
+    """--text-features made by another encoder than the index records: refused in one line."""
+    from xmodal.features.identity import mismatch, read_sidecar, recorded_text
+
+    mine = read_sidecar(path, "--text-features")
+    why = mismatch(recorded_text(idx.meta), mine)
+    if why is not None:
+        raise ValueError(f"--text-features: {why} (its {Path(path).name}.encoder.json against the index's meta.json)")

@@ -13,7 +13,9 @@ DESCRIPTION = """Serve a search page for an index written by 'xmodal index' (ext
   xmodal serve --index DIR [--images IMAGES_DIR] [--host 127.0.0.1] [--port 8000]
 
 Open http://127.0.0.1:8000/ and type a caption: the query is encoded as 'xmodal query
---captions' does (the index's text encoder, MiniLM by default, offline) and the top-k
+--captions' does (the index's recorded text encoder, offline; where nothing is recorded, the
+built-in one its text size matches, shown as assumed on the page and in the API; otherwise,
+or with --text-encoder none, the page has no text box and says why) and the top-k
 items are shown with thumbnails of the files under --images (item names are paths
 relative to it; a video file shows its middle frame when the [video] extra is there),
 the captions of each item (an index built with --data), the normaliser folded into the
@@ -23,7 +25,9 @@ result links "more like this" (video -> video) and, for an index built with --da
   GET /api/search?q=TEXT&k=K                    text -> video
   GET /api/search?video=NAME&k=K                more like this
   GET /api/search?video=NAME&direction=v2t&k=K  captions for a video
+  POST /api/search?k=K[&encoder=SPEC]           body: an .npy of caption features [T, Dt]
   POST /upload?format=json (multipart: video=FILE, direction=v2t|v2v, k=K)
+The page starts for any valid index: "more like this" and video -> text work for every run.
 Binds 127.0.0.1 (this machine only) unless --host says otherwise. The index folder is
 re-read when 'xmodal index --overwrite' replaces it (503 while it is missing)."""
 
@@ -39,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
     parser.add_argument("--k", type=int, default=10, help="results shown when the request gives no k (default 10)")
-    parser.add_argument("--text-encoder", default=None, metavar="NAME",
-                        help="override the index's text encoder")
+    parser.add_argument("--text-encoder", default=None, metavar="SPEC",
+                        help="none: no text box; a spec: a local copy of the index's recorded text encoder (another "
+                             "one is refused), or the encoder of an index that records none")
     parser.add_argument("--uploads", choices=("auto", "on", "off"), default="auto",
                         help="accept video uploads (decoded by PyAV's FFmpeg, encoded, searched, deleted): "
                              "auto (default) = on for a loopback --host, off otherwise")
@@ -51,9 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upload-frames", type=int, default=uploads.UPLOAD_FRAMES, metavar="N",
                         help=f"frames sampled from an uploaded video, as 'encode videos --frames N' "
                              f"(default {uploads.UPLOAD_FRAMES}; use the gallery's sampling)")
-    parser.add_argument("--image-encoder", default="efficientnet-lite0", metavar="NAME",
-                        help="image encoder of an uploaded video's frames (default efficientnet-lite0, the one "
-                             "'encode videos' uses)")
+    parser.add_argument("--image-encoder", default=None, metavar="SPEC",
+                        help="encoder of an uploaded video's frames (default: the one the index records; else "
+                             "efficientnet-lite0 for 1280-d video features, shown as assumed; none: no uploads)")
+    parser.add_argument("--max-upload-decode", type=int, default=None, metavar="N",
+                        help="most frames decoded from an uploaded video, whatever its header declares (default "
+                             f"{uploads.DECODE_FRAMES_PER_SECOND} per second of --max-upload-seconds)")
     add_common_args(parser, threads=None, progress=False)
 
 
@@ -88,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-upload-seconds: expected a positive number, got {args.max_upload_seconds:g}")
     if not 1 <= args.upload_frames <= 1024:
         raise ValueError(f"--upload-frames: must be in [1, 1024], got {args.upload_frames}")
+    if args.max_upload_decode is not None and not 1 <= args.max_upload_decode <= 10**7:
+        raise ValueError(f"--max-upload-decode: must be in [1, 10000000], got {args.max_upload_decode}")
     index = SearchIndex(args.index)
     if args.images is not None and not Path(args.images).is_dir():  # every input checked before the port is bound
         raise ValueError(f"--images: {args.images} is not a directory")
@@ -97,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k,
                          uploads=uploads, max_upload_bytes=int(args.max_upload_mb * 2**20),
                          max_upload_seconds=args.max_upload_seconds, upload_frames=args.upload_frames,
-                         image_encoder=args.image_encoder)
+                         image_encoder=args.image_encoder, max_upload_decode=args.max_upload_decode)
     except BaseException:
         sock.close()
         raise
@@ -107,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     reason = app.state.upload["reason"]
     if uploads and reason:
         print(f"xmodal serve: note: no uploads: {reason}", file=sys.stderr)
+    searcher = app.state.holder.searcher
+    if searcher.text_encoder is None:
+        print(f"xmodal serve: note: no text box: {searcher.text_choice['reason']}", file=sys.stderr)
+    elif searcher.text_choice["status"] == "assumed":
+        print(f"xmodal serve: note: {searcher.text_choice['reason']}", file=sys.stderr)
     shown = f"[{host}]" if ":" in host else host
     print(f"serving {args.index} ({index.index.num_items} items, normaliser {index.meta.get('normalizer')} "
           f"folded in) at http://{shown}:{port}/  (Ctrl-C stops)", flush=True)

@@ -203,6 +203,14 @@ def format_summary(summary: dict) -> str:
     if summary.get("oracle") or summary.get("uses_test_queries"):
         lines.append("* selected on val.  + fitted on the evaluated queries themselves (an oracle, "
                      "not deployable; never selected)")
+    per_seed = summary.get("dn_per_seed") or {}
+    for split in ("val", "test"):  # DN's own protocol: one DN per sampling seed, mean +- std of the recalls
+        if split in per_seed:
+            mean, std = per_seed[split]["mean"], per_seed[split]["std"]
+            cells = ", ".join(f"{d} R@{k} {mean[d][f'R@{k}']:.2f} +- {std[d][f'R@{k}']:.2f}"
+                              for d in ("t2v", "v2t") for k in (1, 5) if f"R@{k}" in mean.get(d, {}))
+            lines.append(f"{split} dn over {len(per_seed['seeds'])} seeds ({per_seed['num_samples']} val samples "
+                         f"each, DN Sec. 4.3): {cells}")
     for name, why in summary.get("dropped_normalizers", {}).items():
         lines.append(f"note: test_time.normalizers lists {name}, left out: {why}")
     return "\n".join(lines)

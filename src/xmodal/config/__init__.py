@@ -207,7 +207,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    kind: str = key("linear", "video tower: linear | mlp | meanp (CLIP4Clip mean pooling) | transformer")
+    kind: str = key("linear", "video tower: linear | mlp | meanp (CLIP4Clip mean pooling) | transformer | identity "
+                            "(zero-shot: no parameters, the features of an aligned encoder such as CLIP are the "
+                            "embeddings; needs train.epochs: 0 and model.standardize: false)")
     text_kind: str = key("", "text tower kind; '' = same as kind (linear for frame-pooling kinds); with token "
                              "features [T, L, Dt] + S_text_mask.npy, transformer (COOT's word level) or meanp "
                              "pools the tokens (linear / mlp average them first)")
@@ -568,6 +570,24 @@ def _synthetic_keys(knobs: dict) -> None:
             raise ValueError(f"data.synthetic.{name}: unknown key; expected one of {', '.join(allowed)}")
 
 
+
+def _check_identity(cfg: "Config") -> None:
+    """``model.kind: identity`` (a zero-shot run: nothing to train) and its constraints."""
+    m, tr = cfg.model, cfg.train
+    if "identity" not in (m.kind, m.text_kind):
+        return
+    if m.kind != "identity" or m.text_kind not in ("", "identity"):
+        raise ValueError(f"model.text_kind: an identity model has identity towers on both sides, got kind "
+                         f"{m.kind} and text_kind {m.text_kind or m.kind}")
+    if tr.epochs != 0:
+        raise ValueError(f"train.epochs: model.kind identity has no parameters to train; set train.epochs: 0 "
+                         f"(got {tr.epochs})")
+    if m.standardize:
+        raise ValueError("model.standardize: an identity model takes the features as they are; set "
+                         "model.standardize: false")
+    if m.hierarchy:
+        raise ValueError("model.hierarchy: not with model.kind identity")
+
 def validate(cfg: Config) -> None:
     """Raise a one-line ``ValueError`` naming the first bad field."""
     _check_config(cfg)
@@ -599,10 +619,11 @@ def validate(cfg: Config) -> None:
             if missing:
                 raise ValueError(f"data.{split_field}: missing file(s) in {root}: {'; '.join(missing)}")
     m = cfg.model
-    _one_of(m.kind, "model.kind", ("linear", "mlp", "meanp", "transformer"))
+    _one_of(m.kind, "model.kind", ("linear", "mlp", "meanp", "transformer", "identity"))
     _one_of(m.fusion, "model.fusion", ("concat", "gated"))
     if m.text_kind:
-        _one_of(m.text_kind, "model.text_kind", ("linear", "mlp", "meanp", "transformer"))
+        _one_of(m.text_kind, "model.text_kind", ("linear", "mlp", "meanp", "transformer", "identity"))
+    _check_identity(cfg)
     for name in ("dim", "width", "depth", "layers", "heads", "hidden"):
         if getattr(m, name) <= 0:
             raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
@@ -718,7 +739,10 @@ def validate(cfg: Config) -> None:
     tr = cfg.train
     if not 0 <= tr.seed < 2 ** 32:  # numpy's and torch's generators take any seed in this range
         raise ValueError(f"train.seed: must lie in [0, 2**32), got {tr.seed}")
-    for name in ("epochs", "batch_size", "eval_batch_size"):
+    if tr.epochs < 0 or (tr.epochs == 0 and cfg.model.kind != "identity"):
+        raise ValueError(f"train.epochs: must be >= 1, got {tr.epochs} (0: only for model.kind: identity, "
+                         f"the zero-shot run)")
+    for name in ("batch_size", "eval_batch_size"):
         if getattr(tr, name) < 1:
             raise ValueError(f"train.{name}: must be >= 1, got {getattr(tr, name)}")
     if tr.batch_size < 2:

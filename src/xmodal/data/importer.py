@@ -483,6 +483,8 @@ def _save(path: Path, arr: np.ndarray) -> None:
 
 def import_owns(name: str) -> bool:
     """Whether a file name in ``--out`` is one an import writes (and may replace)."""
+    if name == "encoders.json":  # the encoders of the features (xmodal.features.identity)
+        return True
     parsed = layout.parse(name)
     return parsed is not None and parsed[3] and parsed[1] in IMPORT_ROLES
 
@@ -543,7 +545,7 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
                  encode: Callable[[list[str]], np.ndarray] | None = None,
                  experts: dict[str, str | os.PathLike] | None = None,
                  max_frames: int | None = None, skip_missing: bool = False, dtype: str = "float32",
-                 progress: bool | None = False) -> dict[str, dict[str, Any]]:
+                 progress: bool | None = False, encoders: dict | None = None) -> dict[str, dict[str, Any]]:
     """Write the layout of :mod:`xmodal.data.layout` under ``out``, one split per
     ``split`` value of the table (rows without one go to ``split``).
 
@@ -571,6 +573,10 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             ``"missing"``) instead of refusing the table.
         dtype: ``"float32"`` or ``"float16"``: the stored dtype of the video, expert and text features.
         progress: as :func:`xmodal.progress.progress` (None: a bar on a terminal, else lines).
+        encoders: ``{"text", "video", "experts"}`` identity records of the encoders that made the
+            features (:mod:`xmodal.features.identity`; None: ``--features`` folders' ``encoder.json``
+            and ``--text-features``' sidecar are read), written as ``out/encoders.json`` with each
+            size checked against the features (a record of another size is refused).
 
     Returns:
         ``{split: {"videos", "texts", "max_frames", "frames_note": str or None, "groups": int or None,
@@ -633,6 +639,7 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             if texts is None:
                 texts = _encode_captions(tmp, rows, encode, progress)
             summary = _write_splits(tmp, rows, plans, texts, files, max_frames, DTYPES[dtype], progress)
+            _write_encoders(tmp, encoders, plans, texts.dim, features, text_features, experts)
             texts.close()
         except OSError as exc:  # name the file under --out, not the private temporary folder
             if exc.errno != errno.ENOSPC:
@@ -664,6 +671,37 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         s["missing"] = missing
         s["dropped_rows"] = int(table_rows - len(rows))
     return summary
+
+
+def _write_encoders(tmp: Path, given: dict | None, plans: dict, text_dim: int, features: Any, text_features: Any,
+                    experts: dict | None) -> None:
+    """``encoders.json`` of the layout: the records given, else those found beside the inputs, each
+    checked against the size of the features it describes."""
+    from xmodal.features import identity
+
+    def beside(source: Any, flag: str) -> dict | None:
+        p = Path(source)
+        folder = p if p.is_dir() else p.parent if any(c in str(source) for c in "*?[") else None
+        return identity.read_sidecar(folder, flag) if folder is not None and folder.is_dir() else None
+
+    given = dict(given or {})
+    records = {"text": given.get("text", identity.read_sidecar(text_features, "--text-features")
+                                  if text_features is not None else None),
+               "video": given.get("video", beside(features, "--features")),
+               "experts": {k: (given.get("experts") or {}).get(k, beside(v, f"--expert {k}"))
+                           for k, v in (experts or {}).items()}}
+    plan = next(iter(plans.values()))
+    dims = {"text": text_dim, "video": plan["dim"], **{k: e[2] for k, e in plan["experts"].items()}}
+    flags = {"text": "--text-features" if text_features is not None else "--text-model", "video": "--features"}
+    for key, record in [("text", records["text"]), ("video", records["video"]), *records["experts"].items()]:
+        if record is None:
+            continue
+        if record.get("dim") is None:
+            record["dim"] = int(dims[key])
+        elif record["dim"] != dims[key]:
+            raise ValueError(f"{flags.get(key, f'--expert {key}')}: its encoder record ({record['spec']}) says "
+                             f"{record['dim']}-d features, but the files hold {dims[key]}-d ones")
+    identity.write_encoders(tmp, records)
 
 
 def _open_text_features(path: str | os.PathLike, table_rows: int) -> "_TableText":

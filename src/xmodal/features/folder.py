@@ -226,6 +226,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                              f"would write {vid}.npy; rename one")
         by_id[vid] = p
     out.mkdir(parents=True, exist_ok=True)
+    record = _folder_identity(out, model, frames, fps, on_error)
     mine = scan.videos if shard is None else [(vid, p) for vid, p in scan.videos if shards_module.in_shard(vid, shard)]
     redone = [vid for vid, _ in mine if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]
     todo = [(vid, p) for vid, p in mine if not feature_file_ok(out / f"{vid}.npy")]
@@ -280,8 +281,41 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             summary["written"] += 1
             summary["frames"] += result.shape[0]
             summary["dim"] = result.shape[1]
+    if record.get("dim") is None and summary["dim"]:  # a registered encoder's size is known once it ran
+        from xmodal.features.identity import write_sidecar
+
+        write_sidecar(out, {**record, "dim": int(summary["dim"])})
     if shard is not None:
         summary.update(shard=shard, collection=len(scan.videos), shard_file=shards_module.write_summary(
             out, shard, summary, collection=[vid for vid, _ in scan.videos], seconds=time.perf_counter() - started,
             failed_names=failed))
     return summary
+
+
+def _folder_identity(out: Path, model: str, frames: int | None, fps: float | None,
+                     on_error: Callable[[str], None] | None) -> dict:
+    """Write ``out/encoder.json`` (the encoder and sampling of the folder's features) before encoding;
+    a folder whose features came from another encoder or sampling is refused (its videos would mix)."""
+    from xmodal.features import encoders
+    from xmodal.features.identity import mismatch, read_sidecar, write_sidecar
+
+    record = encoders.identity_of(model, "video")
+    record["level"] = "clip" if record["kind"] == "video" else "frame"
+    record["sampling"] = {"frames": frames, "fps": fps}
+    old = read_sidecar(out, "--out")
+    if old is not None:
+        why = mismatch(old, record)
+        if why is None and old.get("sampling") not in (None, record["sampling"]):
+            why = f"its features were sampled with {old['sampling']}, not {record['sampling']}"
+        if why is not None:
+            raise ValueError(f"--out: {out} holds features of another encoder: {why}; encode into a new folder")
+        if record.get("dim") is None:
+            record["dim"] = old.get("dim")
+        if old == {k: v for k, v in record.items() if v is not None or k in old}:
+            return record  # the same encoder and sampling: the file stays as it is
+    elif any(p.suffix == ".npy" for p in out.iterdir()):
+        line = (f"xmodal encode: note: {out} holds feature files but no {out / 'encoder.json'} (written before xmodal "
+                f"recorded encoders): they are taken to come from {record['spec']} with this sampling")
+        (on_error or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
+    write_sidecar(out, record)
+    return record

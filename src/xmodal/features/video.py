@@ -313,9 +313,11 @@ def _times(info: VideoInfo, path: Path, need: bool):
     return at
 
 
-def _frames(path: Path, max_pixels: int, tally: _Tally, need_time: bool = False) -> Iterator[tuple]:
+def _frames(path: Path, max_pixels: int, tally: _Tally, need_time: bool = False,
+            max_decoded: int | None = None) -> Iterator[tuple]:
     """Yield ``(index, seconds or None, av.VideoFrame)`` for every frame of the first video stream,
-    one at a time. An error after the first frame ends the pass (recorded in ``tally``: truncated)."""
+    one at a time. An error after the first frame ends the pass (recorded in ``tally``: truncated);
+    a frame past ``max_decoded`` is a ValueError naming the file (the bound is a setting's)."""
     av = _av()
     container, stream, info = _open(path, max_pixels)
     tally.info = info
@@ -335,6 +337,8 @@ def _frames(path: Path, max_pixels: int, tally: _Tally, need_time: bool = False)
                 tally.error = _short(exc)
                 return
             _check_size(path, frame.width, frame.height, max_pixels, "has")
+            if max_decoded is not None and tally.count >= max_decoded:
+                raise ValueError(f"{path.name}: more than {max_decoded} frames to decode (the limit)")
             t = at(tally.count, frame)
             if tally.count == 0:
                 tally.first = t
@@ -380,7 +384,7 @@ RESTART = object()  #: marks "the frames so far were chosen on a wrong count; st
 
 
 def _sampled(path: Path, *, frames: int | None, fps: float | None, max_pixels: int,
-             stop_after: Callable[[int], int | None] | None = None) -> Iterator:
+             stop_after: Callable[[int], int | None] | None = None, max_decoded: int | None = None) -> Iterator:
     """Yield ``(index, av.VideoFrame)`` of the sampled frames (and :data:`RESTART` before a second
     pass, when ``frames=N`` was chosen on a packet count the decoder did not match); returns, at
     ``StopIteration``, ``(info, truncation note or None)``.
@@ -393,7 +397,7 @@ def _sampled(path: Path, *, frames: int | None, fps: float | None, max_pixels: i
             want = (uniform_indices(guess, int(frames)) if frames is not None
                     else np.array([stop_after(guess)] if guess else [], np.int64))
             wanted, last_needed = set(want.tolist()), (int(want.max()) if want.size else -1)
-            for i, _, frame in _frames(path, max_pixels, tally):
+            for i, _, frame in _frames(path, max_pixels, tally, max_decoded=max_decoded):
                 if i in wanted:
                     yield i, frame
                 if stop_after is not None and i >= last_needed:
@@ -405,11 +409,11 @@ def _sampled(path: Path, *, frames: int | None, fps: float | None, max_pixels: i
         return tally.info, tally.note()
     tally = _Tally()
     if fps is None:
-        for i, _, frame in _frames(path, max_pixels, tally):
+        for i, _, frame in _frames(path, max_pixels, tally, max_decoded=max_decoded):
             yield i, frame
     else:
         step, t0, k = 1.0 / float(fps), None, 0
-        for i, t, frame in _frames(path, max_pixels, tally, need_time=True):
+        for i, t, frame in _frames(path, max_pixels, tally, need_time=True, max_decoded=max_decoded):
             if t0 is None:
                 t0 = t
             if t - t0 >= k * step - 1e-6:

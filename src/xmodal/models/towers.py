@@ -1,7 +1,9 @@
 """Towers: one modality's head over pre-extracted features (standardise -> pool frames -> project).
 
 Tower kinds (``TOWER_KINDS``): ``linear``, ``mlp``, ``meanp`` (CLIP4Clip meanP), ``transformer``
-(Cali-NCE style temporal pooling). See :mod:`xmodal.models` for the overview.
+(Cali-NCE style temporal pooling), ``identity`` (no parameters: the features themselves, frames
+averaged, as the embedding: zero-shot retrieval with an aligned encoder such as CLIP). See
+:mod:`xmodal.models` for the overview.
 
 A ``transformer`` tower's block (``BLOCKS``): ``xmodal`` (standardise -> Linear -> learned positions
 -> pre-norm GELU encoder, feed-forward 4x -> pool -> output Linear) or ``release`` (COOT's local
@@ -24,7 +26,7 @@ from torch import nn
 from xmodal._validate import choice, flag, integer, number, short_repr
 from xmodal.models.coot import AttentionPool, CootLayerNorm, ReleaseEncoder, init_release, sinusoid_table
 
-TOWER_KINDS = ("linear", "mlp", "meanp", "transformer")
+TOWER_KINDS = ("linear", "mlp", "meanp", "transformer", "identity")
 BLOCKS = ("xmodal", "release")
 POOLINGS = ("mean", "atn")
 
@@ -81,6 +83,9 @@ def check_spec(spec: Any, name: str = "spec") -> TowerSpec:
     flag(spec.tokens, f"{name}.tokens")
     choice(spec.block, "model.block", BLOCKS)
     choice(spec.pooling, "model.local_pooling", POOLINGS)
+    if spec.kind == "identity" and spec.out_dim != spec.in_dim:
+        raise ValueError(f"{name}.out_dim: an identity tower keeps its {spec.in_dim} input values, got out_dim "
+                         f"{spec.out_dim}")
     if spec.kind == "transformer" and spec.hidden % spec.heads:
         raise ValueError(f"{name}.heads: must divide {name}.hidden ({spec.hidden}), got {spec.heads}")
     if spec.kind == "transformer" and spec.pooling == "atn" and (
@@ -236,6 +241,8 @@ class Tower(nn.Module):
             self.pos = position_table(spec.max_frames, spec.hidden)
             self.encoder = transformer_encoder(spec.hidden, spec.heads, spec.layers, spec.dropout)
             self.net = nn.Linear(spec.hidden, spec.out_dim)
+        elif spec.kind == "identity":  # zero-shot: the (frame-averaged) features are the embedding
+            self.net = nn.Identity()
         else:  # linear, meanp
             self.net = nn.Linear(spec.in_dim, spec.out_dim)
         if spec.kind == "transformer" and spec.pooling == "atn":

@@ -370,6 +370,12 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     covers ``max(64, text_tokens)``).
     ``block``, ``local_pooling`` (``mean`` or ``atn``), ``pool_heads``, ``pool_hidden``: the block
     and frame pooling of ``transformer`` towers (:mod:`xmodal.models.towers`; COOT's local level).
+    ``kind="identity"``: no parameters; each side's features (frames averaged over the real ones),
+    L2-normalised, are the embeddings, so ``video_dim`` must equal ``text_dim`` (``dim`` is unused):
+    zero-shot retrieval with an aligned encoder pair such as CLIP's (Radford et al. 2021; DN Sec. 4.1).
+
+    >>> build_model(video_dim=4, text_dim=4, kind="identity").dim
+    4
     """
     choice(fusion, "model.fusion", FUSIONS)
     choice(kind, "model.kind", TOWER_KINDS)
@@ -386,6 +392,18 @@ def build_model(*, video_dim: int, text_dim: int, kind: str = "linear", dim: int
     if text_kind is None:
         text_kind = "linear" if kind in ("meanp", "transformer") else kind
     choice(text_kind, "model.text_kind", TOWER_KINDS)
+    if "identity" in (kind, text_kind):
+        if kind != text_kind:
+            raise ValueError(f"model.text_kind: an identity model has identity towers on both sides, got "
+                             f"{kind} and {text_kind}")
+        if video_dim != text_dim:
+            raise ValueError(f"model.kind: identity needs video and text features of one size (an aligned encoder "
+                             f"such as CLIP's), got video {video_dim} and text {text_dim}")
+        if experts:
+            raise ValueError("model.kind: identity takes one video expert (the features of an aligned encoder)")
+        if text_tokens:
+            raise ValueError("model.kind: identity takes sentence features [T, Dt], not token features")
+        dim = video_dim
     if text_tokens is not None and (isinstance(text_tokens, bool) or not isinstance(text_tokens, (int, np.integer))
                                     or text_tokens < 1):
         raise ValueError(f"text_tokens: expected a positive integer or None, got {short_repr(text_tokens)}")

@@ -326,16 +326,18 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     from xmodal.training.loop import TemperaturePlan, build_loss_from_config, load_splits
 
     run_dir = Path(run_dir)
-    log = read_log(run_dir)
+    log = read_log(run_dir) if (run_dir / "log.jsonl").is_file() else []  # a zero-shot run has no epoch
     cfg = load_config(run_dir / "config.yaml")
     model = load_model(run_dir)
     splits = splits or load_splits(cfg)
-    steps_per_epoch = max(1, log[0]["step"])
+    steps_per_epoch = max(1, log[0]["step"]) if log else 1
     plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=splits["train"].video.shape[-1],
                                                       text_dim=splits["train"].text.shape[-1]),
                            splits["train"], steps_per_epoch)
     written = []
-    if plan.active:
+    if not log:
+        pass  # no training curves to draw
+    elif plan.active:
         steps = np.arange(0, log[-1]["step"])
         values = np.array([plan.mean_value(int(s)) for s in steps])
         written.append(plot_curves(log, run_dir / "curves.png", per_step=(steps, values, steps_per_epoch)))

@@ -35,7 +35,7 @@ RECALL_QUERIES = 1000
 
 
 def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: str = "selected",
-                kind: str = "flat", names: list[str] | None = None, text_encoder: str = "minilm",
+                kind: str = "flat", names: list[str] | None = None, text_encoder: str | None = None,
                 overwrite: bool = False, video_mask: Any = None, target_recall: float | None = None,
                 recall_queries: int = RECALL_QUERIES, nlist: int | None = None, nprobe: int | None = None,
                 ef_search: int | None = None, block_rows: int | None = None, seed: int = 0,
@@ -58,6 +58,10 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
 
     ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines);
     ``texts`` (:func:`caption_texts`) adds the search page's video -> text files (:func:`write_extras`).
+    ``text_encoder``: the run's recorded encoder is kept (``meta.json`` ``text_encoder`` / ``encoders``,
+    :func:`xmodal.features.identity.index_encoders`); given, it states the encoder of a run that
+    records none or names a local copy of the recorded one (another encoder is refused); None and
+    nothing recorded: ``text_encoder`` is null (never a silent default).
     """
     if log is not None and not callable(log):
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
@@ -75,6 +79,9 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     if out.is_dir():  # what a killed build left (the next build would not overwrite a name with its PID)
         remove_stale_temporaries(out, INDEX_FILES)
     model = _load(run, "--run")
+    from xmodal.features.identity import index_encoders
+
+    encoders = index_encoders(run, text_encoder, _text_dim(model))  # a mismatch is refused before any work
     n = _num_rows(video_features)
     if names is not None and len(names) != n:
         raise ValueError(f"--names: {len(names)} names but --video-features has {n} rows")
@@ -111,7 +118,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
                 "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
                 "dim": int(store.dim), "text_dim": _text_dim(model),
-                "text_encoder": text_encoder, "names": names is not None,
+                **encoders, "names": names is not None,
                 "factory": index.factory, "exact": kind == "flat",
                 "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
                 "search_params": dict(index.search_params), "target_recall": index.target_recall,
@@ -260,6 +267,7 @@ class SearchIndex:
             raise ValueError(f"--index: {shift_path} must hold one vector of {self.index.dim} values "
                              f"(the index's dimension)")
         self.shift = shift.astype(np.float32)
+        self._text_choices: dict = {}
         names = self.path / "names.txt"
         self.names = None
         if names.exists() and not names.is_file():
@@ -275,7 +283,8 @@ class SearchIndex:
 
     def encode_captions(self, captions: list[str], *, text_encoder: str | None = None,
                         progress: bool = False) -> Any:
-        """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; MiniLM by default);
+        """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; the recorded one, else
+        the built-in its text size matches, shown as assumed by :meth:`text_encoder`; none: ValueError);
         for a run whose text tower was trained on token features, ``(tokens [T, L, Dt], mask [T, L])``
         (:func:`xmodal.features.encoders.encode_text_tokens`), which :meth:`search` takes as they are.
 
@@ -283,8 +292,21 @@ class SearchIndex:
         --captions' and 'xmodal serve' both come here). A missing encoder package is a
         ValueError naming the encoder.
         """
-        return encode_captions(self.model, captions, text_encoder or self.meta.get("text_encoder", "minilm"),
-                               progress=progress)
+        choice = self.text_encoder(text_encoder)
+        if choice["spec"] is None:
+            raise ValueError(f"text encoder: none for this index: {choice['reason']}")
+        return encode_captions(self.model, captions, choice["spec"], progress=progress)
+
+    def text_encoder(self, given: str | None = None) -> dict:
+        """The encoder raw captions go through (:func:`xmodal.features.identity.resolve_text`):
+        ``{"spec", "status" (recorded / stated / assumed / off), "reason", "record"}``; ``given``
+        (``--text-encoder``) must be the recorded one (ValueError otherwise)."""
+        from xmodal.features.identity import recorded_text, resolve_text
+
+        key = given
+        if key not in self._text_choices:
+            self._text_choices[key] = resolve_text(recorded_text(self.meta), _text_dim(self.model), given)
+        return self._text_choices[key]
 
     @property
     def recall_at_10(self) -> float | None:

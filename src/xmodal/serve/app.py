@@ -4,8 +4,12 @@
 command binds it to ``127.0.0.1`` by default through :mod:`xmodal.serve.net`. Three directions:
 
 - ``t2v`` (``?q=TEXT``): the query is encoded exactly as ``xmodal query --captions`` encodes it
-  (:meth:`xmodal.retrieval.search.SearchIndex.encode_captions`) and searched in the FAISS index, so the
-  scores are the run's normalised text -> video scores;
+  (:meth:`xmodal.retrieval.search.SearchIndex.encode_captions`, the index's recorded text encoder, or
+  a built-in one its text size matches, shown as *assumed*) and searched in the FAISS index, so the
+  scores are the run's normalised text -> video scores; ``POST /api/search`` takes the caption
+  features themselves (an ``.npy`` ``[T, Dt]``, at most ``max_feature_bytes`` and
+  ``max_feature_rows``). Without a usable text encoder the page has no text box and says why;
+  the other directions work for any run;
 - ``v2v`` (``?video=NAME``, "more like this"): the other gallery items by the cosine of the run's video
   embeddings (``videos.npy``; exact, no normaliser; the item itself left out);
 - ``v2t`` (``?video=NAME&direction=v2t``, or an uploaded video): the index's captions (``texts.npy``,
@@ -39,8 +43,14 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_REQUESTS = 32
 #: Search directions: text -> video, video -> video ("more like this"), video -> text.
 DIRECTIONS = ("t2v", "v2v", "v2t")
-#: The one route that takes a request body (a video upload).
+#: The route that takes a video upload's body.
 UPLOAD_PATH = "/upload"
+#: The route that takes POSTed query features.
+SEARCH_PATH = "/api/search"
+#: Largest POSTed ``.npy`` of query features, in bytes.
+MAX_FEATURE_BYTES = 4 * 1024 * 1024
+#: Most rows (queries) in a POSTed ``.npy``.
+MAX_FEATURE_ROWS = 64
 
 
 def _error(status: int, message: str, headers: dict | None = None):
@@ -53,12 +63,14 @@ class RequestLimits:
     """ASGI middleware: no request target over ``max_target`` bytes (414), no headers over
     ``max_headers`` bytes (431), at most ``max_requests`` in progress (503 at once), and no request
     body (413) except a ``POST`` to :data:`UPLOAD_PATH` with a ``Content-Length`` (411 without one)
-    of at most ``max_upload`` bytes (413)."""
+    of at most ``max_upload`` bytes (413), or to :data:`SEARCH_PATH` of at most ``max_features`` bytes."""
 
     def __init__(self, app, max_target: int = MAX_TARGET_BYTES, max_headers: int = MAX_HEADER_BYTES,
-                 max_requests: int = MAX_REQUESTS, max_upload: int = 0, upload_off: str = "uploads are off") -> None:
+                 max_requests: int = MAX_REQUESTS, max_upload: int = 0, upload_off: str = "uploads are off",
+                 max_features: int = MAX_FEATURE_BYTES) -> None:
         self.app, self.max_target, self.max_headers = app, int(max_target), int(max_headers)
         self.max_requests, self.max_upload, self.upload_off = int(max_requests), int(max_upload), str(upload_off)
+        self.max_features = int(max_features)
         self.in_progress = 0
 
     async def __call__(self, scope, receive, send) -> None:
@@ -87,6 +99,12 @@ class RequestLimits:
                           headers={"Retry-After": "1"})
         length = headers.get(b"content-length", b"").strip()
         upload = scope["path"] == UPLOAD_PATH and scope.get("method") == "POST"
+        if scope["path"] == SEARCH_PATH and scope.get("method") == "POST":
+            if b"transfer-encoding" in headers or not length.isdigit() or len(length) > 18:
+                return _error(411, "features: send the .npy with a Content-Length")
+            if int(length) > self.max_features:
+                return _error(413, f"features: larger than {self.max_features:,} bytes")
+            return None
         if upload and self.max_upload <= 0:
             return _error(403, f"upload: {self.upload_off}")
         if not upload:
@@ -176,14 +194,18 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                default_k: int = 10, max_k: int = MAX_K, max_query_chars: int = MAX_QUERY_CHARS,
                warm_up: bool = True, max_requests: int = MAX_REQUESTS, uploads: bool = True,
                max_upload_bytes: int | None = None, max_upload_seconds: float | None = None,
-               upload_frames: int | None = None, image_encoder: str = "efficientnet-lite0",
-               upload_timeout: float | None = None):
+               upload_frames: int | None = None, image_encoder: str | None = None,
+               upload_timeout: float | None = None, max_upload_decode: int | None = None,
+               max_feature_bytes: int = MAX_FEATURE_BYTES, max_feature_rows: int = MAX_FEATURE_ROWS):
     """The Starlette app of ``xmodal serve``.
 
     Args:
         index: a directory written by ``xmodal index`` or an opened ``SearchIndex``.
         images: directory the index's item names are relative to (thumbnails); None: none.
-        text_encoder: override the index's text encoder (default: the one in its ``meta.json``).
+        text_encoder: the encoder of text queries: None = the one the index records (else a built-in
+            its text size matches, shown as assumed; else no text box), ``"none"`` = no text box, a spec
+            = a local copy of the recorded encoder (another encoder is a ValueError) or the encoder
+            of an index that records none.
         default_k: results when the request gives no ``k``.
         max_k, max_query_chars: bounds of ``k`` and of the query's length (400 beyond).
         warm_up: encode one query now, so the first request is not slow and a missing
@@ -192,10 +214,14 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         uploads: accept ``POST /upload`` (a video searched v2t / v2v; needs PyAV and the image encoder).
         max_upload_bytes, max_upload_seconds, upload_frames, upload_timeout: bounds of an upload
             (:mod:`xmodal.serve.uploads`; defaults there).
-        image_encoder: the registered image encoder that made the gallery's frame features.
+        image_encoder: the encoder of an uploaded video (as ``text_encoder``: None = the recorded one,
+            else ``efficientnet-lite0`` for 1280-d video features, shown as assumed; else no uploads).
+        max_upload_decode: most frames decoded from an upload (default 30 a second of
+            ``max_upload_seconds``); max_feature_bytes, max_feature_rows: bounds of POSTed features.
 
     Routes: ``GET /`` (page; ``?q=TEXT`` or ``?video=NAME[&direction=v2t]``, ``&k=K``),
-    ``GET /api/search`` (the same as JSON), ``GET /thumb/{item}`` (JPEG, 404 when none),
+    ``GET /api/search`` (the same as JSON; ``POST`` an ``.npy`` of caption features ``[T, Dt]`` with
+    ``?k=K[&encoder=SPEC]``: ``{"direction", "queries", "answers": [...]}``), ``GET /thumb/{item}`` (JPEG, 404 when none),
     ``POST /upload`` (multipart ``video`` file, ``direction``, ``k``; the page, or JSON with ``?format=json``).
     """
     from starlette.applications import Starlette
@@ -218,6 +244,10 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                                   "--max-upload-seconds")
     upload_frames = _int_in(up.UPLOAD_FRAMES if upload_frames is None else upload_frames, "--upload-frames", 1, 1024)
     upload_timeout = _seconds(up.UPLOAD_TIMEOUT if upload_timeout is None else upload_timeout, "upload_timeout")
+    max_upload_decode = _int_in(int(up.DECODE_FRAMES_PER_SECOND * max_upload_seconds) if max_upload_decode is None
+                                else max_upload_decode, "--max-upload-decode", 1, 10**7)
+    max_feature_bytes = _int_in(max_feature_bytes, "max_feature_bytes", 128, 2**31)
+    max_feature_rows = _int_in(max_feature_rows, "max_feature_rows", 1, 10**5)
     for value, name in ((warm_up, "warm_up"), (uploads, "uploads")):
         if not isinstance(value, bool):
             raise TypeError(f"{name}: expected True or False, got {str(value)[:40]!r}")
@@ -242,18 +272,28 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
             thumbs[id(searcher)] = Thumbnails(images, searcher.index.names)
         return thumbs[id(searcher)]
 
-    if warm_up:
-        holder.searcher.search("warm up", 1)
+    if warm_up and holder.searcher.text_encoder is not None:
+        try:  # a missing encoder fails here, not at the first search
+            holder.searcher.search("warm up", 1)
+        except (ValueError, LookupError, ModuleNotFoundError) as exc:
+            if text_encoder is not None:  # named by the user: their error
+                raise ValueError(f"--text-encoder: {str(exc).removeprefix('text encoder: ')}") from None
+            holder.searcher.text_off(f"the text encoder {holder.searcher.text_encoder} could not be used "
+                                     f"({str(exc)[:200]})")
     limits = {"default_k": default_k, "max_k": max_k, "max_chars": max_query_chars}
+    video_choice = _image_encoder(holder.searcher, image_encoder)
+    image_encoder = video_choice["spec"]
     no_upload = "uploads are off (xmodal serve --uploads on)" if not uploads else \
-        up.unavailable_reason(holder.searcher.index.model, image_encoder)
+        up.unavailable_reason(holder.searcher.index.model, image_encoder, video_choice["reason"])
     upload_info = {"available": no_upload is None, "reason": no_upload, "max_bytes": max_upload_bytes,
-                   "max_seconds": max_upload_seconds, "frames": upload_frames}
-    busy = {"upload": False}
+                   "max_seconds": max_upload_seconds, "frames": upload_frames, "image_encoder": image_encoder,
+                   "image_encoder_status": video_choice["status"], "max_decode": max_upload_decode}
+    busy = {"upload": False, "receiving": 0}
 
     def info(searcher: Searcher) -> dict:
         return {"items": searcher.num_items, "normalizer": searcher.meta.get("normalizer"),
-                "text_encoder": searcher.text_encoder, "kind": searcher.meta.get("kind", "flat"),
+                "text_encoder": searcher.text_encoder, "text_encoder_status": searcher.text_choice["status"],
+                "text_reason": searcher.text_choice["reason"], "kind": searcher.meta.get("kind", "flat"),
                 "texts": 0 if searcher.extras.texts is None else int(searcher.extras.texts.shape[0]),
                 "videos": searcher.extras.videos is not None, **searcher.recall()}
 
@@ -274,11 +314,13 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
             return searcher.search(req["q"], req["k"])
         return searcher.search_video(req["video"], req["k"], req["direction"])
 
-    def api_search(request):
+    async def api_search(request):
         try:
             searcher = holder.current()
         except IndexUnavailable as exc:
             return _error(503, str(exc), headers={"Retry-After": "1"})
+        if request.method == "POST":
+            return await search_features(request, searcher)
         try:
             req = parse_request(request.query_params, **limits)
             return JSONResponse(run_search(searcher, req))
@@ -289,6 +331,32 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         except LookupError as exc:
             return _error(400, str(exc))
 
+    async def search_features(request, searcher: Searcher):
+        import asyncio
+
+        from xmodal.serve.features import parse_features
+
+        try:
+            k = _parse_k(request.query_params.get("k"), default_k, max_k)
+            _check_encoder_param(searcher, request.query_params.get("encoder"))
+
+            async def read() -> bytes:
+                body = bytearray()
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > max_feature_bytes:
+                        raise ValueError(f"features: larger than {max_feature_bytes:,} bytes")
+                return bytes(body)
+
+            try:
+                body = await asyncio.wait_for(read(), upload_timeout)
+            except asyncio.TimeoutError:
+                return _error(408, f"features: not received within {upload_timeout:g} s")
+            feats = parse_features(body, max_rows=max_feature_rows)
+            return JSONResponse(searcher.search_features(feats, k))
+        except ValueError as exc:
+            return _error(400, str(exc))
+
     def page(request):
         params = request.query_params
         try:
@@ -297,7 +365,11 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
             return HTMLResponse(render_page(**common(None), k=default_k, error=str(exc)), status_code=503,
                                 headers={**PAGE_HEADERS, "Retry-After": "1"})
         if "q" not in params and "video" not in params:
-            return HTMLResponse(render_page(**common(searcher), k=default_k), headers=PAGE_HEADERS)
+            browse = None if searcher.text_encoder is not None else {
+                "names": [searcher.name(i) for i in range(min(default_k, searcher.num_items))],
+                "thumbnails": shown_thumbs(searcher, {"direction": "v2v", "results": []},
+                                           list(range(min(default_k, searcher.num_items))))}
+            return HTMLResponse(render_page(**common(searcher), k=default_k, browse=browse), headers=PAGE_HEADERS)
         status, req, result, error = 200, None, None, None
         try:
             req = parse_request(params, **limits)
@@ -351,33 +423,42 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
             return _error(503, str(exc), headers={"Retry-After": "1"})
         if not upload_info["available"]:  # (the middleware answers first; kept for a direct call)
             return refuse(403, f"upload: {upload_info['reason']}")
-        if busy["upload"]:
-            return refuse(503, "upload: another video is being encoded; try again in a moment")
-        busy["upload"] = True
+        if busy["receiving"] >= up.MAX_RECEIVING:
+            return refuse(503, f"upload: {up.MAX_RECEIVING} uploads are being received; try again in a moment")
+        mine = False  # whether this request holds the one encoding slot
+        folder = None
         try:
             with up.PrivateFolder() as folder:
-                path, filename, fields = await up.receive(request, folder, max_bytes=max_upload_bytes,
-                                                          timeout=upload_timeout)
+                busy["receiving"] += 1
+                try:  # receiving never holds the encoding slot: a slow client delays only itself
+                    path, filename, fields = await up.receive(request, folder, max_bytes=max_upload_bytes,
+                                                              timeout=upload_timeout)
+                finally:
+                    busy["receiving"] -= 1
                 direction = fields.get("direction") or ("v2t" if searcher.extras.texts is not None else "v2v")
                 if direction not in ("v2t", "v2v"):
                     raise up.UploadError(400, f"direction: expected v2t or v2v, got {direction[:20]!r}")
                 k = _parse_k(fields.get("k"), default_k, max_k)
+                if busy["upload"]:
+                    return refuse(503, "upload: another video is being encoded; try again in a moment")
+                busy["upload"] = mine = True
 
                 def work():
                     t0 = time.perf_counter()
-                    up.probe(path, max_seconds=max_upload_seconds, max_pixels=MAX_VIDEO_PIXELS)
-                    emb = up.embed(path, searcher.index.model, frames=upload_frames, image_encoder=image_encoder)
+                    up.probe(path, max_seconds=max_upload_seconds, max_pixels=MAX_VIDEO_PIXELS,
+                             max_decoded=max_upload_decode)
+                    emb = up.embed(path, searcher.index.model, frames=upload_frames, image_encoder=image_encoder,
+                                   max_decoded=max_upload_decode, filename=filename)
                     return searcher.search_embedding(emb, k, direction, t0=t0)
 
                 result = await run_in_threadpool(work)
         except up.UploadError as exc:
-            return refuse(exc.status, str(exc))
-        except ValueError as exc:
-            return refuse(400, str(exc))
-        except LookupError as exc:
-            return refuse(400, str(exc))
+            return refuse(exc.status, _private(str(exc), folder))
+        except (ValueError, LookupError) as exc:
+            return refuse(400, _private(str(exc), folder))
         finally:
-            busy["upload"] = False
+            if mine:
+                busy["upload"] = False
         result["upload"] = filename
         if as_json:
             return JSONResponse(result)
@@ -386,12 +467,43 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         return HTMLResponse(body, headers=PAGE_HEADERS)
 
     app = Starlette(routes=[Route("/", page, methods=["GET"]),
-                            Route("/api/search", api_search, methods=["GET"]),
+                            Route(SEARCH_PATH, api_search, methods=["GET", "POST"]),
                             Route("/thumb/{item}", thumb, methods=["GET"]),
                             Route(UPLOAD_PATH, upload, methods=["POST"])],
                     middleware=[Middleware(RequestLimits, max_requests=max_requests,
                                            max_upload=max_upload_bytes if upload_info["available"] else 0,
-                                           upload_off=str(no_upload))])
+                                           upload_off=str(no_upload), max_features=max_feature_bytes)])
     app.state.holder = holder
     app.state.upload = upload_info
     return app
+
+
+def _private(text: str, folder: Any) -> str:
+    """An error message without the private upload folder's path (:func:`xmodal.serve.uploads.scrub`)."""
+    from xmodal.serve.uploads import scrub
+
+    return text if folder is None else scrub(text, Path(folder) / "upload")
+
+
+def _image_encoder(searcher: Searcher, given: str | None) -> dict:
+    """The encoder of uploaded videos (:func:`xmodal.features.identity.resolve` for ``video``)."""
+    from xmodal.features.identity import recorded_video, resolve
+    from xmodal.serve.uploads import _video_in_dim
+
+    return resolve("video", recorded_video(searcher.meta), _video_in_dim(searcher.index.model), given,
+                   flag="--image-encoder")
+
+
+def _check_encoder_param(searcher: Searcher, given: str | None) -> None:
+    """POSTed features that say which encoder made them (``?encoder=SPEC``) must be the recorded one's."""
+    if given is None:
+        return
+    record = searcher.text_choice.get("record")
+    if record is None:
+        return
+    from xmodal.features.identity import portable
+
+    names = {record["spec"], portable(record)["spec"], record.get("hub_name"), searcher.text_encoder}
+    if given not in names:
+        raise ValueError(f"encoder: {given[:200]} is not the encoder of this index's text features "
+                         f"({record['spec']})")

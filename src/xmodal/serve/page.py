@@ -153,11 +153,45 @@ def _results(result: dict[str, Any], thumbnails: dict[int, str], k: int, texts: 
     return parts + ["</ol>"]
 
 
+def _text_encoder(info: dict[str, Any]) -> str:
+    """The header's words on the text encoder: its spec, and *assumed* where nothing was recorded."""
+    spec, status = info.get("text_encoder"), info.get("text_encoder_status")
+    if spec is None:
+        return "<span id=\"text-encoder\" data-status=\"off\">no text encoder</span>"
+    shown = f"text encoder {escape(str(spec))}"
+    if status == "assumed":
+        shown += (f" <i title=\"{escape(str(info.get('text_reason') or ''))}\">(assumed: nothing recorded, "
+                  f"its size matches)</i>")
+    return f"<span id=\"text-encoder\" data-status=\"{escape(str(status))}\">{shown}</span>"
+
+
+def _video_form(k: int, max_k: int) -> str:
+    """Search from a gallery item by its name (the page without a text box)."""
+    return ("<form method=\"get\" action=\"/\" id=\"by-video\"><input type=\"search\" id=\"video\" name=\"video\" "
+            "placeholder=\"a video's name (its line in names.txt)\" required>"
+            f"<label>top <input type=\"number\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>"
+            "<button type=\"submit\" id=\"go-video\">More like this</button></form>")
+
+
+def _browse(browse: dict[str, Any], k: int, texts: bool) -> list[str]:
+    """The gallery's first items (the page without a text box starts from them)."""
+    names, thumbs = browse.get("names") or [], browse.get("thumbnails") or {}
+    parts = [f"<p class=\"status\" id=\"browse-title\">The gallery's first {len(names)} items: pick one to find "
+             f"videos like it{' or its captions' if texts else ''}.</p>", "<ol id=\"browse\" class=\"videos\">"]
+    for i, name in enumerate(names):
+        url = thumbs.get(i)
+        img = f"<img src=\"{escape(url)}\" alt=\"{escape(name)}\" loading=\"lazy\">" if url else "no thumbnail"
+        parts.append(f"<li class=\"item\" data-item=\"{i}\"><div class=\"thumb\">{img}</div><div class=\"meta\">"
+                     f"<div class=\"name\" title=\"{escape(name)}\">{escape(name)}</div>"
+                     f"{_video_links(name, k, texts)}</div></li>")
+    return parts + ["</ol>"]
+
+
 def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: int = 10, max_k: int = 100,
                 max_chars: int = 500, result: dict[str, Any] | None = None,
                 thumbnails: dict[int, str] | None = None, error: str | None = None,
                 source: dict[str, Any] | None = None, upload: dict[str, Any] | None = None,
-                upload_error: bool = False) -> str:
+                upload_error: bool = False, browse: dict[str, Any] | None = None) -> str:
     """The whole page: the query forms, then the results of ``result`` (``Searcher.search``'s dict).
 
     Args:
@@ -171,6 +205,10 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
         source: the video searched from: ``{"name", "item", "captions"}`` or ``{"upload": file name}``.
         upload: the upload form's bounds (``{"available", "max_bytes", "max_seconds", "frames"}``).
         upload_error: the error is an upload's.
+        browse: ``{"names", "thumbnails"}`` of the gallery's first items, listed when there is no text box.
+
+    Without a text encoder (``info["text_encoder"]`` None) there is no text box: the page says why
+    (``info["text_reason"]``) and offers a video's name, the gallery's first items and uploads.
     """
     thumbnails = thumbnails or {}
     texts = bool(info and info.get("texts"))
@@ -178,8 +216,7 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
         head = "index unavailable"
     else:
         head = (f"{info['items']:,} items &middot; normaliser <b id=\"normalizer\">{escape(str(info['normalizer']))}"
-                f"</b> folded into the index &middot; text encoder {escape(str(info['text_encoder']))} &middot; "
-                f"{_recall(info)}")
+                f"</b> folded into the index &middot; {_text_encoder(info)} &middot; {_recall(info)}")
         if texts:
             head += f" &middot; {info['texts']:,} captions for video &rarr; text"
     parts = [
@@ -187,17 +224,25 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
         "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">",
         f"<title>{escape(query + ' - ' if query else '')}xmodal search</title><style>{_STYLE}</style></head><body>",
         f"<header><h1>xmodal search &mdash; {escape(title)}</h1><p>{head}</p></header><main>",
-        "<form method=\"get\" action=\"/\" role=\"search\">",
-        f"<input type=\"search\" id=\"q\" name=\"q\" value=\"{escape(query)}\" maxlength=\"{max_chars}\" "
-        "placeholder=\"describe what you are looking for\" autofocus required>",
-        f"<label>top <input type=\"number\" id=\"k\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>",
-        "<button type=\"submit\" id=\"go\">Search</button></form>",
     ]
+    text_box = info is None or info.get("text_encoder") is not None
+    if text_box:
+        parts += [
+            "<form method=\"get\" action=\"/\" role=\"search\">",
+            f"<input type=\"search\" id=\"q\" name=\"q\" value=\"{escape(query)}\" maxlength=\"{max_chars}\" "
+            "placeholder=\"describe what you are looking for\" autofocus required>",
+            f"<label>top <input type=\"number\" id=\"k\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>",
+            "<button type=\"submit\" id=\"go\">Search</button></form>"]
+    else:
+        parts += [f"<p class=\"status\" id=\"text-off\">Text search is off: {escape(str(info.get('text_reason')))}"
+                  f". Search from a video instead: its name, an item below, or a video file.</p>", _video_form(k, max_k)]
     if info is not None:
         parts.append(_upload_form(upload or {}, info, k, max_k))
     if error:
         cls = "status error upload-error" if upload_error else "status error"
         parts.append(f"<p class=\"{cls}\" id=\"error\">{escape(error)}</p>")
+    elif result is None and browse is not None and info is not None:
+        parts.extend(_browse(browse, k, texts))
     elif result is not None:
         if source is not None:
             parts.append(_source(source, result, thumbnails, k, texts))

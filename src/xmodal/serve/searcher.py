@@ -26,7 +26,10 @@ class Searcher:
         from xmodal.retrieval.search import IndexExtras, SearchIndex
 
         self.index = index if isinstance(index, SearchIndex) else SearchIndex(index)
-        self.text_encoder = text_encoder or self.index.meta.get("text_encoder", "minilm")
+        #: the encoder of text queries: {"spec" (None: no text search), "status", "reason", "record"}
+        self.text_choice = self.index.text_encoder(text_encoder)  # another encoder than recorded: ValueError
+        self.text_encoder = self.text_choice["spec"]
+        self.text_dim = int(self.index.model.architecture()["text"]["in_dim"])
         self.num_items = int(self.index.index.num_items)
         self.extras = IndexExtras(self.index.path, num_items=self.num_items, dim=int(self.index.shift.shape[0]))
         names = self.index.names
@@ -86,16 +89,44 @@ class Searcher:
                 "normalizer": self.meta.get("normalizer") if direction == "t2v" else None, "k": k, **recall,
                 "latency_ms": {"encode": 1e3 * (t1 - t0), "search": 1e3 * (t2 - t1), "total": 1e3 * (t2 - t0)}}
 
+    def text_off(self, reason: str) -> None:
+        """Turn text search off (an encoder that failed to load), saying why."""
+        self.text_choice = {**self.text_choice, "spec": None, "status": "off", "reason": reason}
+        self.text_encoder = None
+
     def search(self, q: str, k: int) -> dict[str, Any]:
         """Text -> video: ``{"direction": "t2v", "query", "results": [{"rank", "name", "score", "item"
-        (, "captions")}], "normalizer", "k", "recall_at_10", ..., "latency_ms"}``."""
+        (, "captions")}], "normalizer", "k", "recall_at_10", ..., "latency_ms", "text_encoder"}``;
+        LookupError naming ``q`` when this index has no usable text encoder."""
+        if self.text_encoder is None:
+            raise LookupError(f"q: text search is off for this index: {self.text_choice['reason']}")
         with self._lock:
             t0 = time.perf_counter()
             feats = self.index.encode_captions([q], text_encoder=self.text_encoder)
             t1 = time.perf_counter()
             scores, indices = self.index.search(feats, k)
             t2 = time.perf_counter()
-        return self._answer("t2v", self._videos(scores[0], indices[0]), k, (t0, t1, t2), q=q)
+        return {**self._answer("t2v", self._videos(scores[0], indices[0]), k, (t0, t1, t2), q=q),
+                "text_encoder": self.encoder_info()}
+
+    def encoder_info(self) -> dict:
+        """``{"spec", "status", "reason"}`` of the text encoder (``status`` ``assumed``: not recorded)."""
+        c = self.text_choice
+        return {"spec": c["spec"], "status": c["status"], "reason": c["reason"]}
+
+    def search_features(self, feats: np.ndarray, k: int) -> dict[str, Any]:
+        """Text -> video from raw caption features ``[T, Dt]`` (a POSTed ``.npy``): one answer per row,
+        ``{"direction": "t2v", "queries": T, "answers": [...]}`` (each as :meth:`search`'s, query None)."""
+        if feats.ndim != 2 or feats.shape[1] != self.text_dim:
+            raise ValueError(f"features: expected [T, {self.text_dim}] caption features (this run's text size), "
+                             f"got shape {list(feats.shape)}")
+        with self._lock:
+            t0 = time.perf_counter()
+            scores, indices = self.index.search(feats, k)
+            t1 = time.perf_counter()
+        answers = [self._answer("t2v", self._videos(s, i), k, (t0, t0, t1)) for s, i in zip(scores, indices)]
+        return {"direction": "t2v", "queries": int(feats.shape[0]), "answers": answers,
+                "text_encoder": self.encoder_info()}
 
     def search_video(self, name: str, k: int, direction: str = "v2v") -> dict[str, Any]:
         """From the gallery item ``name``: ``v2v`` (more like this) or ``v2t`` (its captions)."""

@@ -4,11 +4,15 @@
 Bounds (``create_app`` arguments, ``xmodal serve`` flags):
 
 - the request body: at most ``max_bytes`` (its ``Content-Length`` is checked before a byte is read,
-  and the bytes are counted), read within ``timeout`` seconds, one ``multipart/form-data`` file field;
+  and the bytes are counted), one ``multipart/form-data`` file field, read within ``timeout`` seconds
+  and at :data:`MIN_RATE` bytes a second after a grace of :data:`RECEIVE_GRACE` seconds (a client that
+  trickles its body is cut off early); at most :data:`MAX_RECEIVING` bodies are received at once;
 - the video: its first video stream's frame size (at most :data:`xmodal.features.media.MAX_VIDEO_PIXELS`,
-  probed with the decoder capped there) and its duration (at most ``max_seconds``; a file that declares
-  none may hold at most 60 frames a second of it) are read from the header before any decoding;
-- one upload is encoded at a time (another gets a quick 503);
+  probed with the decoder capped there), its duration (at most ``max_seconds``) and its number of frame
+  packets (at most ``max_decoded``, counted by demuxing, whatever the header declares) are checked
+  before any decoding, and decoding stops past ``max_decoded`` frames;
+- one upload is encoded at a time (another gets a quick 503); receiving does not take that slot;
+- error messages never show the server's private folder (the file is "the uploaded file");
 - the file lives in ``tempfile.mkdtemp()`` (mode 0700) under a fixed name, and the folder is removed
   when the request ends, however it ends.
 """
@@ -30,8 +34,17 @@ MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 MAX_UPLOAD_SECONDS = 120.0
 #: Frames sampled from an uploaded video (``xmodal encode videos --frames``).
 UPLOAD_FRAMES = 16
-#: Seconds to receive an upload's body.
+#: Seconds to receive an upload's body (at most).
 UPLOAD_TIMEOUT = 120.0
+#: Bytes a second an upload's body must keep arriving at after :data:`RECEIVE_GRACE` seconds.
+MIN_RATE = 64 * 1024
+#: Seconds an upload may take before :data:`MIN_RATE` applies.
+RECEIVE_GRACE = 10.0
+#: Upload bodies received at once (each up to ``max_bytes`` on disk); another gets a quick 503.
+MAX_RECEIVING = 4
+#: Frames decoded from an uploaded video, at most, per second of ``max_seconds`` (30 a second: the
+#: default ``--max-upload-seconds`` 120 allows 3,600 decoded frames).
+DECODE_FRAMES_PER_SECOND = 30
 #: Longest value of a form field other than the file.
 MAX_FIELD_BYTES = 64
 
@@ -44,9 +57,10 @@ class UploadError(Exception):
         self.status = status
 
 
-def unavailable_reason(model: Any, image_encoder: str) -> str | None:
+def unavailable_reason(model: Any, image_encoder: str | None, why_none: str | None = None) -> str | None:
     """Why this run cannot embed an uploaded video here (None: it can): PyAV, python-multipart or the
-    image encoder missing, or a run that fuses experts an uploaded file does not give."""
+    image encoder missing (``image_encoder`` None: ``why_none``), or a run that fuses experts an
+    uploaded file does not give."""
     import importlib.util
 
     from xmodal.features import encoders
@@ -55,24 +69,37 @@ def unavailable_reason(model: Any, image_encoder: str) -> str | None:
         return "decoding an uploaded video needs PyAV (pip install 'xmodal[video]')"
     if importlib.util.find_spec("python_multipart") is None:
         return "receiving an upload needs python-multipart (pip install 'xmodal[serve]')"
-    if image_encoder not in encoders.ENCODERS or encoders.ENCODERS[image_encoder].kind != "image":
-        return f"image encoder {image_encoder!r} is not registered"
+    if image_encoder is None:
+        return why_none or "no image encoder for the uploaded video's frames"
+    try:
+        enc = encoders.get_encoder(image_encoder, "video")
+    except ValueError as exc:
+        return str(exc).removeprefix("model: ")
     experts = [e for e in (getattr(model, "experts", None) or []) if e != "video"]
     if experts:
         return f"this run fuses the experts {', '.join(experts)}, which an uploaded file does not give"
     known, want = encoders.FEATURE_DIMS.get(image_encoder), _video_in_dim(model)
+    if known is None and enc.identity is not None:
+        try:
+            known = enc.identity().get("dim")
+        except (ValueError, OSError, ModuleNotFoundError):
+            known = None
     if known is not None and want is not None and known != want:
         return (f"the image encoder {image_encoder} gives {known} values a frame, but this run's video tower "
                 f"takes {want} (it was trained on other features)")
     return None
 
 
-async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float) -> tuple[Path, str, dict]:
+async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
+                  min_rate: float = MIN_RATE, grace: float = RECEIVE_GRACE) -> tuple[Path, str, dict]:
     """Stream a ``multipart/form-data`` body into ``folder/upload``: ``(path, client file name, fields)``.
+
+    The body must arrive within ``min(timeout, grace + Content-Length / min_rate)`` seconds: a client
+    trickling a few bytes now and then is cut off after ``grace`` seconds for a small declared body.
 
     Raises:
         UploadError: not multipart (415), no or two files (400), over ``max_bytes`` (413), slower
-            than ``timeout`` (408), a malformed body (400).
+            than that (408), a malformed body (400).
     """
     from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -142,10 +169,14 @@ async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float)
                 raise state["error"]
         parser.finalize()
 
+    length = request.headers.get("content-length", "")
+    declared = int(length) if length.isdigit() and len(length) <= 18 else max_bytes
+    deadline = min(float(timeout), float(grace) + min(declared, max_bytes) / float(min_rate))
     try:
-        await asyncio.wait_for(read_all(), timeout)
+        await asyncio.wait_for(read_all(), deadline)
     except asyncio.TimeoutError:
-        raise UploadError(408, f"upload: not received within {timeout:g} s") from None
+        raise UploadError(408, f"upload: not received within {deadline:.3g} s (bodies must arrive at "
+                               f"{min_rate / 1024:g} KiB/s or more)") from None
     except UploadError:
         raise
     except Exception as exc:  # noqa: BLE001 - the parser's and the client's errors: a bad upload
@@ -160,9 +191,13 @@ async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float)
     return path, state["filename"] or "upload", fields
 
 
-def probe(path: Path, *, max_seconds: float, max_pixels: int) -> dict:
-    """``{"width", "height", "seconds"}`` of an uploaded video from its header (the decoder capped at
-    ``max_pixels``, one thread); UploadError 400/413 when it is not a video or over a bound."""
+def probe(path: Path, *, max_seconds: float, max_pixels: int, max_decoded: int | None = None) -> dict:
+    """``{"width", "height", "seconds", "packets"}`` of an uploaded video from its header and packets (the
+    decoder capped at ``max_pixels``, one thread; packets counted by demuxing, nothing decoded);
+    UploadError 400/413 when it is not a video or over a bound (``max_decoded``: frame packets, default
+    :data:`DECODE_FRAMES_PER_SECOND` x ``max_seconds``). Messages never name the file's path."""
+    if max_decoded is None:
+        max_decoded = int(DECODE_FRAMES_PER_SECOND * max_seconds)
     import av
 
     try:
@@ -180,34 +215,54 @@ def probe(path: Path, *, max_seconds: float, max_pixels: int) -> dict:
             if not width * height or width * height > max_pixels:
                 shown = f"{width}x{height}" if width * height else "a size not readable within the budget"
                 raise UploadError(413, f"upload: video frames of {shown}, over {max_pixels:,} pixels")
-            if seconds is None:  # no declared duration: count the packets (demuxing only, no decoding)
-                packets, limit = 0, int(60 * max_seconds)
-                for packet in container.demux(stream):
-                    packets += bool(packet.size)
-                    if packets > limit:
-                        raise UploadError(413, f"upload: no declared duration and more than {limit} frames "
-                                               f"(the limit is {max_seconds:g} s)")
-                seconds = packets / 60.0
+            packets = 0  # counted whatever the header declares (demuxing only, no decoding)
+            for packet in container.demux(stream):
+                packets += bool(packet.size)
+                if packets > max_decoded:
+                    raise UploadError(413, f"upload: more than {max_decoded:,} frames to decode (the limit; "
+                                           f"xmodal serve --max-upload-decode N)")
+            if seconds is None:  # no declared duration: at 30 frames a second, as the decode bound counts
+                seconds = packets / DECODE_FRAMES_PER_SECOND
     except UploadError:
         raise
     except (av.FFmpegError, OSError, UnicodeDecodeError, ValueError) as exc:
-        text = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-        raise UploadError(400, f"upload: not a readable video file ({text})") from None
+        text = scrub(str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__, path)
+        raise UploadError(400, f"upload: not a readable video file ({text[:120]})") from None
     if seconds > max_seconds:
         raise UploadError(413, f"upload: {seconds:.1f} s of video, longer than {max_seconds:g} s")
-    return {"width": width, "height": height, "seconds": seconds}
+    return {"width": width, "height": height, "seconds": seconds, "packets": packets}
 
 
-def embed(path: Path, model: Any, *, frames: int, image_encoder: str) -> np.ndarray:
+def scrub(text: str, path: Path) -> str:
+    """``text`` without the server's private folder: the file's path (quoted or not) becomes "the
+    uploaded file", any other mention of its folder "the upload folder".
+
+    >>> scrub("Invalid data: '/tmp/xmodal-serve-upload-ab/upload'", Path("/tmp/xmodal-serve-upload-ab/upload"))
+    'Invalid data: the uploaded file'
+    """
+    for quoted in (f"'{path}'", f'"{path}"', str(path)):
+        text = text.replace(quoted, "the uploaded file")
+    return text.replace(str(path.parent), "the upload folder")
+
+
+def embed(path: Path, model: Any, *, frames: int, image_encoder: str, max_decoded: int | None = None,
+          filename: str = "the uploaded file") -> np.ndarray:
     """The run's video embedding ``[D]`` of a video file: ``frames`` frames through ``image_encoder``
-    (:func:`xmodal.features.encoders.iter_encode_videos`, as ``xmodal encode videos --frames``), then
-    the run's video head on ``[1, F, Dv]`` with every frame real."""
-    from xmodal.features.encoders import iter_encode_videos
+    (:func:`xmodal.features.encoders.iter_encode_videos`, as ``xmodal encode videos --frames``; a clip
+    encoder takes its own number of frames), then the run's video head on ``[1, F, Dv]`` with every
+    frame real. Decoding stops past ``max_decoded`` frames; errors name ``filename``, never ``path``."""
+    from xmodal.features.encoders import get_encoder, iter_encode_videos
 
+    if get_encoder(image_encoder, "video").kind == "video":
+        frames = None  # a clip encoder samples exactly its num_frames
     feats = None
-    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder):
+    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder, max_decoded=max_decoded):
         if isinstance(result, Exception):
-            raise UploadError(400, f"upload: {str(result).replace(str(path), 'the file')[:200]}")
+            text = str(result)
+            if text.startswith(f"{path.name}: "):  # iter_encode_videos names the file: the client's name here
+                text = text[len(path.name) + 2:]
+            status = 413 if "frames to decode" in text else 400
+            raise UploadError(status, f"upload: {filename}: {scrub(text, path)}"[:240])
         feats = result
     if feats is None or feats.ndim != 2 or not feats.shape[0]:
         raise UploadError(400, "upload: no decodable video frame")

@@ -316,8 +316,9 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     build = hierarchy.build_hierarchical_loss if cfg.model.hierarchy else build_loss_from_config
     loss_fn = build(cfg, video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1]).to(device)
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
-    optimizer = make_optimizer(cfg, params)
-    plateau = make_plateau(cfg, optimizer)
+    zero_shot = tc.epochs == 0  # model.kind identity: nothing to train, the test-time pipeline only
+    optimizer = None if zero_shot else make_optimizer(cfg, params)
+    plateau = None if zero_shot else make_plateau(cfg, optimizer)
     ema = make_ema(cfg, model)  # optim.ema: the weights validated and kept are the moving average
 
     world = dist.world_size()
@@ -336,7 +337,7 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     batches_of = hier.batches if hier is not None else (lambda e: epoch_batches(e, **sampler))
     stage("train: drawing the epoch's batches")
     steps_per_epoch = len(batches_of(0))
-    if steps_per_epoch == 0:
+    if steps_per_epoch == 0 and not zero_shot:
         raise ValueError(f"train.batch_size: {tc.batch_size} exceeds the number of training pairs")
     total_steps = tc.epochs * steps_per_epoch
     warmup_steps = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
@@ -375,6 +376,7 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     logs.describe(to_dict(cfg), prov)  # TensorBoard text / tracker params (rank 0; a no-op elsewhere)
     if is_main:  # after the resume check: a refused resume leaves the run's config.yaml alone
         save_config(cfg, out / "config.yaml")
+        _record_encoders(cfg, out, in_memory)
 
     epochs_this_call = 0
     clock = checkpoints.CheckpointClock(tc.checkpoint_minutes if is_main else 0)  # rank 0 writes checkpoints
@@ -532,6 +534,51 @@ def _unfitted_notes(cfg: Config, loss_fn: nn.Module) -> list[str]:
     return []
 
 
+def dn_per_seed(cfg: Config, test_time: TestTime, model: TwoTower, splits: dict, evaluated: list[str]) -> dict | None:
+    """DN's own protocol (Zhou et al. 2023, Sec. 4.3: "we estimated the mean with 100 random unlabeled
+    samples from the validation set and calculated standard deviations and average recalls with 5
+    random seeds"): one DN per sampling seed ``0 .. dn_seeds - 1``, each fitted on ``dn_num_samples``
+    embedded validation texts and videos, each split's metrics per seed, their mean and sample
+    standard deviation (ddof 1). Only for ``test_time.dn_source: val`` with ``dn_seeds > 1`` and
+    ``dn`` among the normalisers; the run's own ``dn`` (selected or not) averages the seeds' means."""
+    tc = cfg.test_time
+    if "dn" not in test_time.names or tc.dn_source != "val" or tc.dn_seeds < 2:
+        return None
+    from xmodal.normalize import DistributionNormalization
+
+    bs = cfg.train.eval_batch_size
+    val_text, val_video = embed_split(model, splits["val"], bs)
+    fits = DistributionNormalization.fit_per_seed(val_text, val_video, lam=tc.dn_lam, num_samples=tc.dn_num_samples,
+                                                  seeds=tc.dn_seeds, seed=0)
+    out: dict[str, Any] = {"lam": tc.dn_lam, "num_samples": tc.dn_num_samples, "seeds": list(range(tc.dn_seeds)),
+                           "source": "val", "std": "sample standard deviation over the seeds (ddof 1)"}
+    for s in evaluated:
+        runs = [evaluate_normalizers(["dn"], dataclasses.replace(test_time, dn=f.state_dict()), model, splits[s],
+                                     bs)["dn"] for f in fits]
+        mean = {d: {m: float(np.mean([r[d][m] for r in runs])) for m in runs[0][d] if _number(runs[0][d][m])}
+                for d in runs[0] if isinstance(runs[0][d], dict)}
+        std = {d: {m: float(np.std([r[d][m] for r in runs], ddof=1)) for m in mean[d]} for d in mean}
+        out[s] = {"per_seed": runs, "mean": mean, "std": std}
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _record_encoders(cfg: Config, out: Path, in_memory: bool) -> None:
+    """``RUN/encoders.json``: the layout's ``DATA/encoders.json`` (which encoders made the features,
+    :mod:`xmodal.features.identity`), so export, index, query and serve know them; nothing for
+    synthetic or in-memory data."""
+    from xmodal.features.identity import ENCODERS_NAME, read_encoders, write_encoders
+
+    records = None if in_memory or cfg.data.name == "synthetic" else read_encoders(cfg.data.root, "data.root")
+    if records is not None:
+        write_encoders(out, records)
+    else:
+        (out / ENCODERS_NAME).unlink(missing_ok=True)
+
+
 def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: dict, state: dict,
            *, show: bool = False, stage=None) -> dict:
     """Restore the best epoch, fit the test-time normalisers once, select one on val (a candidate
@@ -560,7 +607,9 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
     model.test_time = test_time
     summary: dict[str, Any] = {
         "best_epoch": state["best_epoch"] + 1, "epochs_run": state["epoch"], "metric": metric,
-        "val_score": state["best_score"], "train_time_s": state["train_time"], "temperature": model.temperature,
+        # a zero-shot run (train.epochs 0) has no epoch: its score is the val split's without normaliser
+        "val_score": state["best_score"] if math.isfinite(state["best_score"]) else score(val["none"], metric),
+        "train_time_s": state["train_time"], "temperature": model.temperature,
         "normalizer": best, "val": val, "uses_test_queries": [n for n in names if uses_test_queries(n)],
         "index_normalizer": selection["index_normalizer"], "selection": selection,
     }
@@ -576,6 +625,9 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         stage(f"train: evaluating test under {len(names)} normaliser(s)")
         summary["test"] = evaluate_normalizers(names, test_time, model, splits["test"], bs,
                                                per_query=per_query["test"])
+    per_seed = dn_per_seed(cfg, test_time, model, splits, evaluated)
+    if per_seed is not None:
+        summary["dn_per_seed"] = per_seed
     if cfg.test_time.oracle:  # reported beside the table, never selected
         summary["oracle"] = {s: evaluate_normalizers(list(ORACLE_NAMES), test_time, model, splits[s], bs,
                                                      per_query=per_query[s])
