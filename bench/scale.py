@@ -201,20 +201,22 @@ def mb(x: float) -> str:
 
 
 # ----------------------------------------------------------------------------- training
-def write_config(path: Path, data: Path, batch: int, epochs: int, workers: int, bank: int, dim: int = 256) -> None:
-    path.write_text(f"""data:
-  name: paired
-  root: {data}
-  train_split: train
-  val_split: val
-  test_split: test
-model: {{kind: linear, dim: {dim}}}
-loss: {{name: infonce, temperature: 0.05}}
-optim: {{name: adam, lr: 0.001, warmup_epochs: 0, grad_clip: 1.0}}
-test_time: {{normalizers: [none, sinkhorn], bank_size: {bank}, oracle: false}}
-train: {{seed: 0, epochs: {epochs}, batch_size: {batch}, patience: 0, progress: false, device: cpu,
-        workers: {workers}}}
-""")
+#: The training recipe of the scale numbers (one source: the shipped config).
+RECIPE = ROOT / "configs" / "scale" / "linear_1m.yaml"
+
+
+def write_config(path: Path, data: Path, batch: int, epochs: int, workers: int, bank: int, dim: int | None = None) -> None:
+    """:data:`RECIPE` with this run's layout and flags (CPU, no bars: the numbers are this machine's);
+    ``dim``: the embedding size (``--dim``; default the recipe's)."""
+    import yaml
+
+    d = yaml.safe_load(RECIPE.read_text())
+    d["data"]["root"] = str(data)
+    d["test_time"]["bank_size"] = bank
+    if dim is not None:
+        d["model"]["dim"] = dim
+    d["train"].update(epochs=epochs, batch_size=batch, workers=workers, progress=False, device="cpu")
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
 
 
 def bare_loop(data: Path, batch: int, threads: int, seed: int = 0) -> None:

@@ -10,6 +10,17 @@ with ``--big`` over one 1920x1080 clip with every frame: it must not grow with t
 with the frame size.
 
     python bench/video_encode.py [--videos 8] [--frames 24] [--sample 16] [--batch 32] [--repeats 2] [--big]
+
+``--workers N`` instead times ``xmodal encode videos --workers N`` against ``--workers 1`` (issue 34.7) on
+clips where decoding costs what it costs on real footage: ``--clips`` clips of ``--size`` (1280x720) at
+``--rate`` (30) fps, ``--seconds`` (10) s long, a smooth texture panning across the frame, encoded at
+``--fps`` (1) frame per second (30 frames decoded per frame encoded). Both runs go through the CLI in
+this process, alternating, best of ``--repeats``, with ``--threads`` torch threads; the features of the
+two must be equal byte for byte. Printed after them: decoding alone and encoding alone in one process,
+and the most overlapping the two can give. ``--stand-in`` replaces EfficientNet-Lite0 by an encoder that
+costs next to nothing (each frame's mean colour), as a GPU encoder nearly does next to CPU decoding.
+
+    python bench/video_encode.py --workers 2 [--clips 8] [--size 1280x720] [--seconds 10] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -99,6 +110,118 @@ def peak_rss(src: Path, out: Path, sampling: list[str], batch: int, threads: int
     return int(res.stdout.split()[-1]) / 1024
 
 
+def make_footage(root: Path, n: int, *, width: int, height: int, rate: int, seconds: float) -> list[Path]:
+    """``n`` h264 clips: a smooth random texture (bicubic upsampling of noise) panning across the frame."""
+    import av
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    frames = int(round(rate * seconds))
+    paths = []
+    for v in range(n):
+        small = rng.integers(0, 256, (height // 16 + 2, (width + frames * 4) // 16 + 2, 3), dtype=np.uint8)
+        texture = np.asarray(Image.fromarray(small).resize((small.shape[1] * 16, small.shape[0] * 16),
+                                                         Image.BICUBIC))
+        path = root / f"footage{v:03d}.mp4"
+        with av.open(str(path), "w") as c:
+            s = c.add_stream("libx264", rate=rate)
+            s.width, s.height, s.pix_fmt = width, height, "yuv420p"
+            s.options = {"preset": "veryfast", "crf": "23"}
+            for t in range(frames):
+                img = np.ascontiguousarray(texture[:height, 4 * t:4 * t + width])
+                for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+        paths.append(path)
+    return paths
+
+
+STAND_IN = "stand-in-mean-rgb"
+
+
+def _stand_in(images, *, batch_size, progress):
+    """An image encoder that costs next to nothing (each frame's mean R, G, B), as a GPU encoder nearly does
+    next to CPU decoding: the run then measures the decoding pipeline."""
+    return np.stack([np.asarray(im.convert("RGB"), np.float32).mean((0, 1)) for im in images])
+
+
+def workers_run(src: Path, out: Path, workers: int, fps: float, batch: int, model: str) -> float:
+    from xmodal.cli import main as cli
+
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    rc = cli(["encode", "videos", str(src), "--out", str(out), "--fps", str(fps), "--batch-size", str(batch),
+              "--workers", str(workers), "--no-progress", "--model", model])
+    assert rc == 0, rc
+    return time.perf_counter() - t0
+
+
+from xmodal.features.video import DECODE_THREADS  # noqa: E402  (the path is set above)
+
+
+def components(paths: list[Path], fps: float, batch: int, model: str) -> tuple[float, float]:
+    """Seconds to decode the clips alone (sampled frames as RGB, in this process) and to encode those
+    frames alone (the image encoder, batches of ``batch``)."""
+    from PIL import Image
+
+    from xmodal.features.decoders import FRAME, video_events
+    from xmodal.features.encoders import ENCODE_MAX_SIDE, get_encoder
+
+    t0 = time.perf_counter()
+    frames = [Image.fromarray(v) for p in paths
+              for k, v in video_events(p, frames=None, fps=fps, max_side=ENCODE_MAX_SIDE, max_pixels=2**40)
+              if k == FRAME]
+    decode = time.perf_counter() - t0
+    enc = get_encoder(model, "image")
+    t0 = time.perf_counter()
+    for start in range(0, len(frames), batch):
+        enc.fn(frames[start:start + batch], batch_size=batch, progress=False)
+    return decode, time.perf_counter() - t0
+
+
+def workers_section(args: argparse.Namespace) -> None:
+    import os
+
+    from xmodal.features.encoders import register_encoder
+
+    w, h = (int(x) for x in args.size.lower().split("x"))
+    model = "efficientnet-lite0"
+    if args.stand_in:
+        register_encoder(STAND_IN, _stand_in, kind="image", overwrite=True)
+        model = STAND_IN
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        src = tmp / "footage"
+        src.mkdir()
+        t0 = time.perf_counter()
+        make_footage(src, args.clips, width=w, height=h, rate=args.rate, seconds=args.seconds)
+        made = time.perf_counter() - t0
+        times: dict[int, list[float]] = {1: [], args.workers: []}
+        for _ in range(args.repeats):  # alternating: the machine's load drifts
+            for n in (1, args.workers):
+                times[n].append(workers_run(src, tmp / f"w{n}", n, args.fps, args.batch, model))
+        decode, encode = components(sorted(src.glob("*.mp4")), args.fps, args.batch, model)
+        feats = {n: {p.name: np.load(p) for p in sorted((tmp / f"w{n}").glob("*.npy"))} for n in times}
+        frames = sum(f.shape[0] for f in feats[1].values())
+        same = feats[1].keys() == feats[args.workers].keys() and all(
+            feats[1][k].tobytes() == feats[args.workers][k].tobytes() for k in feats[1])
+        one, many = min(times[1]), min(times[args.workers])
+        decoded = args.clips * int(round(args.rate * args.seconds))
+        print(f"encoder {model}; {args.clips} clips {w}x{h}, {args.rate} fps, {args.seconds:g} s (made in {made:.0f} s); --fps "
+              f"{args.fps:g}: {frames} frames encoded of {decoded} decoded; batch {args.batch}, {args.threads} torch "
+              f"thread(s), {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; best of {args.repeats}")
+        print("| --workers | wall | frames/s | x --workers 1 |")
+        print("| ---: | ---: | ---: | ---: |")
+        for n, t in ((1, one), (args.workers, many)):
+            print(f"| {n} | {t:.1f} s ({', '.join(f'{x:.1f}' for x in times[n])}) | {frames / t:.2f} | "
+                  f"{one / t:.2f} |")
+        print(f"features of --workers {args.workers} equal to --workers 1, byte for byte: {same}")
+        print(f"in one process, after the runs: decoding alone {decode:.1f} s (FFmpeg's own {DECODE_THREADS} "
+              f"threads), encoding alone {encode:.1f} s (no number of decoding workers brings the wall time below "
+              f"the encoder's; on a machine whose cores are all busy, more processes gain nothing)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--videos", type=int, default=8)
@@ -108,6 +231,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--big", action="store_true", help="also the peak RSS of one 1920x1080 clip, every frame")
+    ap.add_argument("--workers", type=int, default=0, help="time --workers N against --workers 1 (only that)")
+    ap.add_argument("--clips", type=int, default=8, help="--workers: clips generated")
+    ap.add_argument("--size", default="1280x720", help="--workers: frame size WxH")
+    ap.add_argument("--rate", type=int, default=30, help="--workers: frames per second of the clips")
+    ap.add_argument("--seconds", type=float, default=10.0, help="--workers: length of each clip")
+    ap.add_argument("--fps", type=float, default=1.0, help="--workers: frames encoded per second of video")
+    ap.add_argument("--stand-in", action="store_true",
+                    help="--workers: a stand-in encoder that costs nothing (a GPU's share, nearly): decoding alone")
     args = ap.parse_args()
     import torch
 
@@ -115,6 +246,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     _efficientnet_lite0_model()
+    if args.workers:
+        workers_section(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         src = tmp / "videos"

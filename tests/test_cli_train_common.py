@@ -38,13 +38,18 @@ def test_progress_flag_forces_bars_and_quiet_is_an_alias(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, tty, cfg_progress, expected", [
-    (None, False, True, False), (None, True, True, True), (None, True, False, False),
-    (True, False, False, True), (False, True, True, False)])
+    (None, False, True, "lines"), (None, True, True, "bar"), (None, True, False, "lines"),
+    (True, False, False, "bar"), (False, True, True, None)])
 def test_progress_rule(monkeypatch, flag, tty, cfg_progress, expected):
+    """Bars on a terminal (when train.progress allows them), a line every 30 s otherwise (a log file),
+    nothing with --no-progress / --quiet."""
+    from xmodal.training.loop import _progress_mode
+
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
     cfg = from_dict({"train": {"progress": cfg_progress}})
     assert isinstance(cfg, Config)
-    assert _progress(argparse.Namespace(progress=flag), cfg) is expected
+    assert _progress_mode(_progress(argparse.Namespace(progress=flag), cfg), cfg.train.progress, True) == expected
+    assert _progress_mode(_progress(argparse.Namespace(progress=flag), cfg), cfg.train.progress, False) is None
 
 
 def test_threads_after_config_are_applied(tmp_path):

@@ -56,7 +56,9 @@ def _duration(seconds: float) -> str:
 
 
 def _plural(unit: str, n: float) -> str:
-    return unit if n == 1 or not unit or unit.endswith("s") else unit + "s"
+    if n == 1 or not unit or unit.endswith("s"):
+        return unit
+    return unit + ("es" if unit.endswith(("ch", "sh", "x")) else "s")  # batches, not batchs
 
 
 class Lines:
@@ -225,6 +227,11 @@ class Stages:
         self.current = text
         if self.show is True or (self.show is None and self.every == 0):
             say(text, file=self.file)
+
+    def clear(self) -> None:
+        """No current stage: nothing is repeated until the next one (another reporter, e.g. a
+        training epoch's own progress lines, speaks meanwhile)."""
+        self.current = None
 
     def _tick(self) -> None:
         while not self._stop.wait(self.every):

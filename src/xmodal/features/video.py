@@ -127,6 +127,17 @@ def _short(exc: BaseException) -> str:
     return text[:200]
 
 
+def _named(exc: BaseException, name: str) -> ValueError:
+    """Any failure on one file as a one-line ValueError that starts with the file's name."""
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    if isinstance(exc, ValueError) and text.startswith(f"{name}:"):
+        return exc
+    what = text or type(exc).__name__
+    if not isinstance(exc, ValueError):
+        what = f"{type(exc).__name__}: {what}" if text else what
+    return ValueError(f"{name}: {what}")
+
+
 def _path(path) -> Path:
     if isinstance(path, (bool, np.bool_)) or not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a file path, got {_shown(path)}")

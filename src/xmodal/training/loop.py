@@ -10,15 +10,20 @@ object per epoch; ``log.csv`` and ``tensorboard/`` with ``train.log_to``, see
 :mod:`xmodal.training.runlog`), ``provenance.json`` (command, versions, git revision,
 sha256 of the data files, :mod:`xmodal.training.provenance`), ``checkpoint.pt`` (everything needed to resume exactly: model,
 loss state incl. queues, optimiser, RNG, early-stopping state; rewritten atomically
-every epoch), ``model.pt`` (the selected model with its fitted test-time normalisers,
+every epoch and every ``train.checkpoint_minutes`` inside one, :mod:`xmodal.training.checkpoints`), ``model.pt`` (the selected model with its fitted test-time normalisers,
 what :func:`xmodal.load_model` reads), ``metrics.json`` (with each split's protocol card),
 ``per_query.npz`` (each query's rank per split, normaliser and direction: what ``xmodal
 compare`` tests), PNG plots, and ``.lock`` (one writer at a time). Every checkpoint read is weights-only.
 
 Exact resume: batches of epoch ``e`` come from a generator seeded with ``(seed, e)``,
 the global torch RNG (dropout) is checkpointed, the LR is a function of the step,
-so a run killed after any epoch and resumed ends with the same weights as an
-uninterrupted run.
+so a run killed after any checkpoint (an epoch's end, or a batch inside an epoch) and
+resumed ends with the same weights as an uninterrupted run.
+
+Progress: one line per epoch on stdout (:mod:`xmodal.training.runlog`); on stderr a bar on a
+terminal, else a line every ``XMODAL_PROGRESS_SECONDS`` (30) seconds while the data loads and is
+checked, inside each epoch (batches, clips/s, time left) and while the run is evaluated
+(:mod:`xmodal.progress`).
 
 Data: the training split's arrays stay where the loader put them (memory-mapped files
 in their stored dtype); each step's rows are gathered and upcast as the batch is drawn
@@ -56,8 +61,9 @@ from xmodal.metrics import modality_gap
 from xmodal.models import TwoTower, build_model, model_payload
 from xmodal.models.hierarchy import with_global_towers
 from xmodal.training import hierarchy
-from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, check_run_dir,
+from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, check_run_dir,  # noqa: F401
                          clear_run_outputs, load_checkpoint, prepare_run_dir, remove_stale_temporaries)
+from xmodal.training import checkpoints
 from xmodal.training import provenance
 from xmodal.training.batches import EpochBatches, batch_loader, to_device
 from xmodal.training.runlog import RunLog
@@ -65,9 +71,10 @@ from xmodal.training.sampling import epoch_batches, shuffle_pairs  # noqa: F401 
 from xmodal.training.schedule_plan import (TemperaturePlan, base_value, loss_temperature,  # noqa: F401
                                   text_classes)
 from xmodal.retrieval.testtime import ORACLE_NAMES, TestTime, fit_test_time, select, uses_test_queries  # noqa: F401
-from xmodal.training.parts import (average_gradients, build_loss_from_config, cosine_lr,  # noqa: F401
-                               generator_states, init_distributed_from_env, load_module_state, loss_extras,
-                               make_ema, make_optimizer, make_plateau, resolve_device, set_generator_states)
+from xmodal.training.parts import (average_gradients, bounded_warmup, build_loss_from_config,  # noqa: F401
+                                   cosine_lr, generator_states, init_distributed_from_env, load_module_state,
+                                   loss_extras, make_ema, make_optimizer, make_plateau, resolve_device,
+                                   set_generator_states)
 
 # --------------------------------------------------------------------------- data
 
@@ -198,17 +205,7 @@ def candidate_normalizers(cfg: Config, test_time: TestTime) -> list[str]:
 # --------------------------------------------------------------------------- the loop
 
 
-def _rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+_rng_state, _set_rng_state = checkpoints.rng_state, checkpoints.set_rng_state  # former homes
 
 
 def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_after_epochs: int | None = None,
@@ -223,7 +220,9 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
         resume: continue an interrupted run (else start over, overwriting).
         stop_after_epochs: return after this many epochs *of this call* without
             finishing (simulates a kill; used by the resume tests).
-        progress: tqdm bars on stderr (default: ``cfg.train.progress`` and stderr a terminal; rank 0 only).
+        progress: True: tqdm bars on stderr; False: nothing on stderr; None (default): bars when
+            ``cfg.train.progress`` and stderr is a terminal, else a progress line every
+            ``XMODAL_PROGRESS_SECONDS`` (30) seconds before, inside and after the epochs (rank 0 only).
         verbose: print one line per epoch on stdout (rank 0), terminal or not.
         command: the command line recorded in ``provenance.json`` (default ``sys.argv``).
         splits: in-memory ``{"train", "val"[, "test"]}`` PairedSplits used instead of the
@@ -258,39 +257,40 @@ def train(cfg: Config, out: str | os.PathLike, *, resume: bool = True, stop_afte
             lock.release()
 
 
-def _resume(ckpt_path: Path, cfg: Config, device, model, loss_fn, optimizer, plateau=None, ema=None) -> dict:
-    ckpt = load_checkpoint(ckpt_path, map_location=device)
-    if ckpt.get("config") != to_dict(cfg):
-        raise ValueError(f"out: {ckpt_path.parent} holds a run with a different config; use another --out "
-                         f"or --no-resume")
-    try:
-        model.load_state_dict(ckpt["model"]["state_dict"])
-        load_module_state(loss_fn, ckpt["loss"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if plateau is not None:
-            plateau.load_state_dict(ckpt["plateau"])
-        if ema is not None:
-            ema.load_state_dict(ckpt["ema"])
-        _set_rng_state(ckpt["rng"], device)
-        set_generator_states(loss_fn, ckpt.get("generators", {}))
-        return ckpt["state"]
-    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-        raise RunDirError(f"{ckpt_path}: not a resumable checkpoint of this run ({type(exc).__name__}); "
-                          f"use --no-resume or another --out") from None
-
-
 def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None, progress: bool | None,
            verbose: bool = True, command: str | None = None, splits: dict | None = None,
            accept_changed_data: bool = False) -> dict:
-    from tqdm.auto import tqdm
+    from xmodal.progress import Stages
 
     tc = cfg.train
     is_main = dist.rank() == 0
-    show = (tc.progress and sys.stderr.isatty() if progress is None else progress) and is_main  # bars: a terminal's
+    mode = _progress_mode(progress, tc.progress, is_main)
+    # the steps before, between and after the epochs: a line every 30 s while one lasts (also on a terminal)
+    with Stages(show=None if mode else False) as stage:
+        return _run(cfg, out, resume=resume, stop_after_epochs=stop_after_epochs, mode=mode, stage=stage,
+                    verbose=verbose, command=command, splits=splits, accept_changed_data=accept_changed_data)
+
+
+def _progress_mode(progress: bool | None, configured: bool, is_main: bool) -> str | None:
+    """``"bar"`` (tqdm on a terminal), ``"lines"`` (a line every 30 s, for log files) or None (silent)."""
+    if not is_main or progress is False:
+        return None
+    if progress is True or (configured and sys.stderr.isatty()):
+        return "bar"
+    return "lines"
+
+
+def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None, mode: str | None, stage,
+         verbose: bool, command: str | None, splits: dict | None, accept_changed_data: bool) -> dict:
+    tc = cfg.train
+    is_main = dist.rank() == 0
+    show = mode == "bar"
     device = resolve_device(tc.device)
 
     in_memory = splits is not None
+    stage("train: loading the data" + ("" if in_memory or cfg.data.name != "paired" else f" ({cfg.data.root})"))
     splits = load_splits(cfg, splits) if in_memory else load_splits(cfg)
+    stage("train: checking the splits' feature sizes")
     check_same_sizes(splits)  # a mismatched val / test split fails now, not after training
     train_split, val_split = splits["train"], splits["val"]
     torch.manual_seed(tc.seed)
@@ -310,6 +310,8 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     video_all, mask_all = train_split.video_input()  # (features, mask); dicts with experts
     text_all, text_mask_all = train_split.text_input()  # [T, Dt] or tokens [T, L, Dt] + mask
     if cfg.model.standardize:
+        stage(f"train: fitting the input standardisation on {train_split.num_videos:,} videos and "
+              f"{train_split.num_texts:,} texts")
         model.fit_standardization(video_all, text_all, video_mask=mask_all, text_mask=text_mask_all)
     model.to(device)
     build = hierarchy.build_hierarchical_loss if cfg.model.hierarchy else build_loss_from_config
@@ -334,11 +336,13 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         hier = hierarchy.HierarchyData(train_split, video_all, mask_all, text_all, seed=tc.seed,
                                        batch_size=tc.batch_size, text_mask_all=text_mask_all)
     batches_of = hier.batches if hier is not None else (lambda e: epoch_batches(e, **sampler))
+    stage("train: drawing the epoch's batches")
     steps_per_epoch = len(batches_of(0))
     if steps_per_epoch == 0 and not zero_shot:
         raise ValueError(f"train.batch_size: {tc.batch_size} exceeds the number of training pairs")
     total_steps = tc.epochs * steps_per_epoch
     warmup_steps = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
+    warmup_steps, warmup_note = bounded_warmup(warmup_steps, total_steps)
     plan = TemperaturePlan(cfg, loss_fn, train_split, steps_per_epoch)
     val_relevancy = val_split.mir_relevancy()  # per-epoch mAP / nDCG when present (TS++ Table 5.1)
     if tc.metric == "map" and val_relevancy is None:
@@ -350,17 +354,24 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if (tc.amp and device.type == "cuda") else nullcontext()
 
     state = {"epoch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
-             "history": [], "best_model": None, "train_time": 0.0, "done": False}
+             "history": [], "best_model": None, "train_time": 0.0, "done": False, "batch": 0}
     ckpt_path = out / "checkpoint.pt"
     resumed = resume and ckpt_path.is_file()
     if resumed:
-        state = _resume(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema)
+        stage(f"train: resuming from {ckpt_path}")
+        state = checkpoints.restore(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema)
     data_files = [] if in_memory else provenance.data_files(cfg)
+    if data_files and is_main:
+        stage(f"train: hashing the {len(data_files)} data files for provenance.json")
     hashes = provenance.hash_files(data_files) if is_main else {}
-    changed = provenance.check_resume(out, hashes, epoch=state["epoch"], accept=accept_changed_data) \
+    changed = provenance.check_resume(out, hashes, epoch=state["epoch"], batch=state.get("batch", 0),
+                                      step=state["step"], accept=accept_changed_data) \
         if resumed and is_main else None  # a resume over changed data: refused before anything is written
     logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
-                  enabled=is_main, echo=verbose)
+                  enabled=is_main, echo=verbose, resume_step=state["step"] if state.get("batch") else None)
+    for note in [warmup_note, *_unfitted_notes(cfg, loss_fn)]:
+        if note and is_main and (verbose or mode):
+            print(f"xmodal train: note: {note}", file=sys.stderr, flush=True)
     prov = provenance.start(out, data_files, command=command, resumed=resumed, hashes=hashes,
                             changed=changed) if is_main else {}
     logs.describe(to_dict(cfg), prov)  # TensorBoard text / tracker params (rank 0; a no-op elsewhere)
@@ -369,20 +380,35 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         _record_encoders(cfg, out, in_memory)
 
     epochs_this_call = 0
+    clock = checkpoints.CheckpointClock(tc.checkpoint_minutes if is_main else 0)  # rank 0 writes checkpoints
+
+    def save_checkpoint() -> None:
+        if is_main:
+            atomic_save(checkpoints.payload(cfg, model=model, loss_fn=loss_fn, optimizer=optimizer, device=device,
+                                            state=state, plateau=plateau, ema=ema), ckpt_path)
+        clock.reset()
+
+    per_second = "groups" if hier is not None else "clips"
     while not state["done"] and state["epoch"] < tc.epochs:
         epoch = state["epoch"]
         t0 = time.perf_counter()
         model.train()
         loss_fn.train()
         epoch_list = batches_of(epoch)
-        items = epoch_list if hier is not None else batch_loader(
-            EpochBatches(epoch_list, text=text_all, text_mask=text_mask_all, video=video_all, video_mask=mask_all,
+        first = state.pop("batch", 0)  # > 0: a checkpoint inside this epoch; its first batches are done
+        partial = state.pop("partial", None) or {}
+        t0 -= partial.get("seconds", 0.0)
+        todo = epoch_list[first:]
+        items = todo if hier is not None else batch_loader(
+            EpochBatches(todo, text=text_all, text_mask=text_mask_all, video=video_all, video_mask=mask_all,
                          text_to_video=t2v_np, rank=dist.rank(), local_batch=local_bs), workers=tc.workers,
             seed=tc.seed * 100003 + epoch)
-        bar = tqdm(items, total=len(epoch_list), desc=f"epoch {epoch + 1}/{tc.epochs}", disable=not show,
-                   leave=False, mininterval=0.5, dynamic_ncols=True)
-        losses, terms = [], {}
-        for batch in bar:
+        stage.clear()  # the epoch's own lines from here
+        bar = _epoch_bar(items, len(todo), mode, f"epoch {epoch + 1}/{tc.epochs}"
+                         + (f" from batch {first + 1:,}/{len(epoch_list):,}" if first else ""))
+        losses, terms = list(partial.get("losses", [])), dict(partial.get("terms", {}))
+        tick = time.perf_counter()
+        for done, batch in enumerate(bar, start=first + 1):
             step = state["step"]
             if plateau is None or step < warmup_steps:  # plateau: warm-up here, then ReduceLROnPlateau
                 lr = cosine_lr(step, base_lr=cfg.optim.lr, warmup_steps=warmup_steps, total_steps=total_steps,
@@ -423,14 +449,27 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
             losses.append(value)
             for k, x in (getattr(loss_fn, "last_terms", None) or {}).items():
                 terms[k] = terms.get(k, 0.0) + (x.detach() if isinstance(x, torch.Tensor) else float(x))
-            bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", refresh=False)
+            if mode is not None:
+                rate = (done - first) * tc.batch_size / max(time.perf_counter() - tick, 1e-9)
+                bar.set_postfix_str(f"{rate:,.0f} {per_second}/s, loss {value:.4f}, lr {lr:.2e}", refresh=False)
             if logs.per_step:
                 logs.step(step, loss=value, lr=lr, temperature=plan.mean_value(step) if plan.active
                           else loss_temperature(cfg, loss_fn), terms=getattr(loss_fn, "last_terms", None))
+            if clock.due() and done < len(epoch_list):  # a checkpoint inside the epoch (train.checkpoint_minutes)
+                state.update(batch=done, partial={"losses": losses, "terms": terms,
+                                                  "seconds": time.perf_counter() - t0})
+                save_checkpoint()
+                del state["batch"], state["partial"]  # an epoch's end checkpoints whole epochs
+                logs.checkpoint(len(state["history"]))  # steps before it reach the trackers / event file now
+                if mode is not None:
+                    bar.write(f"train: checkpoint at epoch {epoch + 1}/{tc.epochs}, batch "
+                              f"{done:,}/{len(epoch_list):,} (step {state['step']:,}): {ckpt_path}")
+        bar.close()
         train_loss = float(dist.all_reduce_mean(torch.tensor(float(np.mean(losses))))) if losses else float("nan")
         state["train_time"] += time.perf_counter() - t0
 
         kept = model if ema is None else ema.module  # the weights validated and snapshotted
+        stage(f"train: epoch {epoch + 1}/{tc.epochs}: validating on {val_split.num_texts:,} texts")
         val_text, val_video = embed_split(kept, val_split, tc.eval_batch_size)
         if not bool(torch.isfinite(val_text).all() & torch.isfinite(val_video).all()):
             raise DivergedError(f"training diverged in epoch {epoch + 1}: the weights became NaN/inf; "
@@ -459,13 +498,7 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         state["epoch"] += 1
         if tc.patience and state["bad_epochs"] >= tc.patience:
             state["done"] = True
-        if is_main:
-            atomic_save({"config": to_dict(cfg), "model": model_payload(model), "loss": loss_fn.state_dict(),
-                         "optimizer": optimizer.state_dict(), "rng": _rng_state(device),
-                         **({"plateau": plateau.state_dict()} if plateau is not None else {}),
-                         **({"ema": ema.state_dict()} if ema is not None else {}),
-                         "generators": generator_states(loss_fn), "state": state},
-                        ckpt_path)
+        save_checkpoint()
         logs.epoch(state["history"], improved=improved)  # log.jsonl (+ csv, tensorboard), the epoch line
         epochs_this_call += 1
         if stop_after_epochs is not None and epochs_this_call >= stop_after_epochs and state["epoch"] < tc.epochs \
@@ -477,11 +510,30 @@ def _train(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | Non
         logs.close()  # the other ranks neither repeat that work nor hold its memory
         return {"rank": dist.rank(), "best_epoch": state["best_epoch"] + 1, "epochs_run": state["epoch"],
                 "val_score": state["best_score"]}
-    summary = finish(cfg, out, model, loss_fn, splits, state, show=show)
+    summary = finish(cfg, out, model, loss_fn, splits, state, show=show, stage=stage)
     logs.final(summary, state["step"])
     if is_main:
         provenance.finish(out, prov)
     return summary
+
+
+def _epoch_bar(items, total: int, mode: str | None, desc: str):
+    """The epoch's progress: a tqdm bar (``"bar"``), a line every 30 s (``"lines"``) or nothing."""
+    from xmodal.progress import Lines, progress
+
+    if mode == "bar":
+        bar = progress(items, total=total, desc=desc, unit="batch", show=True)
+        bar.leave = False
+        return bar
+    return Lines(items, total=total, desc=f"train: {desc}", unit="batch", enabled=mode == "lines")
+
+
+def _unfitted_notes(cfg: Config, loss_fn: nn.Module) -> list[str]:
+    """Normalisers the config lists that this run cannot fit, said before training (not only after it)."""
+    if "ncl" in cfg.test_time.normalizers and not hasattr(loss_fn, "query_bank"):
+        return ["test_time.normalizers lists ncl, which is fitted on the NCL loss's query queue "
+                f"(loss.name: ncl); with loss {cfg.loss.name} it is left out"]
+    return []
 
 
 def dn_per_seed(cfg: Config, test_time: TestTime, model: TwoTower, splits: dict, evaluated: list[str]) -> dict | None:
@@ -530,21 +582,24 @@ def _record_encoders(cfg: Config, out: Path, in_memory: bool) -> None:
 
 
 def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: dict, state: dict,
-           *, show: bool = False) -> dict:
+           *, show: bool = False, stage=None) -> dict:
     """Restore the best epoch, fit the test-time normalisers once, select one on val (a candidate
     replaces ``none`` only when its gain is clear, :mod:`xmodal.retrieval.selection`), write
     ``model.pt``, ``metrics.json`` (with each split's protocol card) and ``per_query.npz``."""
     from xmodal.retrieval.perquery import NAME as PER_QUERY, protocol_card, query_ids, split_sha256, write_per_query
     from xmodal.retrieval.selection import select_normalizer
 
+    stage = stage or (lambda text: None)
     if state["best_model"] is not None:
         model.load_state_dict(state["best_model"])
         load_module_state(loss_fn, state["best_loss"])
     model.temperature = loss_temperature(cfg, loss_fn)
     bs, metric = cfg.train.eval_batch_size, cfg.train.metric
+    stage("train: fitting the test-time normalisers")
     test_time = build_test_time(cfg, model, loss_fn, splits["train"], seed=cfg.train.seed, val=splits["val"])
     names = list(test_time.names)
     per_query: dict[str, dict] = {"val": {}}
+    stage(f"train: evaluating val under {len(names)} normaliser(s)")
     val = evaluate_normalizers(names, test_time, model, splits["val"], bs, per_query=per_query["val"])
     test_time.val = val
     selection = select_normalizer(names, val, per_query["val"], metric, rule=cfg.test_time.selection,
@@ -569,6 +624,7 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
     evaluated = [s for s in ("val", "test") if s in splits]
     if "test" in splits:
         per_query["test"] = {}
+        stage(f"train: evaluating test under {len(names)} normaliser(s)")
         summary["test"] = evaluate_normalizers(names, test_time, model, splits["test"], bs,
                                                per_query=per_query["test"])
     per_seed = dn_per_seed(cfg, test_time, model, splits, evaluated)
@@ -579,6 +635,7 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
                                                      per_query=per_query[s])
                              for s in evaluated}
     if dist.rank() == 0:
+        stage("train: writing model.pt, metrics.json and per_query.npz")
         git = provenance.git_revision()
         cards = {s: protocol_card(splits[s], test_time, list(per_query[s]), selected=best,
                                   sha256=split_sha256(splits[s]), git=git, per_query=per_query[s])

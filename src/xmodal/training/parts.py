@@ -153,3 +153,24 @@ def load_module_state(module: nn.Module, state: dict) -> None:
             owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
             setattr(owner, name.rpartition(".")[2], state[name].clone().to(buf.device))
     module.load_state_dict(state)
+
+
+def bounded_warmup(warmup_steps: int, total_steps: int) -> tuple[int, str | None]:
+    """``(warm-up steps, note or None)``: a warm-up that would last the whole run (``optim.warmup_epochs``
+    >= ``train.epochs``, e.g. ``train.epochs=1`` over a config's one-epoch warm-up) never reaches the peak
+    LR before the last step nor decays; it is cut to a tenth of the run, and the note says so.
+
+    >>> bounded_warmup(100, 100)
+    (10, 'optim.warmup_epochs: the warm-up (100 steps) would last the whole run (100 steps) and never decay; cut to 10 steps, a tenth of the run')
+    >>> bounded_warmup(5, 100)
+    (5, None)
+    """
+    from xmodal._validate import whole_number
+
+    warmup_steps = whole_number(warmup_steps, "warmup_steps")
+    total_steps = whole_number(total_steps, "total_steps")
+    if total_steps < 2 or warmup_steps < total_steps:
+        return warmup_steps, None
+    cut = max(1, total_steps // 10)
+    return cut, (f"optim.warmup_epochs: the warm-up ({warmup_steps} steps) would last the whole run "
+                 f"({total_steps} steps) and never decay; cut to {cut} steps, a tenth of the run")

@@ -12,8 +12,9 @@ rename), so a reader never sees half a file.
 A resume over changed data is refused (:func:`check_resume`, issue 25.5): the file would
 otherwise list only the new hashes and misstate what the model was trained on. Accepted
 (``xmodal train --accept-changed-data``), ``data`` holds the new hashes and ``data_history``
-the earlier ones: ``[{"data": {file: sha256}, "until_epoch": E, "replaced": time}, ...]``,
-the hashes the epochs up to ``E`` were trained on.
+the earlier ones: ``[{"data": {file: sha256}, "until_epoch": E, "until_step": S, "replaced": time}, ...]``,
+the hashes the epochs up to ``E`` (the first ``S`` optimisation steps) were trained on; a resume from a
+checkpoint inside an epoch also records ``until_batch``, the batches of epoch ``E + 1`` trained before.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def data_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     return out
 
 
-def check_resume(out: Path, hashes: dict[str, str], *, epoch: int, accept: bool = False) -> dict | None:
+def check_resume(out: Path, hashes: dict[str, str], *, epoch: int, accept: bool = False, batch: int = 0,
+                 step: int | None = None) -> dict | None:
     """Compare the data of a run being resumed with the hashes its ``provenance.json`` recorded.
 
     Args:
@@ -128,6 +130,8 @@ def check_resume(out: Path, hashes: dict[str, str], *, epoch: int, accept: bool 
         hashes: ``{file: sha256}`` of the data this resume reads (:func:`hash_files`).
         epoch: the epochs already trained (the checkpoint's), recorded with the old hashes.
         accept: go on when the data changed, recording both sets of hashes.
+        batch: the batches of the next epoch already trained (a checkpoint inside an epoch).
+        step: the optimisation steps already trained (recorded as ``until_step`` when given).
 
     Returns:
         None when nothing changed (or the run has no readable record to compare with); else,
@@ -149,11 +153,15 @@ def check_resume(out: Path, hashes: dict[str, str], *, epoch: int, accept: bool 
         return None
     if not accept:
         more = f" (and {len(changes) - 1} more file(s))" if len(changes) > 1 else ""
-        raise ChangedDataError(f"resume: the data changed since this run started {epoch} epoch(s) ago: "
+        trained = f"{epoch} epoch(s)" + (f" and {batch} batch(es)" if batch else "")
+        raise ChangedDataError(f"resume: the data changed since this run started {trained} ago: "
                                f"{changes[0]}{more}; resuming would mix two datasets in one model. Start over "
                                f"with --no-resume (or another --out), or pass --accept-changed-data to go on "
                                f"(provenance.json then records both sets of hashes)")
-    return {"data": before, "until_epoch": int(epoch), "replaced": now(), "changes": changes}
+    entry = {"data": before, "until_epoch": int(epoch), "replaced": now(), "changes": changes}
+    if step is not None:  # inside an epoch, until_epoch alone would not say which batches saw the old data
+        entry.update(until_step=int(step), **({"until_batch": int(batch)} if batch else {}))
+    return entry
 
 
 def start(out: Path, files: Iterable[str | os.PathLike], *, command: str | None = None,

@@ -20,6 +20,12 @@ TensorBoard scalars and the MLflow / W&B trackers (``train.log_to``).
 - ``mlflow`` / ``wandb``: the same scalars under the same tags at the same steps, the config, the
   provenance, the final tables and the run's export folder as its model, sent after each epoch's
   checkpoint, exactly once across kills and full disks (:mod:`xmodal.training.trackers`).
+
+A checkpoint inside an epoch (``train.checkpoint_minutes``, :mod:`xmodal.training.checkpoints`) is
+followed by the same sending: the per-step scalars of the steps before it are flushed to the event file
+and journalled and sent to the trackers (the epoch's own scalars and ``log.jsonl`` wait for the epoch's
+end). A run resumed from it purges TensorBoard from its step on, reopens the trackers' runs even in the
+first epoch and sends what the journal holds but a tracker lacks, so no step is sent twice or lost.
 """
 
 from __future__ import annotations
@@ -111,25 +117,27 @@ class RunLog:
         history: the checkpointed epoch records (a resumed run's; empty on a fresh start).
         enabled: write anything at all (rank 0).
         echo: print the epoch line on stdout.
-        start_step: the first step this process trains (a resume from a mid-epoch checkpoint); default
-            the last record's ``step``, or 0.
+        resume_step: the step of the checkpoint a run resumes from when it lies inside an epoch
+            (after ``history[-1]["step"]``); None when resuming from an epoch's end or starting.
     """
 
     def __init__(self, out: Path, *, log_to: tuple = (), metric: str = "rsum", epochs: int = 1,
                  history: list[dict] | None = None, enabled: bool = True, echo: bool = True,
-                 start_step: int | None = None) -> None:
+                 resume_step: int | None = None) -> None:
         self.out, self.metric, self.epochs = Path(out), metric, epochs
         self.enabled, self.echo = enabled, echo and enabled
         self.csv = enabled and "csv" in log_to
         self.writer = None
         self.history = list(history or [])
-        first_step = int(start_step) if start_step is not None else (history[-1]["step"] if history else 0)
+        first_step = history[-1]["step"] if history else 0
+        inside = resume_step is not None and resume_step > first_step  # resumed inside an epoch
+        first_step = resume_step if inside else first_step
         if enabled and first_step == 0:  # a fresh start: logs of an overwritten run go
             for name in ("log.jsonl", "log.csv", TRACKERS_FILE, JOURNAL_FILE):
                 (self.out / name).unlink(missing_ok=True)
         if enabled and "tensorboard" in log_to:
             self.writer = _summary_writer(self.out / TB_DIR, first_step)
-            if history:
+            if history and not inside:  # purged with the steps from the epoch's end on: written again
                 self._epoch_scalars(history[-1])
         self.trackers = Trackers(self.out, tuple(log_to) if enabled else (), history=self.history,
                                  start_step=first_step)
@@ -184,6 +192,16 @@ class RunLog:
         if self.echo:
             print(epoch_line(record, epochs=self.epochs, metric=self.metric, improved=improved,
                              history=history), flush=True)
+
+    def checkpoint(self, epochs: int) -> None:
+        """After a checkpoint inside an epoch (``epochs``: the whole epochs it holds): the per-step scalars
+        so far go to the event file and the trackers."""
+        if not self.enabled:
+            return
+        if self.writer is not None:
+            self.writer.flush()
+        if self.trackers:
+            self.trackers.flush(epochs)
 
     @staticmethod
     def _finite(values: dict) -> dict[str, float]:
