@@ -243,5 +243,30 @@ def _summary_writer(folder: Path, first_step: int):
     if first_step == 0 and folder.is_dir():  # a fresh start replaces the old run's event files
         for f in folder.glob("events.out.tfevents.*"):
             f.unlink()
+    _quiet_event_thread()
     return SummaryWriter(str(folder), purge_step=first_step or None)
+
+
+def _quiet_event_thread() -> None:
+    """TensorBoard writes its event file from a thread of its own; on a full disk that thread dies with a
+    traceback on the terminal while the training's own write fails with one line (``xmodal train: error:
+    no space left on device``). Its OSError is kept off the terminal (the main thread reports the disk);
+    every other thread's exception goes to the previous hook."""
+    import threading
+
+    try:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    except ImportError:  # another tensorboard layout: nothing to quiet
+        return
+    previous = threading.excepthook
+    if getattr(previous, "_xmodal_quiet", False):
+        return
+
+    def hook(args) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook._xmodal_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
