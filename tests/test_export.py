@@ -192,7 +192,7 @@ def test_export_is_loaded_indexed_and_searched_elsewhere_without_the_run_or_pick
                      "--out", str(tmp_path / "i2"), "--normalizer", "sinkhorn"]) == 0
         assert sorted(p.name for p in (tmp_path / "i2").iterdir()) == ["config.json", "index.faiss", "meta.json",
                                                                       "model.safetensors", "names.txt",
-                                                                      "query_shift.npy", "texts.json", "texts.npy",
+                                                                      "query_shift.npy", "texts.faiss", "texts.json", "texts.npy",
                                                                       "videos.npy"]
         got_query = _json(capsys, ["query", "--index", str(tmp_path / "i2"), "--text-features",
                                    str(tmp_path / "t.npy"), "--k", "5", "--json"])

@@ -158,6 +158,8 @@ def test_commands_take_the_zero_shot_run_unchanged(run, layout, tmp_path, capsys
                  "--normalizer", "dn", "--quiet"]) == 0
     assert json.loads((tmp_path / "i" / "meta.json").read_text())["text_encoder"] is None  # nothing recorded
     assert main(["export", str(out), "--out", str(tmp_path / "e")]) == 0
+    card = (tmp_path / "e" / "README.md").read_text()
+    assert "zero-shot: no trained parameters" in card and "trained with `xmodal train`" not in card
     from xmodal.models import load_model
 
     s = load_paired_split(layout, "test")

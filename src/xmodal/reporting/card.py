@@ -396,8 +396,11 @@ def model_card(config: dict, records: dict, files: dict[str, str] | None = None)
            f"({plain(text.get('in_dim', '?'))} -> {plain(text.get('out_dim', '?'))})"
            + (f", video experts {', '.join(code(k, 60) for k in experts)} fused by {code(arch.get('fusion'))}"
               if experts else "")
-           + f", trained with `xmodal train` (loss {code(loss.get('name', NOT_RECORDED))}), exported with "
-             f"`xmodal export` (xmodal {plain(config.get('xmodal_version', '?'))}).", "",
+           + (", zero-shot: no trained parameters (`model.kind: identity`, `train.epochs: 0`; each side's "
+              "features, L2-normalised, are its embeddings), written by `xmodal train`, exported with "
+              if video.get("kind") == "identity" or text.get("kind") == "identity" else
+              f", trained with `xmodal train` (loss {code(loss.get('name', NOT_RECORDED))}), exported with ")
+           + f"`xmodal export` (xmodal {plain(config.get('xmodal_version', '?'))}).", "",
            "## Intended use", "",
            "Text -> video (or image) and video -> text retrieval, for research and prototyping, over galleries "
            "whose features were made by the same extractors as the training data (below). Scores rank items; "
