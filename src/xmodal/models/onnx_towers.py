@@ -3,15 +3,11 @@
 Each graph takes raw features with a frame (token) axis and its mask, and returns what
 ``encode_video`` / ``encode_text`` return, L2-normalised joint-space embeddings:
 
-========================  =================================  ===========================================
-input / output            shape, dtype                       meaning
-========================  =================================  ===========================================
-``features``              ``[batch, frames, dim]`` float32   frames (tokens); a video of one feature, an
-                                                             image or a sentence feature: ``frames`` = 1
-``mask``                  ``[batch, frames]`` bool           True = a real frame (token); padded ones,
-                                                             whatever they hold, change nothing
-``embeddings``            ``[batch, joint]`` float32         unit-norm embeddings; score = dot product
-========================  =================================  ===========================================
+| input / output | shape, dtype | meaning |
+|---|---|---|
+| ``features`` | ``[batch, frames, dim]`` float32 | frames (tokens); a video of one feature, an image or a sentence feature: ``frames`` = 1 |
+| ``mask`` | ``[batch, frames]`` bool | True = a real frame (token); padded ones, whatever they hold, change nothing |
+| ``embeddings`` | ``[batch, joint]`` float32 | unit-norm embeddings; score = dot product |
 
 ``batch`` and ``frames`` (``tokens`` in the text graph) are dynamic axes (at most the tower's position
 table for a ``transformer`` tower). A text tower trained on sentence features (one vector per caption,

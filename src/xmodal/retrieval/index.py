@@ -8,14 +8,13 @@ top-k stays a plain maximum-inner-product search, for every kind of index.
 
 Kinds (built with ``faiss.index_factory``, inner-product metric):
 
-==========  =====================  =====================================================
-kind        factory string         search parameter / what is stored
-==========  =====================  =====================================================
-``flat``    ``Flat``               none: exact (every vector, float32)
-``ivf``     ``IVF{nlist},Flat``    ``nprobe`` of ``nlist`` cells (k-means); float32 vectors
-``ivfpq``   ``IVF{nlist},PQ{m}x8`` ``nprobe``; each vector as ``m`` bytes (product quantiser)
-``hnsw``    ``HNSW32``             ``efSearch``; float32 vectors + a 32-neighbour graph
-==========  =====================  =====================================================
+| kind | factory string | search parameter / what is stored |
+|---|---|---|
+| ``flat`` | ``Flat`` | none: exact (every vector, float32) |
+| ``ivf`` | ``IVF{nlist},Flat`` | ``nprobe`` of ``nlist`` cells (k-means); float32 vectors |
+| ``ivfpq`` | ``IVF{nlist},PQ{m}x8`` | ``nprobe``; each vector as ``m`` bytes (product quantiser) |
+| ``ivfpqr`` | ``IVF{nlist},PQ{m}x4fsr,Refine(SQ8)`` | ``nprobe``; 4-bit fast-scan codes shortlist ``8 k`` candidates, re-ranked by 8-bit scalar codes |
+| ``hnsw`` | ``HNSW32`` | ``efSearch``; float32 vectors + a 32-neighbour graph |
 
 An approximate index states its quality: given a sample of queries (``queries=``; the
 trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95

@@ -4,23 +4,15 @@
 (plain tensors, numbers and strings: weights-only loadable). It is fitted once, at the
 end of training (:func:`fit_test_time`), on query banks embedded by the final model:
 
-========================  ===============================================================
-name                      stored state, and what runs on a gallery
-========================  ===============================================================
-``none``                  nothing: cosine scores
-``dn``                    the fitted means ``mu_text``, ``mu_video`` (DN eq. 7), from the
-                          train banks or (``dn_source: val``) validation samples; nothing
-                          is recomputed for a new gallery
-``sinkhorn``              a bank of train queries (random texts / videos) + temperature +
-                          iterations; the gallery biases (NCL eq. 13) are computed against
-                          the gallery being searched
-``ncl``                   as ``sinkhorn`` with the NCL loss's own queue of train queries
-                          (the NCL paper's test-time method)
-``qbnorm`` / ``is``       a bank of train queries + ``k``/``beta`` (QB-Norm)
-``dsl``                   temperature; dual softmax over the test queries themselves
-``sinkhorn_oracle``       temperature + iterations; Sinkhorn biases fitted on the test
-                          queries themselves (NCL's oracle; alias ``ncl_oracle``)
-========================  ===============================================================
+| name | stored state, and what runs on a gallery |
+|---|---|
+| ``none`` | nothing: cosine scores |
+| ``dn`` | the fitted means ``mu_text``, ``mu_video`` (DN eq. 7), from the train banks or (``dn_source: val``) validation samples; nothing is recomputed for a new gallery |
+| ``sinkhorn`` | a bank of train queries (random texts / videos) + temperature + iterations; the gallery biases (NCL eq. 13) are computed against the gallery being searched |
+| ``ncl`` | as ``sinkhorn`` with the NCL loss's own queue of train queries (the NCL paper's test-time method) |
+| ``qbnorm`` / ``is`` | a bank of train queries + ``k``/``beta`` (QB-Norm) |
+| ``dsl`` | temperature; dual softmax over the test queries themselves |
+| ``sinkhorn_oracle`` | temperature + iterations; Sinkhorn biases fitted on the test queries themselves (NCL's oracle; alias ``ncl_oracle``) |
 
 A gallery bias is a function of the gallery, so for Sinkhorn / QB-Norm / IS "no
 refitting" means: the stored banks and hyper-parameters are fixed at training time and
