@@ -22,7 +22,8 @@ from scipy import stats
 from xmodal.cli import main
 from xmodal.data.synthetic import synthetic
 from xmodal.metrics.paired import format_diff, format_p, paired_test, seed_test
-from xmodal.retrieval.perquery import read_per_query, write_per_query
+from xmodal.retrieval.perquery import write_per_query
+from xmodal.retrieval.perquery_read import read_per_query
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}

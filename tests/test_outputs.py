@@ -192,7 +192,7 @@ def test_tiny_model_file_declaring_huge_layers_is_refused_before_allocation(fini
                          env={**os.environ, "PYTHONPATH": str(Path(xmodal.__file__).parents[1]), "OMP_NUM_THREADS": "1"},
                          timeout=300)
     msg, grown_mb = res.stdout.strip().splitlines()
-    assert "huge.pt" in msg and "architecture declares" in msg, res.stdout + res.stderr
+    assert "huge.pt" in msg and ("architecture declares" in msg or "must be at most" in msg), res.stdout + res.stderr
     assert int(grown_mb) < 200, f"loading grew the process by {grown_mb} MB"
 
 

@@ -61,7 +61,8 @@ def test_index_selected_falls_back_to_best_foldable_and_says_so(run_dir, tmp_pat
     feats = tmp_path / "v.npy"
     in_dim = payload["model"]["architecture"]["video"]["in_dim"]
     np.save(feats, np.random.default_rng(0).standard_normal((30, in_dim)).astype(np.float32))
-    assert main(["index", "--run", str(run), "--video-features", str(feats), "--out", str(tmp_path / "idx")]) == 0
+    assert main(["index", "--run", str(run), "--video-features", str(feats), "--out", str(tmp_path / "idx"),
+                 "--normalizer", "selected"]) == 0  # the run's own choice (the default, auto, measures first)
     out = capsys.readouterr()
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert meta["normalizer"] == expected == "dn" and meta["fallback_from"] == "qbnorm"

@@ -176,7 +176,7 @@ def sha256(path: Path) -> str:
 
 def _encoder_name(record: dict | None) -> str | None:
     """The extractor an encoder record names (its spec where ``enc`` recorded one), paths cut."""
-    from xmodal._paths import elide_paths
+    from xmodal._files.paths import elide_paths
 
     if not isinstance(record, dict):
         return None
@@ -204,9 +204,9 @@ def card_fields(license_id: str, datasets: list[str]) -> dict:
 
 def portable_run_config(run_config: dict | None, provenance: dict | None) -> dict | None:
     """The run's config without absolute paths of this machine: ``data.root`` becomes ``sha256:HEX`` (the
-    data's SHA-256, :func:`xmodal._paths.data_sha256`, or ``not recorded`` without the provenance's hashes);
-    any other absolute path keeps its last component (:func:`xmodal._paths.elide_paths`)."""
-    from xmodal._paths import data_sha256, elide_paths
+    data's SHA-256, :func:`xmodal._files.paths.data_sha256`, or ``not recorded`` without the provenance's hashes);
+    any other absolute path keeps its last component (:func:`xmodal._files.paths.elide_paths`)."""
+    from xmodal._files.paths import data_sha256, elide_paths
 
     if not isinstance(run_config, dict):
         return run_config

@@ -261,7 +261,7 @@ def read_config(path: str | os.PathLike) -> dict:
     :data:`MAX_CONFIG_BYTES` bytes, :data:`MAX_CONFIG_DEPTH` levels and :data:`MAX_CONFIG_VALUES` values
     (measured before any object is built), ``format``, an integer ``version`` this xmodal reads, only
     the keys an export writes (:data:`CONFIG_KEYS`)."""
-    from xmodal._jsonfile import read_json_file
+    from xmodal._files.jsonfile import read_json_file
 
     p = Path(path) / CONFIG_NAME if Path(path).is_dir() else Path(path)
     if not p.is_file():
@@ -344,14 +344,14 @@ def export_payload(path: str | os.PathLike) -> dict:
     under ``"model"``); :func:`xmodal.load_model` does both.
 
     Only the tensors config.json names are read: the architecture's (shapes and dtypes from the model
-    built on the ``meta`` device, its computed buffers bounded, :func:`xmodal.models.io.skeleton`) and
+    built on the ``meta`` device, its computed buffers bounded, :func:`xmodal.models.skeleton.skeleton`) and
     the test-time record's; each is checked against the file's header first.
 
     Raises:
         FileNotFoundError: a file is missing.
         ValueError: a file is not what ``xmodal export`` writes.
     """
-    from xmodal.models.io import skeleton
+    from xmodal.models.skeleton import skeleton
 
     folder = Path(path)
     cfg = read_config(folder)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from xmodal._validate import short_repr
+from xmodal.models.skeleton import MAX_DERIVED_BYTES, MAX_EXPERTS, _model_class, skeleton  # noqa: F401 (re-exported)
 from xmodal.models.two_tower import TwoTower
 from xmodal.runs import load_checkpoint
 from xmodal.retrieval.testtime import TestTime
@@ -40,39 +40,6 @@ def model_payload(model: TwoTower) -> dict:
         raise TypeError(f"model: expected a TwoTower, got {short_repr(model)}")
     return {"architecture": model.architecture(), "state_dict": model.state_dict(),
             "test_time": model.test_time.state_dict()}
-
-
-#: What a model file may make xmodal allocate beyond the tensors it stores: buffers computed from the
-#: architecture's sizes alone (the release block's sine/cosine position tables, ``max_frames x hidden``
-#: and ``max_len x dim``). A 61 KB file declaring ``max_frames: 134217728`` asked for 8 GB.
-MAX_DERIVED_BYTES = 64 << 20
-#: Most video experts an architecture record may declare (each is a tower of modules).
-MAX_EXPERTS = 64
-
-
-def skeleton(arch: Any) -> TwoTower:
-    """The model an architecture record describes, built on the ``meta`` device (shapes and dtypes, no
-    memory), after bounding what building it for real would allocate beyond the stored weights.
-
-    Raises:
-        ValueError: a malformed record, more than :data:`MAX_EXPERTS` experts, or computed buffers
-            larger than :data:`MAX_DERIVED_BYTES` (naming the buffer and the sizes behind it).
-    """
-    cls = _model_class(arch)
-    experts = arch.get("experts")
-    if isinstance(experts, dict) and len(experts) > MAX_EXPERTS:
-        raise ValueError(f"architecture['experts']: {len(experts)} experts, at most {MAX_EXPERTS}")
-    with torch.device("meta"):
-        model = cls.from_architecture(arch)
-    stored = set(model.state_dict())
-    derived = {name: b for name, b in model.named_buffers() if name not in stored}
-    total = sum(b.numel() * b.element_size() for b in derived.values())
-    if total > MAX_DERIVED_BYTES:
-        name, big = max(derived.items(), key=lambda kv: kv[1].numel())
-        raise ValueError(f"architecture: the sine/cosine position table {name} ({list(big.shape)}: max_frames or "
-                         f"max_len x width) and any other computed buffers would take {total / 2 ** 20:,.0f} MiB at "
-                         f"load; a model file may ask for at most {MAX_DERIVED_BYTES >> 20} MiB beyond its weights")
-    return model
 
 
 def check_declared_shapes(arch: dict, state_dict: dict) -> dict[str, torch.Tensor]:
@@ -151,18 +118,6 @@ def check_test_time_values(test_time: TestTime, dim: int) -> None:
         DistributionNormalization.from_state_dict(dn)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"test_time.dn: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-
-
-def _model_class(arch: dict) -> type[TwoTower]:
-    """The class an architecture record rebuilds: clips inside videos (``hierarchy``) add
-    global towers; otherwise a :class:`TwoTower` (several experts + fusion head included)."""
-    if not isinstance(arch, dict):
-        raise ValueError(f"architecture: expected a mapping, got {short_repr(arch)}")
-    if "hierarchy" in arch:
-        from xmodal.models.hierarchy import HierarchicalTwoTower
-
-        return HierarchicalTwoTower
-    return TwoTower
 
 
 def model_from_payload(payload: dict) -> TwoTower:

@@ -59,8 +59,8 @@ _PAPERS = {  # what a colleague cites beside the software (the papers whose meth
 
 def read_json(path: Path) -> dict | None:
     """A JSON object from ``path``, or None when it is missing, unreadable or larger than a run's record
-    (64 MiB, 64 levels, a million values: :func:`xmodal._jsonfile.read_json_file`)."""
-    from xmodal._jsonfile import read_json_file
+    (64 MiB, 64 levels, a million values: :func:`xmodal._files.jsonfile.read_json_file`)."""
+    from xmodal._files.jsonfile import read_json_file
 
     try:
         value = read_json_file(path, max_bytes=64 << 20, max_depth=64)
@@ -153,7 +153,7 @@ def _evaluation(metrics: dict | None, selected: str | None) -> list[str]:
 
 
 def _provenance(prov: dict | None, run_config: dict | None) -> list[str]:
-    from xmodal._paths import elide_paths
+    from xmodal._files.paths import elide_paths
 
     out = ["## Training data and provenance", ""]
     data = (run_config or {}).get("data") or {}
@@ -229,7 +229,7 @@ def _test_time(config: dict, metric: str | None) -> list[str]:
 def _encoder(record: Any) -> str:
     """An encoder record of config.json (``{"name", "description", "source"}``, and where the encoder is
     known its ``spec`` and hub name) as one cell, every value inert (:func:`plain`)."""
-    from xmodal._paths import elide_paths
+    from xmodal._files.paths import elide_paths
 
     if not isinstance(record, dict):
         return NOT_RECORDED if not record else plain(elide_paths(str(record)))

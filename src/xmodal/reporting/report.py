@@ -265,7 +265,7 @@ def intervals_section(path: Path, n_boot: int = 2000) -> list[str]:
     """R@1 of every normaliser with its bootstrap interval over the queries, and its paired
     difference to none (interval, p-value), from ``per_query.npz``."""
     from xmodal.metrics.paired import bootstrap_interval, paired_test
-    from xmodal.retrieval.perquery import read_per_query
+    from xmodal.retrieval.perquery_read import read_per_query
 
     if not path.is_file():
         return []

@@ -18,7 +18,7 @@ _EXPORTS = {
     "TestTime": "testtime", "fit_test_time": "testtime", "fit_normalizer": "testtime",
     "BiasedIndex": "index", "SearchIndex": "search", "write_index": "build",
     "fold_run_normalizer": "index", "selected_normalizer": "index",
-    "query_results": "evaluate", "protocol_card": "perquery", "read_per_query": "perquery",
+    "query_results": "evaluate", "protocol_card": "perquery", "read_per_query": "perquery_read",
     "write_per_query": "perquery", "select_normalizer": "selection",
 }
 

@@ -85,8 +85,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
     say = log if log is not None else (lambda line: None)
     from xmodal.models.io import model_files
-    from xmodal.retrieval.index import (BLOCK_ROWS, KINDS, MIN_POINTS_PER_CENTROID, MIN_PQ_ROWS, BiasedIndex,
-                                        fold_run_normalizer)
+    from xmodal.retrieval.index import (BLOCK_ROWS, KINDS, MIN_POINTS_PER_CENTROID, MIN_PQ_ROWS, BiasedIndex)
     from xmodal._validate import option, whole_number
     from xmodal.runs import StagedFiles, remove_stale_temporaries
 
@@ -99,8 +98,6 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     if out.is_dir():  # what a killed build left (the next build would not overwrite a name with its PID)
         remove_stale_temporaries(out, INDEX_FILES)
     if model is None:
-        from xmodal.retrieval.search import _load
-
         model = _load(run, "--run")
     from xmodal.features.identity import index_encoders
 
@@ -477,6 +474,19 @@ def _write_extras(stage: Any, model: Any, videos: Any, texts: dict | None, store
         meta.update(texts=int(emb.shape[0]), captions=captions is not None, texts_index=info)
     stage.write("videos.npy", lambda tmp: write_rows_npy(tmp, videos, dtype=store))
     return meta
+
+
+def _load(path: str, flag: str):
+    """``xmodal.load_model(path)``; a missing/corrupt/foreign run is a ValueError naming ``flag``."""
+    from xmodal.models import load_model
+
+    try:
+        return load_model(path)
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        msg = str(exc)
+        if msg.startswith("path: "):
+            msg = msg[len("path: "):]
+        raise ValueError(f"{flag}: {msg}") from None
 
 
 __all__ = ["write_index", "check_out", "caption_texts", "write_extras", "write_rows_npy", "FORMAT", "VERSION",

@@ -16,7 +16,7 @@
 * ``"xmodal"``: the writer's mark, JSON ``{"writer": "xmodal train" | "xmodal eval --per-query",
   "format": 2}`` (``eval --per-query`` replaces only a file that carries its own mark).
 
-Files are read back by :class:`xmodal.retrieval.perquery_read.PerQueryFile` (bounded, checked).
+Files are read back by :func:`xmodal.retrieval.perquery_read.read_per_query` (bounded, checked).
 
 The **protocol card** (:func:`protocol_card`) says how a split's numbers were made:
 ``num_queries`` and ``gallery_size`` per direction, ``chance_r1`` (the R@1 in percent of a
@@ -41,7 +41,7 @@ import numpy as np
 from xmodal._validate import duck, int_array, short_repr
 
 __all__ = ["PROTOCOL_FIELDS", "split_sha256", "arrays_sha256", "protocol_card", "bank_source",
-           "write_per_query", "read_per_query", "card_differences", "normalizer_card", "query_ids"]
+           "write_per_query", "card_differences", "normalizer_card", "query_ids"]
 
 NAME = "per_query.npz"
 #: What a per-query entry holds: 1-based ranks, AP and nDCG in percent.
@@ -294,16 +294,6 @@ def write_per_query(path: str | os.PathLike, results: dict, cards: dict | None =
 
     atomic_write(Path(path), write)
     return Path(path)
-
-
-def read_per_query(path: str | os.PathLike) -> tuple[dict, dict]:
-    """``(results, cards)`` of a ``per_query.npz`` (the inverse of :func:`write_per_query`), every
-    array and card checked (:class:`~xmodal.retrieval.perquery_read.PerQueryFile`); a file that is
-    not one is a one-line ValueError naming it."""
-    from xmodal.retrieval.perquery_read import PerQueryFile
-
-    with PerQueryFile(path) as f:
-        return f.results(), f.cards
 
 
 def card_differences(a: dict | None, b: dict | None, *, normalizer_a: str | None = None,

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from xmodal._validate import short_repr
-from xmodal.retrieval.perquery import KINDS, PROTOCOL_FIELDS, WRITER_KEY
+from xmodal.retrieval.perquery import KINDS, WRITER_KEY
 
-__all__ = ["PerQueryFile", "check_card", "load_json", "MAX_QUERIES", "MAX_ENTRIES", "MAX_JSON_BYTES",
+__all__ = ["PerQueryFile", "read_per_query", "check_card", "load_json", "MAX_QUERIES", "MAX_ENTRIES", "MAX_JSON_BYTES",
            "MAX_JSON_DEPTH"]
 
 #: Largest number of queries of one direction that is read (an int32 rank array of 100 MB).
@@ -291,3 +291,11 @@ class PerQueryFile:
 def _first(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:120]
+
+
+def read_per_query(path: str | os.PathLike) -> tuple[dict, dict]:
+    """``(results, cards)`` of a ``per_query.npz`` (the inverse of :func:`xmodal.retrieval.perquery.write_per_query`), every
+    array and card checked (:class:`PerQueryFile`); a file that is
+    not one is a one-line ValueError naming it."""
+    with PerQueryFile(path) as f:
+        return f.results(), f.cards

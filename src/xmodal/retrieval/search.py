@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.retrieval.build import FORMAT, _text_dim
+from xmodal.retrieval.build import FORMAT, _load, _text_dim
 
 class SearchIndex:
     """An ``xmodal index`` directory opened for search."""
@@ -281,19 +281,6 @@ def _lines(text: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def _load(path: str, flag: str):
-    """``xmodal.load_model(path)``; a missing/corrupt/foreign run is a ValueError naming ``flag``."""
-    from xmodal.models import load_model
-
-    try:
-        return load_model(path)
-    except (FileNotFoundError, ValueError, TypeError) as exc:
-        msg = str(exc)
-        if msg.startswith("path: "):
-            msg = msg[len("path: "):]
-        raise ValueError(f"{flag}: {msg}") from None
 
 
 __all__ = ["SearchIndex", "IndexExtras", "encode_captions", "top_k"]

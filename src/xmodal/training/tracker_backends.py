@@ -32,6 +32,31 @@ _MLFLOW_RUN_ID = re.compile(r"[0-9a-f]{32}")
 _WANDB_ID = re.compile(r"[a-z0-9]{1,64}")
 
 
+def mlflow_key(tag: str) -> str:
+    """A TensorBoard tag as an MLflow metric name (``@`` -> ``_at_``; other refused characters -> ``_``).
+
+    >>> mlflow_key("val/t2v/R@10")
+    'val/t2v/R_at_10'
+    """
+    if not isinstance(tag, str):
+        raise TypeError(f"tag: expected a TensorBoard tag, got {type(tag).__name__}")
+    return re.sub(r"[^\w.\- :/]", "_", tag.replace("@", "_at_"))
+
+
+def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as ``{"section.key": "value"}`` (MLflow params are strings)."""
+    if not isinstance(config, dict) or not isinstance(prefix, str):
+        raise TypeError(f"config: expected a nested dict (and prefix a string), got {type(config).__name__}")
+    out: dict[str, str] = {}
+    for k, v in config.items():
+        name = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flat_params(v, name))
+        else:
+            out[name] = json.dumps(v) if isinstance(v, (dict, list, tuple, type(None), bool)) else str(v)
+    return out
+
+
 class MlflowTracker:
     """One MLflow run of an ``xmodal train`` run: the recorded one, else the one tagged with the run's
     identity, else a new one."""
@@ -100,8 +125,6 @@ class MlflowTracker:
     def describe(self, config: dict, provenance: dict) -> None:
         from mlflow.entities import Param, RunTag
 
-        from xmodal.training.trackers import flat_params
-
         params = [Param(k[:250], v[:6000]) for k, v in flat_params(config).items()]
         tags = [RunTag("xmodal.command", str(provenance.get("command", ""))[:5000]),
                 RunTag("mlflow.source.git.commit", str(provenance.get("git_revision") or ""))]
@@ -111,14 +134,10 @@ class MlflowTracker:
         self.client.log_dict(self.run_id, provenance, "provenance.json")
 
     def steps(self, keys: list[str]) -> dict[str, set[int]]:
-        from xmodal.training.trackers import mlflow_key
-
         return {k: {int(m.step) for m in self.client.get_metric_history(self.run_id, mlflow_key(k))} for k in keys}
 
     def scalars(self, rows: list[tuple[int, dict[str, float]]]) -> None:
         from mlflow.entities import Metric
-
-        from xmodal.training.trackers import mlflow_key
 
         now = int(time.time() * 1000)
         metrics = [Metric(mlflow_key(k), float(v), now, int(step)) for step, values in rows for k, v in values.items()]

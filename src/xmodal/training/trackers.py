@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,30 +50,7 @@ MAX_JOURNAL_LINE = 1 << 20
 #: disk were 79 lines around xmodal's one).
 QUIET = ("mlflow", "alembic", "sqlalchemy", "wandb", "urllib3", "git")
 
-
-def mlflow_key(tag: str) -> str:
-    """A TensorBoard tag as an MLflow metric name (``@`` -> ``_at_``; other refused characters -> ``_``).
-
-    >>> mlflow_key("val/t2v/R@10")
-    'val/t2v/R_at_10'
-    """
-    if not isinstance(tag, str):
-        raise TypeError(f"tag: expected a TensorBoard tag, got {type(tag).__name__}")
-    return re.sub(r"[^\w.\- :/]", "_", tag.replace("@", "_at_"))
-
-
-def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
-    """A nested config as ``{"section.key": "value"}`` (MLflow params are strings)."""
-    if not isinstance(config, dict) or not isinstance(prefix, str):
-        raise TypeError(f"config: expected a nested dict (and prefix a string), got {type(config).__name__}")
-    out: dict[str, str] = {}
-    for k, v in config.items():
-        name = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flat_params(v, name))
-        else:
-            out[name] = json.dumps(v) if isinstance(v, (dict, list, tuple, type(None), bool)) else str(v)
-    return out
+from xmodal.training.tracker_backends import flat_params, mlflow_key  # noqa: E402 (public here too)
 
 
 def run_uid(provenance: Any, out: Path) -> str:
@@ -109,7 +85,7 @@ def seed_group(config: Any) -> str:
 
 def read_state(out: Path) -> dict:
     """``trackers.json`` as a dict; a missing, garbled, oversized or foreign file gives ``{}``."""
-    from xmodal._jsonfile import read_json_file
+    from xmodal._files.jsonfile import read_json_file
 
     try:
         state = read_json_file(Path(out) / TRACKERS_FILE, max_bytes=1 << 20, max_depth=8, max_values=10_000)
@@ -197,7 +173,7 @@ class Trackers:
     def open(self, config: dict, provenance: dict, epoch_rows: list[tuple[int, dict[str, float]]]) -> None:
         """Open (or find again) each tracker's run, describe a new one, and on resume send every point of
         the journal and of ``epoch_rows`` (the checkpointed epochs' scalars) that the tracker lacks."""
-        from xmodal._paths import relative_paths
+        from xmodal._files.paths import relative_paths
         from xmodal.training import tracker_backends
 
         if not self.names:
