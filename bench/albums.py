@@ -265,7 +265,8 @@ def evaluate_rows(args, kind: str, loss: str, model_name: str, seed: int, run: P
     same-length ranks), its per-query ranks written for ``xmodal compare``; the control rows built on it."""
     from xmodal.models import load_model
     from xmodal.models.hierarchy import with_global_towers
-    from xmodal.retrieval.perquery import read_per_query, write_per_query
+    from xmodal.retrieval.perquery import write_per_query
+    from xmodal.retrieval.perquery_read import read_per_query
     from xmodal.training.hierarchy import global_spec
 
     split = load_paired_split(root, "test")

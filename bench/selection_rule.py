@@ -88,7 +88,7 @@ def _score(m: dict, metric: str) -> float:
 
 def rules_of_run(run: Path) -> dict:
     """What each rule selects for one run, and every normaliser's carved-test score."""
-    from xmodal.retrieval.perquery import read_per_query
+    from xmodal.retrieval.perquery_read import read_per_query
     from xmodal.retrieval.selection import select_normalizer
 
     m = json.loads((run / "metrics.json").read_text())
@@ -187,7 +187,7 @@ def smaller_val(work: Path, configs: list[str], seeds: list[int], sizes: tuple[i
     """The rules on smaller validation splits: ``size`` dev images drawn at random (their captions as the
     t2v queries, the images as the v2t queries; ranks against the full dev gallery, as stored), ``draws``
     times per run; the carved-test score of each rule's choice (the test split is unchanged)."""
-    from xmodal.retrieval.perquery import read_per_query
+    from xmodal.retrieval.perquery_read import read_per_query
     from xmodal.retrieval.selection import select_normalizer
 
     t2v = np.load(work / "data" / "dev_text_to_video.npy")

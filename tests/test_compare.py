@@ -13,7 +13,8 @@ import torch
 import xmodal
 from xmodal.cli import main
 from xmodal.data.synthetic import synthetic
-from xmodal.retrieval.perquery import arrays_sha256, card_differences, read_per_query
+from xmodal.retrieval.perquery import arrays_sha256, card_differences
+from xmodal.retrieval.perquery_read import read_per_query
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"num_train": 120, "num_val": 60, "num_test": 60, "num_concepts": 10}
