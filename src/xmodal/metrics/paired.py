@@ -581,7 +581,12 @@ def format_p(p: float, floor: bool = False) -> str:
     >>> format_p(0.04321), format_p(0.0001), format_p(1.0), format_p(1 / 10001, floor=True)
     ('0.043', '1.0e-04', '1.000', '< 1.0e-04')
     """
-    p = float(p)
+    from xmodal._validate import flag, number
+
+    p = number(p, "p")
+    floor = flag(floor, "floor")
+    if not 0 <= p <= 1 + 1e-9:  # a Holm product may round a hair above 1
+        raise ValueError(f"p: expected a p-value in [0, 1], got {p}")
     if p == 0:
         return "< 1e-300"
     text = f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"

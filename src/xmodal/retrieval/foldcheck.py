@@ -55,6 +55,27 @@ def _column_terms(folded: dict, rows: torch.Tensor, extra: bool, start: int = 0)
     return terms + torch.as_tensor(bias, dtype=torch.float32).cpu()[start:start + rows.shape[0]]
 
 
+def _check_folded(folded: Any, dim: int) -> None:
+    """``folded`` is :func:`xmodal.retrieval.index.fold_run_normalizer`'s record: a ``normalizer`` name and,
+    where present, a ``query_shift`` of ``dim`` finite values and finite ``bias`` / ``extra_bias`` vectors."""
+    from xmodal._validate import short_repr
+
+    if not isinstance(folded, dict) or not isinstance(folded.get("normalizer"), str):
+        raise TypeError(f"folded: expected fold_run_normalizer's record (a dict with 'normalizer'), got "
+                        f"{short_repr(folded)}")
+    for key, size in (("query_shift", dim), ("bias", None), ("extra_bias", None)):
+        v = folded.get(key)
+        if v is None:
+            continue
+        try:
+            t = torch.as_tensor(np.asarray(v, dtype=np.float32))
+        except (TypeError, ValueError):
+            raise TypeError(f"folded[{key!r}]: expected a float vector, got {short_repr(v)}") from None
+        if t.ndim != 1 or (size is not None and t.shape[0] != size) or not bool(torch.isfinite(t).all()):
+            raise ValueError(f"folded[{key!r}]: expected a finite vector" + (f" of {size} values" if size else "")
+                             + f", got shape {list(t.shape)}")
+
+
 @torch.no_grad()
 def fold_ranks(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, extra: Any = None,
                block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -77,14 +98,25 @@ def fold_ranks(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ext
     Shape:
         rows ``[N, D]``, queries ``[H, D]``, text_to_video ``[H]``, extra ``[U, D]`` -> ``[H]``, ``[H]``.
     """
-    from xmodal._validate import float_matrix, positive_int
+    from xmodal._validate import float_matrix, int_array, positive_int, short_repr
 
     q = float_matrix(queries, "queries").detach().float().cpu()
-    n = int(rows.shape[0])
+    shape = getattr(rows, "shape", None)
+    if not isinstance(rows, (torch.Tensor, np.ndarray)) and not hasattr(rows, "read_rows") and \
+            not (shape is not None and hasattr(rows, "__getitem__")):
+        raise TypeError(f"rows: expected gallery embeddings [N, D] (a tensor, an array or a row source), "
+                        f"got {short_repr(rows)}")
+    if shape is None or len(shape) != 2 or int(shape[1]) != q.shape[1]:
+        raise ValueError(f"rows: expected [N, {q.shape[1]}] gallery embeddings (the queries' size), got shape "
+                         f"{short_repr(shape)}")
+    _check_folded(folded, q.shape[1])
+    n = int(shape[0])
     x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
+    if x is not None and x.shape[1] != q.shape[1]:
+        raise ValueError(f"extra: expected [U, {q.shape[1]}] embeddings, got {list(x.shape)}")
     total = n + (0 if x is None else x.shape[0])
-    t2v = torch.as_tensor(np.asarray(text_to_video, dtype=np.int64))
-    if t2v.shape != (q.shape[0],) or int(t2v.min()) < 0 or int(t2v.max()) >= total:
+    t2v = torch.as_tensor(int_array(text_to_video, "text_to_video"))
+    if t2v.shape != (q.shape[0],) or (t2v.numel() and (int(t2v.min()) < 0 or int(t2v.max()) >= total)):
         raise ValueError(f"text_to_video: expected {q.shape[0]} rows in [0, {total})")
     block_rows = positive_int(block_rows, "block_rows") if block_rows is not None else \
         max(256, (1 << 22) // max(1, q.shape[0]))
@@ -130,9 +162,17 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
         "fold": {R@1, R@5, R@10}, "test": {"diff", "ci_low", "ci_high", "p_value", "clear"}}``;
         ``chosen`` is the candidate when clear, else ``"none"``.
     """
+    from xmodal._validate import number, whole_number
     from xmodal.metrics.paired import paired_strata_test
 
+    level = number(level, "level")
+    if not 0 < level < 1:
+        raise ValueError(f"level: expected a confidence level in (0, 1), got {level}")
+    n_boot = whole_number(n_boot, "n_boot", minimum=1)
+    seed = whole_number(seed, "seed")
     a, b = fold_ranks(rows, folded, queries, text_to_video, extra=extra)
+    if len(a) == 0:
+        raise ValueError("queries: expected at least one caption to measure the fold on")
     hits = lambda r: 100.0 * sum((r <= k).astype(np.float64) for k in (1, 5, 10))  # noqa: E731
     t = paired_strata_test([(hits(a), hits(b), 1.0)], n_boot=n_boot, seed=seed, level=level)
     clear = bool(t["ci_low"] > 0)
