@@ -288,8 +288,14 @@ def write_synthetic(out: str | os.PathLike, *, seed: int = 0, **knobs: Any) -> d
     from xmodal.data import layout
     from xmodal.data.importer import _pid_alive, _publish
 
-    splits = synthetic(seed=seed, **knobs)
+    from xmodal._validate import short_repr
+
+    if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
+        raise ValueError(f"out: expected a folder to write, got {short_repr(out)}")
     out = Path(out)
+    if out.name in ("", ".", "..") or str(out) in (".", ".."):
+        raise ValueError(f"out: expected a folder name (it is built beside it and renamed), got {str(out)!r}")
+    splits = synthetic(seed=seed, **knobs)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ValueError(f"out: {out} is a file or a symbolic link; give a folder")
     if out.is_dir():  # only files an earlier write_synthetic wrote may be replaced
