@@ -82,7 +82,9 @@ def build_normalizer(name: str, *, temperature: float = 0.05, iters: int = 4, la
     """
     name = _canonical(name, "name")
     method = _METHODS[name][0]
-    oracle = bool(oracle) or _METHODS[name][1] == "queries"
+    from xmodal._validate import flag
+
+    oracle = flag(oracle, "oracle") or _METHODS[name][1] == "queries"
     kwargs: dict[str, Any] = {
         "none": {}, "dn": {"lam": lam, "num_samples": num_samples, "seed": seed, "oracle": oracle},
         "sinkhorn": {"temperature": temperature, "iters": iters, "oracle": oracle},
@@ -104,7 +106,10 @@ def fit_normalizer(name: str, queries: Any, gallery: Any, bank: Any | None = Non
     >>> fit_normalizer("sinkhorn", q, g, q, temperature=0.1).bias.shape
     torch.Size([3])
     """
+    from xmodal._validate import flag
+
     key = _canonical(name, "name")
+    oracle = flag(oracle, "oracle")
     if oracle or _METHODS[key][1] == "queries" or (bank is None and key in ("dn", "dsl")):
         bank, oracle = queries, True
     elif bank is None:
