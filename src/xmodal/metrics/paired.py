@@ -581,10 +581,15 @@ def format_p(p: float, floor: bool = False) -> str:
     >>> format_p(0.04321), format_p(0.0001), format_p(1.0), format_p(1 / 10001, floor=True)
     ('0.043', '1.0e-04', '1.000', '< 1.0e-04')
     """
-    from xmodal._validate import flag, number
+    from xmodal._validate import flag, short_repr
 
-    p = number(p, "p")
-    floor = flag(floor, "floor")
+    try:
+        p = float(p)
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # RuntimeError: a tensor of several values
+        raise TypeError(f"p: expected a p-value, got {short_repr(p)}") from None
+    floor = False if floor is None else flag(floor, "floor")
+    if p != p:  # an undefined test (no query pairs) prints as before
+        return "nan"
     if not 0 <= p <= 1 + 1e-9:  # a Holm product may round a hair above 1
         raise ValueError(f"p: expected a p-value in [0, 1], got {p}")
     if p == 0:
