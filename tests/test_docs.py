@@ -185,6 +185,14 @@ def _contract_names() -> dict[str, str]:
     return names
 
 
+def test_every_api_page_documents_members(site):
+    """A package that exports its names lazily (``__getattr__``) renders no member through its own
+    ``:::`` block: its page must name its modules, or it shows only the package docstring."""
+    empty = [html.parent.name for html in (site / "reference").glob("*/index.html")
+             if html.read_text().count("doc-heading") < 3]
+    assert not empty, f"API pages without documented members: {empty}"
+
+
 def test_api_reference_covers_the_contract(site):
     if not API_MD.is_file():
         pytest.skip(f"{API_MD} is absent (the shared folder is not next to this checkout)")
