@@ -172,6 +172,23 @@ class Standardize(nn.Module):
         return (x - self.mean) / self.std
 
 
+def _check_frames(x: Any, mask: Any) -> bool:
+    """The arguments of :func:`masked_mean` / :func:`masked_max` checked: ``x`` a floating ``[N, F, D]``
+    tensor, ``mask`` None or a bool ``[N, F]`` tensor. True when ``mask`` is None (every frame real)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x: expected a floating tensor, got {short_repr(x)}")
+    if x.ndim != 3:
+        raise ValueError(f"x: expected shape [N, F, D], got {tuple(x.shape)}")
+    if mask is None:
+        return True
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"mask: expected a bool tensor (True = real frame), got {short_repr(mask)}")
+    if mask.shape != x.shape[:2]:
+        raise ValueError(f"mask: expected shape {list(x.shape[:2])} for x of shape {list(x.shape)}, "
+                         f"got {list(mask.shape)}")
+    return False
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Mean over the frame axis of the real frames (CLIP4Clip meanP with padding).
 
@@ -186,17 +203,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     >>> masked_mean(x, torch.tensor([[True, True, False]]))
     tensor([[2.]])
     """
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x: expected a floating tensor, got {short_repr(x)}")
-    if x.ndim != 3:
-        raise ValueError(f"x: expected shape [N, F, D], got {tuple(x.shape)}")
-    if mask is None:
+    if _check_frames(x, mask):
         return x.mean(1)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"mask: expected a bool tensor (True = real frame), got {short_repr(mask)}")
-    if mask.shape != x.shape[:2]:
-        raise ValueError(f"mask: expected shape {list(x.shape[:2])} for x of shape {list(x.shape)}, "
-                         f"got {list(mask.shape)}")
     total = x.masked_fill(~mask[..., None], 0.0).sum(1)
     return total / mask.sum(1, keepdim=True).clamp_min(1).to(x.dtype)
 
@@ -216,17 +224,8 @@ def masked_max(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     >>> masked_max(x, torch.tensor([[True, True, False]]))
     tensor([[3., 5.]])
     """
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x: expected a floating tensor, got {short_repr(x)}")
-    if x.ndim != 3:
-        raise ValueError(f"x: expected shape [N, F, D], got {tuple(x.shape)}")
-    if mask is None:
+    if _check_frames(x, mask):
         return x.amax(1)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"mask: expected a bool tensor (True = real frame), got {short_repr(mask)}")
-    if mask.shape != x.shape[:2]:
-        raise ValueError(f"mask: expected shape {list(x.shape[:2])} for x of shape {list(x.shape)}, "
-                         f"got {list(mask.shape)}")
     out = x.masked_fill(~mask[..., None], float("-inf")).amax(1)
     return out.masked_fill(~mask.any(1, keepdim=True), 0.0)
 
