@@ -141,6 +141,20 @@ def os_error_text(exc: OSError) -> str:
 
 
 
+def read_caption_file(path: str, flag: str) -> list[str]:
+    """The captions of a text file given with ``flag`` (one a line, :func:`xmodal.data.loaders.read_captions`);
+    an unreadable or empty file is one ValueError naming ``flag``."""
+    from xmodal.data.loaders import read_captions
+
+    try:
+        captions = read_captions(path)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    if not captions:
+        raise ValueError(f"{flag}: {path} holds no captions")
+    return captions
+
+
 def load_npy(path: str | None, flag: str, *, mmap: bool = False) -> np.ndarray:
     """A ``.npy`` of numbers (or bools) given by ``flag``; the header is checked before any allocation
     (:func:`xmodal.data.npyfile.load_array`); an ``.npz``, a corrupt file or an array of strings

@@ -107,8 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xmodal.features import encoders
-    from xmodal.commands import progress_choice, progress_enabled
-    from xmodal.data.loaders import read_captions
+    from xmodal.commands import progress_choice, progress_enabled, read_caption_file
     from xmodal.runs import atomic_save_npy
 
     progress = progress_enabled(args)
@@ -136,12 +135,7 @@ def run(args: argparse.Namespace) -> int:
         if args.kind == "text":
             if not args.captions:
                 raise ValueError("--captions: required for 'xmodal encode text'")
-            try:
-                captions = read_captions(args.captions)
-            except ValueError as exc:
-                raise ValueError(f"--captions: {exc}") from None
-            if not captions:
-                raise ValueError(f"--captions: {args.captions} holds no captions")
+            captions = read_caption_file(args.captions, "--captions")
             if getattr(args, "tokens", False):
                 feats, mask = encoders.encode_text_tokens(
                     captions, model=args.model or "minilm",

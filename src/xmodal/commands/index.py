@@ -282,16 +282,11 @@ def _select_on(args: argparse.Namespace, model) -> dict | None:
 
 def _caption_file(args: argparse.Namespace, model) -> dict:
     """``--texts FILE``: its captions encoded with ``--text-encoder`` (:func:`~xmodal.retrieval.build.caption_texts`)."""
-    from xmodal.data.loaders import read_captions
+    from xmodal.commands import read_caption_file
     from xmodal.retrieval.build import caption_texts
     from xmodal.retrieval.search import encode_captions
 
-    try:
-        captions = read_captions(args.texts)
-    except ValueError as exc:
-        raise ValueError(f"--texts: {exc}") from None
-    if not captions:
-        raise ValueError(f"--texts: {args.texts} holds no caption")
+    captions = read_caption_file(args.texts, "--texts")
     from xmodal.features.identity import index_encoders, resolve_text
 
     text_dim = model.architecture()["text"]["in_dim"]
