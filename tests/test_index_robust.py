@@ -12,7 +12,6 @@ The full-disk cases fill a real tmpfs (mounting needs root; skipped otherwise), 
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
@@ -156,21 +155,10 @@ def tmpfs(tmp_path):
 
 
 def fill(folder: Path, free: int) -> None:
-    """Fill ``folder``'s filesystem, then give ``free`` bytes back."""
-    fd = os.open(folder / ".filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        for chunk in (1 << 16, 1 << 12, 1):
-            block = b"\0" * chunk
-            while True:
-                try:
-                    os.write(fd, block)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-        os.ftruncate(fd, max(0, os.fstat(fd).st_size - free))
-    finally:
-        os.close(fd)
+    """Fill ``folder``'s filesystem, then give ``free`` bytes back (test_disk_full's helper)."""
+    from test_disk_full import _fill
+
+    _fill(folder, free)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
