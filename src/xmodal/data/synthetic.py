@@ -285,10 +285,9 @@ def write_synthetic(out: str | os.PathLike, *, seed: int = 0, **knobs: Any) -> d
     import shutil
     from pathlib import Path
 
-    from xmodal.data import layout
-    from xmodal.data.importer import _pid_alive, _publish
-
     from xmodal._validate import short_repr
+    from xmodal.data import layout
+    from xmodal.runs import replace_dir, staging_dir
 
     if not isinstance(out, (str, os.PathLike)) or not str(out).strip():
         raise ValueError(f"out: expected a folder to write, got {short_repr(out)}")
@@ -305,19 +304,11 @@ def write_synthetic(out: str | os.PathLike, *, seed: int = 0, **knobs: Any) -> d
             raise ValueError(f"out: {out} holds {len(foreign)} file(s) that 'xmodal data synthetic' does not write "
                              f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); give a new or "
                              f"empty folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for old in out.parent.glob(f".{out.name}.synthetic-*"):  # left by a killed write
-        pid = old.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)) and old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-    tmp = out.parent / f".{out.name}.synthetic-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = staging_dir(out)  # beside out; staging folders of killed writes are removed first
     try:
         for name, split in splits.items():
             split.save(tmp, name)
-        _publish(tmp, out)
+        replace_dir(tmp, out)  # the last good folder stays until the new one is in place
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
