@@ -70,8 +70,9 @@ HEADINGS = {
 }
 
 #: Topic rules: a citation of ``paper`` whose clause (``Citation.context``: up to 80 characters before it
-#: and 40 after, never across another citation) matches ``topic`` must name one of ``sections``; ``quote`` (whitespace, LaTeX
-#: dollars and emphasis ignored) is in the first of them, so the rule itself is checked against the paper.
+#: and 40 after, never across another citation) matches ``topic`` must name one of ``sections``;
+#: ``quote`` (whitespace, LaTeX dollars and emphasis ignored) is in the first of them, so the rule itself
+#: is checked against the paper.
 TOPICS = [
     ("dn", (r"(?i)paper's protocol|own protocol|\d+ random|random unlabeled|one (?:DN|normaliser) per|"
             r"\d\.\d protocol"), ("4.3",),
@@ -99,11 +100,13 @@ TOPICS = [
     ("crossclr", r"0\.6 ?L_global|weight 0\.6", ("A",), "we train the model with the following objective"),
     ("crossclr", r"(?i)larger queue", ("B",), "retrieval performance to increase with larger queue capacity"),
     ("calince", r"theta3 = 200|theta1 = theta2", ("3.4",), "to balance the losses if it is used in the training"),
-    ("calince", r"(?i)linear (?:probe|classifier)|action recognition|video-to-video|image-to-image", ("5.1", "5.2", "5"),
+    ("calince", r"(?i)linear (?:probe|classifier)|action recognition|video-to-video|image-to-image",
+     ("5.1", "5.2", "5"),
      "Video-to-video retrieval. In this task, we evaluate the learned video representation"),
     ("calince", r"(?i)shuffl", ("5.3",), "we conduct the experiment by deliberately injecting noises"),
     ("tspp", r"k = 200", ("5.4",), "the K-Means algorithm with k = 200"),
-    ("tspp", r"(?i)base (?:tau|margin|values)", ("5.4",), "we set \\tau(c) = 0.07 and m(c) = 0.2 as the baseline values"),
+    ("tspp", r"(?i)base (?:tau|margin|values)", ("5.4",),
+     "we set \\tau(c) = 0.07 and m(c) = 0.2 as the baseline values"),
     ("tspp", r"\[0\.04, 0\.1\]|(?i:asymmetric|one (?:InfoNCE )?direction|per direction)", ("5.6.4",),
      "oscillating in range [0.04, 0.1] over three periods"),
     ("tspp", r"(?i)three to five|3-5 cycles|period T", ("4.1.1",), "three to five complete cycles"),
@@ -152,7 +155,8 @@ def test_the_table_matches_the_papers_headings_and_every_entry_is_cited(found):
     cited = {(c.paper, c.section) for c in found}
     for (paper, section), title in HEADINGS.items():
         got = [h.lower() for h in cit.headings(paper).get(section, [])]
-        assert " ".join(title.lower().split()) in got, f"{paper} sec. {section}: expected {title!r}, the paper has {got}"
+        assert " ".join(title.lower().split()) in got, \
+            f"{paper} sec. {section}: expected {title!r}, the paper has {got}"
         assert (paper, section) in cited, f"HEADINGS lists {paper} sec. {section}, which nothing cites any more"
 
 
