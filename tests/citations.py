@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _papers_dir() -> Path:
     """``../shared/papers`` beside this checkout, or beside the main checkout of a git worktree."""
-    common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=ROOT,
-                            capture_output=True, text=True, check=False).stdout.strip()
+    try:
+        common = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=ROOT,
+                                capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:  # no git: a plain copy of the repository
+        common = ""
     for top in (ROOT, Path(common).parent if common else ROOT):
         if (top.parent / "shared" / "papers").is_dir():
             return top.parent / "shared" / "papers"
@@ -96,9 +99,14 @@ class Citation:
 
 
 def scanned_files() -> list[str]:
-    """The repository's files of :data:`SCANNED` (git's, untracked work in progress included)."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.split()
+    """The repository's files of :data:`SCANNED` (git's, untracked work in progress included; every file
+    under the folders outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: every file under the folders
+        out = [str(p.relative_to(ROOT)) for top, _ in SCANNED
+               for p in ([ROOT / top] if (ROOT / top).is_file() else (ROOT / top).rglob("*")) if p.is_file()]
     return sorted(p for p in out if p not in SKIP and (ROOT / p).is_file()
                   and any(p.startswith(top) and p.endswith(ends) for top, ends in SCANNED))
 
