@@ -52,7 +52,8 @@ mean-pooled), so the table says whether the global level or the local training m
 and a column "among same-length albums": each paragraph ranked only against the albums of its own
 length (on ``fixed`` the same as p2v R@1). Each row's per-query ranks go to
 ``OUT/perquery/KIND/LOSS/ROW/seedS.npz`` (p2v, v2p; ``ROW-samelength/`` the same-length p2v ranks as
-p2v), with the protocol card of the run they come from, for ``xmodal compare``.
+p2v), with the protocol card of the run they come from and each album's query id (its images and
+captions in order, :func:`xmodal.retrieval.perquery.query_ids`), for ``xmodal compare``.
 ``--diagnose`` prints, per run, the global and local loss and validation p2v R@1 per epoch, the
 final model's p2v R@1 on its own training albums, and the share of a 16- and a 64-album batch
 that CrossCLR's global-level pruning removes; ``--batch`` changes the albums per step; ``--tag T
@@ -265,7 +266,7 @@ def evaluate_rows(args, kind: str, loss: str, model_name: str, seed: int, run: P
     same-length ranks), its per-query ranks written for ``xmodal compare``; the control rows built on it."""
     from xmodal.models import load_model
     from xmodal.models.hierarchy import with_global_towers
-    from xmodal.retrieval.perquery import write_per_query
+    from xmodal.retrieval.perquery import query_ids, write_per_query
     from xmodal.retrieval.perquery_read import read_per_query
     from xmodal.training.hierarchy import global_spec
 
@@ -286,6 +287,8 @@ def evaluate_rows(args, kind: str, loss: str, model_name: str, seed: int, run: P
         rows["untrained-nopos"] = (rows["untrained"][0], False, True)
     if model_name == "coot":
         rows["coot-nopos"] = (load_model(run), False, True)
+    # each album's identity (its images and captions in order), so compare pairs the rows by album
+    ids = {d: x for d, x in query_ids(split).items() if d in ("p2v", "v2p")}
     out = {}
     for name, (model, flat, zero) in rows.items():
         if zero:
@@ -299,7 +302,7 @@ def evaluate_rows(args, kind: str, loss: str, model_name: str, seed: int, run: P
             (folder / sub).mkdir(parents=True, exist_ok=True)
             write_per_query(folder / sub / f"seed{seed}.npz",
                             {"test": {"none": {"p2v": {"rank": p2v}, "v2p": {"rank": ranks["v2p"]}}}},
-                            {"test": cards["test"]})
+                            {"test": cards["test"]}, ids={"test": ids})
         out[name] = _summary(ranks, base)
     return out
 

@@ -4,6 +4,7 @@ test gallery is the same for every seed, same-length ranks, and the untrained co
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,40 @@ def test_untrained_release_towers_carry_the_album_length_through_their_positions
         a = tower(short, torch.ones(1, 3, dtype=torch.bool))
         b = tower(long_, torch.ones(1, 8, dtype=torch.bool))
     torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_control_rows_store_each_albums_query_id_so_compare_pairs_them_by_identity(albums, tmp_path, monkeypatch,
+                                                                                   capsys):
+    """Issue 45.4: the per-query files of ``--controls`` carry p2v / v2p query ids (the album's images and
+    captions in order), the test albums' ids, so ``xmodal compare`` pairs the rows by album, not by position."""
+    from types import SimpleNamespace
+
+    from xmodal.cli import main
+    from xmodal.retrieval.perquery import query_ids
+    from xmodal.retrieval.perquery_read import PerQueryFile
+    from xmodal.training.loop import train
+
+    data = tmp_path / "flickr"
+    _topics(240, 0).save(data, "train")
+    _topics(130, 1).save(data, "dev")
+    monkeypatch.setattr(albums, "VAL_ALBUMS", 4)
+    root, out = tmp_path / "albums", tmp_path / "out"
+    albums.write_albums(data, root, 0, "fixed")
+    run = tmp_path / "run"
+    train(albums.config(root, "infonce", "flat", 0, 1, album_size=albums.FIXED), run, resume=False, progress=False,
+          verbose=False)
+    albums.evaluate_rows(SimpleNamespace(out=str(out), epochs=1), "fixed", "infonce", "flat", 0, run, root)
+    want = query_ids(load_paired_split(root, "test"))
+    folder = out / "perquery" / "fixed" / "infonce"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["flat", "flat-samelength", "untrained", "untrained-nopos", "untrained-nopos-samelength",
+                     "untrained-samelength"]
+    for name in names:
+        with PerQueryFile(folder / name / "seed0.npz") as f:
+            assert f.id_entries["test"] == {"p2v", "v2p"}
+            for d in ("p2v", "v2p"):
+                assert np.array_equal(f.query_ids("test", d), want[d])
+    capsys.readouterr()
+    assert main(["compare", str(folder / "flat" / "seed0.npz"), str(folder / "untrained" / "seed0.npz"),
+                 "--n-boot", "100", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pairing"] == "query ids (p2v, v2p)"

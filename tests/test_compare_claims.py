@@ -238,7 +238,7 @@ def test_queries_are_paired_by_identity_not_by_position(trained, tmp_path, capsy
                           "none", "--n-boot", "200", "--force", "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["pairing"] == "query ids"
+    assert res["pairing"] == "query ids (t2v, v2t)" and res["paired_by_position"] == []
     for r in res["rows"]:  # ... but the same queries, ranked alike by the same model: paired, no difference
         assert r["diff"] == 0 and r["p_value"] == 1.0, r
 

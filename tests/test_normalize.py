@@ -99,7 +99,7 @@ def test_dn_sample_is_a_seeded_subset_of_num_samples_rows():
 
 
 def test_dn_paper_protocol_one_normaliser_per_seed():
-    """Sec. 4.2: means from 100 random validation rows, metrics averaged over 5 seeds."""
+    """DN sec. 4.3: means from 100 random validation rows, metrics averaged over 5 seeds."""
     rows = np.eye(300)  # one-hot rows: a sample mean reveals which rows were drawn
     runs = DistributionNormalization.fit_per_seed(rows, rows[::-1].copy(), lam=0.25, seeds=5, seed=2)
     assert [r.seed for r in runs] == [2, 3, 4, 5, 6] and all(r.seeds == 1 for r in runs)

@@ -28,7 +28,9 @@ decided with N + M seeds" (3 + 3 seeds: p >= 0.1 whatever the runs score).
 
 A and B are run directories written by 'xmodal train' (their per_query.npz, checked against
 their metrics.json) or per-query files written by 'xmodal eval --run ... --per-query FILE.npz'.
-Queries are paired by their stored identity (never by position across different split files).
+Queries are paired by their stored identity in every direction (t2v, v2t, p2v, v2p); a file
+written before a direction had ids is paired by position there only when the split files are
+identical, and the header names those directions (never by position across different split files).
 Results are paired only when their protocol cards agree (split files, query and gallery
 counts, caption policy, tie rule, and whether the normaliser saw the test queries); otherwise
 compare names the fields that differ and stops, unless --force. On val, the header says that

@@ -295,7 +295,7 @@ class ScheduleConfig:
     absolute, in temperature/margin units). The cosine period is ``period_epochs``, or,
     when ``cycles > 0``, ``(total_steps - 1) / cycles`` steps: ``cycles`` whole cycles from
     the first to the last optimisation step, so the run ends at the peak ``base +
-    alpha/2`` (sec. 4.1.1: "we select the period T for the cyclic cosine schedule such
+    alpha/2`` (thesis sec. 4.1.1: "we select the period T for the cyclic cosine schedule such
     that three to five complete cycles occur during training, allowing the model to
     finish training with tau and m at their peak values"). A ``period_epochs`` that
     divides ``train.epochs`` puts the peak one step after the last one; nothing checks
@@ -340,7 +340,7 @@ class TestTimeConfig:
 
     ``dn_source``: where DN's means come from. ``train`` (default): ``dn_num_samples``
     random rows of the training query banks, so no validation data enters the stored
-    test-time state. ``val``: the DN paper's protocol (sec. 4.2): ``dn_num_samples``
+    test-time state. ``val``: the DN paper's protocol (sec. 4.3): ``dn_num_samples``
     (100) random unlabeled validation texts and videos, ``dn_seeds`` (5) sampling seeds.
     The paper averages the *metrics* of 5 per-seed fits; a run stores one normaliser, so
     ``val`` stores the average of the 5 per-seed means

@@ -18,7 +18,7 @@ class DistributionNormalization(Normalizer):
 
     ``mu_x`` / ``mu_y`` are the means of a seeded random sample of ``num_samples``
     unlabeled queries and gallery items (all of them when fewer, or when
-    ``num_samples`` is None). The paper's protocol (sec. 4.2; Tables 1-2) estimates each
+    ``num_samples`` is None). The paper's protocol (sec. 4.3; Tables 1-2) estimates each
     mean from 100 random unlabeled VALIDATION samples and reports recalls averaged over 5
     sampling seeds; test-set means appear only as the upper bound of the sec. 4.6.1
     ablation (Table 5, "(test)"). For that protocol fit one normaliser per seed with
@@ -143,7 +143,7 @@ class DistributionNormalization(Normalizer):
     def fit_per_seed(cls, query_samples: Any, gallery_samples: Any, *, lam: float = 0.25,
                      num_samples: int | None = 100, seeds: int = 5, seed: int = 0,
                      oracle: bool = False) -> list["DistributionNormalization"]:
-        """The paper's protocol (sec. 4.2): one DN per sampling seed ``seed .. seed + seeds - 1``,
+        """The paper's protocol (sec. 4.3): one DN per sampling seed ``seed .. seed + seeds - 1``,
         each fitted on ``num_samples`` random rows; evaluate each and average the metrics.
 
         Shape:

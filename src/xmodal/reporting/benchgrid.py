@@ -302,7 +302,7 @@ def write_tables(rows: list[dict], root: Path, *, elapsed: float | None = None, 
 def queue_prefix_metrics(run_dir: str | Path, split: Any, sizes: Iterable[int]) -> dict[int, dict]:
     """Metrics of a trained NCL run under ``none`` and ``ncl`` with query queues of each size.
 
-    NCL Sec. 3.3 / Fig. 5: the train query queues are used only at test time (they never
+    NCL Sec. 3.4 / Fig. 5: the train query queues are used only at test time (they never
     enter the loss), and a FIFO queue is newest first, so the queue a run with
     ``queue_size=K`` ends with is the first ``K`` rows of the queue of the same run with a
     larger size (tested). One run with the largest size therefore gives every point of

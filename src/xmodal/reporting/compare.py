@@ -1,11 +1,12 @@
 """Is B better than A? Paired comparison of two runs or two groups of seeds (``xmodal compare``).
 
 Each run's ``per_query.npz`` (:mod:`xmodal.retrieval.perquery`) holds every query's rank per
-split, normaliser and direction; :func:`compare` pairs the queries of A and B **by identity**
-(the query ids stored beside the ranks; by position only where both files list the very same
-split files, ``split_sha256``) and runs :func:`xmodal.metrics.paired_test` for every direction x
-metric (R@1, R@5, R@10, MdR, MnR, and mAP where the split has a relevancy), Holm-correcting the
-p-values of each comparison's rows.
+split, normaliser and direction; :func:`compare` pairs the queries of A and B **by identity** in
+every direction (the query ids stored beside the ranks; by position only in a direction some file
+has no ids for, written before, and only where both files list the very same split files,
+``split_sha256``: ``pairing`` and the header name those directions) and runs
+:func:`xmodal.metrics.paired_test` for every direction x metric (R@1, R@5, R@10, MdR, MnR, and mAP
+where the split has a relevancy), Holm-correcting the p-values of each comparison's rows.
 
 What is compared is said. By default two comparisons: the **heads alone** (``none`` vs ``none``:
 the trained models) and, when some run selected a normaliser, each run **as deployed** (its own
@@ -254,16 +255,18 @@ def _keys(ids: np.ndarray) -> np.ndarray:
     return np.lexsort((words[:, 1], words[:, 0]))
 
 
-def _alignment(ref: Result, r: Result, split: str, direction: str, force: bool) -> np.ndarray | None:
-    """Index array putting ``r``'s queries in ``ref``'s query order (None: already in it), matched by
-    query id; by position only where both list the same split files."""
+def _alignment(ref: Result, r: Result, split: str, direction: str,
+               force: bool) -> tuple[np.ndarray | None, str | None]:
+    """``(order, without_ids)``: the index array putting ``r``'s queries in ``ref``'s query order (None:
+    already in it), matched by query id; by position only where both list the same split files, and
+    then ``without_ids`` names the file that stores no ids for ``direction`` (None when paired by ids)."""
     ia, ib = ref.ids(split, direction), r.ids(split, direction)
     if ia is not None and ib is not None:
         if ia.shape != ib.shape:
             raise ValueError(f"{ref.path} (A) vs {r.path}: {ia.shape[0]} vs {ib.shape[0]} {direction} queries on "
                              f"{split}: they cannot be paired, even with --force")
         if np.array_equal(ia, ib):
-            return None
+            return None, None
         oa, ob = _keys(ia), _keys(ib)
         if not np.array_equal(ia[oa], ib[ob]):
             missing = int(np.count_nonzero(~np.isin(ia.view(">u8").reshape(-1, 2)[:, 0],
@@ -272,14 +275,14 @@ def _alignment(ref: Result, r: Result, split: str, direction: str, force: bool) 
                              f"{ia.shape[0]} are not among B's): they cannot be paired, even with --force")
         perm = np.empty(ia.shape[0], dtype=np.int64)
         perm[oa] = ob
-        return perm
+        return perm, None
     sa, sb = (x.cards.get(split, {}).get("split_sha256") for x in (ref, r))
+    no_ids = ref.path if ia is None else r.path
     if sa is None or sa != sb:
-        no_ids = ref.path if ia is None else r.path
         raise ValueError(f"{ref.path} (A) vs {r.path}: the split files differ (split_sha256) and {no_ids} stores no "
                          f"query ids (written before xmodal stored them), so the {direction} queries cannot be paired "
                          f"by identity, even with --force; re-run it (or 'xmodal eval --per-query') with this version")
-    return None
+    return None, no_ids
 
 
 def _side(runs: Sequence[Result], split: str, name: str) -> dict:
@@ -319,8 +322,11 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
 
     Returns:
         ``{"split", "split_note", "a", "b", "comparisons", "rows", "protocol_differences", "card", "pairing",
-        "unit", "n_boot", "seed", "level"}``. ``comparisons``: one dict per comparison (``label``,
-        ``normalizer_a``, ``normalizer_b``, ``a`` / ``b`` (runs and each run's normaliser), ``rows``).
+        "paired_by_position", "unit", "n_boot", "seed", "level"}``. ``pairing``: how the queries were
+        paired, in words (``"query ids (t2v, v2t, p2v, v2p)"``, or which directions by position and why
+        that is safe); ``paired_by_position``: those directions. ``comparisons``: one dict per
+        comparison (``label``, ``normalizer_a``, ``normalizer_b``, ``a`` / ``b`` (runs and each run's
+        normaliser), ``rows``).
         ``rows``: every comparison's rows, each :func:`~xmodal.metrics.paired_test`'s dict plus
         ``direction``, ``compared`` (the comparison's label), ``p_holm`` (Holm over the comparison's
         rows) and ``verdict``: ``"B better"`` / ``"A better"`` (Holm p below ``1 - level`` and the
@@ -349,6 +355,7 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
         plans = [("as asked", na, normalizer_b or na)]
     same_runs = [os.path.realpath(r.path) for r in a] == [os.path.realpath(r.path) for r in b]
     comparisons, diffs = [], []
+    without: dict[str, str | None] = {}  # direction -> a file without its ids (paired by position), or None
     for label, na, nb in plans:
         block_diffs = _differences(a, b, split, na, nb)
         if block_diffs and not force:
@@ -356,25 +363,27 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
                              + (f"; ... ({len(block_diffs)} in all)" if len(block_diffs) > 6 else "")
                              + " (--force compares anyway)")
         diffs += [d for d in block_diffs if d not in diffs]
-        rows = _rows(a, b, split, na, nb, metrics, directions, n_boot, seed, level, force, same_runs)
+        rows = _rows(a, b, split, na, nb, metrics, directions, n_boot, seed, level, force, same_runs, without)
         for r in rows:
             r["compared"] = label
         _verdicts(rows, level)
         comparisons.append({"label": label, "normalizer_a": na, "normalizer_b": nb, "a": _side(a, split, na),
                             "b": _side(b, split, nb), "rows": rows})
     seeds = len(a) > 1 or len(b) > 1
-    pairing = "query ids" if all(r.source is not None and r.source.id_entries.get(split) for r in (*a, *b)) else \
-        "position (every file lists the same split files; some store no query ids)"
+    pairing = _pairing(without, a[0].cards.get(split))
     return {"split": split, "split_note": note, "a": comparisons[-1]["a"], "b": comparisons[-1]["b"],
             "comparisons": comparisons, "rows": [r for c in comparisons for r in c["rows"]],
-            "protocol_differences": diffs, "card": a[0].cards.get(split), "pairing": pairing,
+            "protocol_differences": diffs, "card": a[0].cards.get(split), "pairing": pairing["text"],
+            "paired_by_position": pairing["position"],
             "unit": "seeds" if seeds else "queries", "paired_seeds": bool(same_runs and seeds),
             "n_boot": n_boot, "seed": seed, "level": level}
 
 
 def _rows(a: Sequence[Result], b: Sequence[Result], split: str, na: str, nb: str, metrics: Sequence[str] | None,
           directions: Sequence[str] | None, n_boot: int, seed: int, level: float, force: bool,
-          same_runs: bool) -> list[dict]:
+          same_runs: bool, without: dict[str, str | None]) -> list[dict]:
+    """The rows of one comparison; ``without`` gets, per direction, the file paired by position for lack of
+    ids (None: paired by ids)."""
     optional = ("mAP",) if metrics is None else ()
     metrics = DEFAULT_METRICS if metrics is None else tuple(metrics)
     sides = ((a, na), (b, nb))
@@ -390,7 +399,10 @@ def _rows(a: Sequence[Result], b: Sequence[Result], split: str, na: str, nb: str
     ref = a[0]
     rows = []
     for d in dirs:
-        order = {id(r): _alignment(ref, r, split, d, force) for r in (*a, *b) if r is not ref}
+        aligned = {id(r): _alignment(ref, r, split, d, force) for r in (*a, *b) if r is not ref}
+        order = {k: v[0] for k, v in aligned.items()}
+        without[d] = next((v[1] for v in aligned.values() if v[1] is not None),
+                          None if aligned or ref.ids(split, d) is not None else ref.path)
         for m in metrics:
             va, vb = ([r.values(split, n, d, m) for r in rs] for rs, n in sides)
             if any(v is None for v in (*va, *vb)):
@@ -408,8 +420,27 @@ def _rows(a: Sequence[Result], b: Sequence[Result], split: str, na: str, nb: str
             vb = [v if order.get(id(r)) is None else v[order[id(r)]] for r, v in zip(b, vb)]
             t = paired_test(va if len(va) > 1 else va[0], vb if len(vb) > 1 else vb[0], metric=m, n_boot=n_boot,
                             seed=seed, level=level, paired_seeds=same_runs and len(va) > 1)
-            rows.append({"direction": d, **t})
+            rows.append({"direction": d, **t, "paired_by": "query ids" if without[d] is None else "position"})
     return rows
+
+
+def _pairing(without: dict[str, str | None], card: dict | None) -> dict:
+    """``{"text", "position"}``: how the compared directions' queries were paired, in words, and the
+    directions paired by position (``without[d]``: the file without their ids; the same split files
+    everywhere, or :func:`_alignment` refused)."""
+    ids = [d for d, f in without.items() if f is None]
+    pos = [d for d, f in without.items() if f is not None]
+    if not pos:
+        return {"text": "query ids" + (f" ({', '.join(ids)})" if ids else ""), "position": []}
+    sha = str((card or {}).get("split_sha256"))[:12]
+    files: dict[str, list[str]] = {}
+    for d in pos:
+        files.setdefault(without[d], []).append(d)
+    why = "; ".join(f"{f} stores no {' / '.join(ds)} query ids" for f, ds in files.items())
+    text = (f"query ids ({', '.join(ids)}); " if ids else "") + f"{', '.join(pos)} by position ({why}, written " \
+        f"before xmodal stored them): safe because every file lists the very same split files (split_sha256 " \
+        f"{sha}…), whose queries come in one order, so the i-th query is the same query in every file"
+    return {"text": text, "position": pos}
 
 
 def _verdicts(rows: list[dict], level: float) -> None:

@@ -10,9 +10,10 @@
   query without one, where the split has a relevancy;
 * ``"{split}/protocol"``: the split's protocol card as JSON text (a 0-d unicode array), the
   same dict as ``metrics.json[split]["protocol"]``;
-* ``"{split}/query_id/{direction}"``: uint8 ``[Q, 16]``, each query's identity
-  (:func:`query_ids`: a digest of the query's features and of its correct items' features), so
-  that two files are paired query by query whatever order their splits list the queries in;
+* ``"{split}/query_id/{direction}"``: uint8 ``[Q, 16]``, each query's identity for every
+  direction, p2v / v2p included (:func:`query_ids`: a digest of the query's features and of its
+  correct items' features), so that two files are paired query by query whatever order their
+  splits list the queries in;
 * ``"xmodal"``: the writer's mark, JSON ``{"writer": "xmodal train" | "xmodal eval --per-query",
   "format": 2}`` (``eval --per-query`` replaces only a file that carries its own mark).
 
@@ -132,20 +133,28 @@ def _side_digests(features: Any, mask: Any) -> list[bytes]:
 
 
 def query_ids(split: Any) -> dict[str, np.ndarray]:
-    """Each query's identity, ``{"t2v": uint8 [T, 16], "v2t": uint8 [V, 16]}``: a text query is the
-    digest of its features and its video's; a video query the digest of its features and the sorted
-    digests of its texts. Two results whose splits hold the same queries in another order are
-    paired by these ids (``xmodal compare``); equal ids mean equal inputs and ground truth.
+    """Each query's identity, ``{"t2v": uint8 [T, 16], "v2t": uint8 [V, 16]}`` and, on a split with
+    groups (``video_to_group``), ``"p2v"`` / ``"v2p"`` ``uint8 [P, 16]``: a text query is the digest
+    of its features and its video's; a video query the digest of its features and the sorted digests
+    of its texts; a paragraph (and its group's video, the v2p query) the digest of the group's clips
+    in clip order, each followed by its texts in text order (the order a paragraph is read in,
+    :func:`xmodal.data.groups.paragraph_texts`), one per group that has a paragraph, in group order
+    (the queries of :func:`xmodal.retrieval.evaluate.group_ranks`). Two results whose splits hold
+    the same queries in another order are paired by these ids (``xmodal compare``); equal ids mean
+    equal inputs and ground truth.
 
     Args:
         split: a :class:`~xmodal.data.PairedSplit` (or anything with ``video_input()``,
-            ``text_input()`` or ``text``, and ``text_to_video``).
+            ``text_input()`` or ``text``, ``text_to_video`` and optionally ``video_to_group``).
 
     >>> from xmodal.data import PairedSplit
     >>> s = PairedSplit.from_arrays(video=np.eye(2), text=[[1, 0], [0, 1], [0, 1]], text_to_video=[0, 1, 1])
     >>> ids = query_ids(s)  # texts 1 and 2 are the same caption of the same video: one identity
     >>> ids["t2v"].shape, ids["v2t"].dtype.name, bool((ids["t2v"][1] == ids["t2v"][2]).all())
     ((3, 16), 'uint8', True)
+    >>> album = PairedSplit.from_arrays(video=np.eye(2), text=np.eye(2), text_to_video=[0, 1], video_to_group=[0, 0])
+    >>> {d: x.shape for d, x in query_ids(album).items()}  # one album of two clips: one paragraph
+    {'t2v': (2, 16), 'v2t': (2, 16), 'p2v': (1, 16), 'v2p': (1, 16)}
     """
     duck(split, "split", "a PairedSplit", ("video_input",), ("text_to_video",))
     video, vmask = split.video_input()
@@ -160,8 +169,31 @@ def query_ids(split: Any) -> dict[str, np.ndarray]:
         own[v].append(td[i])
     v_ids = [hashlib.blake2b(b"v2t" + vd[j] + b"".join(sorted(own[j])), digest_size=16).digest()
              for j in range(len(vd))]
-    as_array = lambda ids: np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(len(ids), 16).copy()  # noqa: E731
-    return {"t2v": as_array(t_ids), "v2t": as_array(v_ids)}
+    out = {"t2v": t_ids, "v2t": v_ids}
+    groups = getattr(split, "video_to_group", None)
+    if groups is not None:
+        out.update(_group_ids(vd, td, t2v, groups))
+    return {d: np.frombuffer(b"".join(ids), dtype=np.uint8).reshape(len(ids), 16).copy() for d, ids in out.items()}
+
+
+def _group_ids(vd: list[bytes], td: list[bytes], t2v: np.ndarray, video_to_group: Any) -> dict[str, list[bytes]]:
+    """``{"p2v": [...], "v2p": [...]}``: one digest per group that has a paragraph, in group order, over
+    its clips in clip order, each clip's digest followed by its number of texts and their digests in
+    text order (so neither a clip's texts nor the clips' order can be confused with another group's)."""
+    from xmodal.data.groups import check_groups, group_rows
+
+    g = check_groups(video_to_group, len(vd), "split.video_to_group")
+    texts: list[list[bytes]] = [[] for _ in vd]
+    for i, v in enumerate(t2v.tolist()):
+        texts[v].append(td[i])
+    p_ids, v_ids = [], []
+    for rows in group_rows(g):
+        if not any(texts[c] for c in rows.tolist()):
+            continue  # no paragraph: neither a query nor in the gallery
+        body = b"".join(vd[c] + len(texts[c]).to_bytes(4, "little") + b"".join(texts[c]) for c in rows.tolist())
+        p_ids.append(hashlib.blake2b(b"p2v" + body, digest_size=16).digest())
+        v_ids.append(hashlib.blake2b(b"v2p" + body, digest_size=16).digest())
+    return {"p2v": p_ids, "v2p": v_ids}
 
 
 def bank_source(test_time: Any, name: str) -> str:

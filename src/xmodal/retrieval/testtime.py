@@ -314,7 +314,7 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
         temperature, iters, lam, k, beta: normaliser hyper-parameters.
         dn_bank: ``(texts, videos)`` DN's means are estimated from; None: the train banks.
             The trainer passes the validation embeddings for ``test_time.dn_source: val``
-            (the DN paper's protocol, sec. 4.2: 100 random unlabeled validation samples).
+            (the DN paper's protocol, sec. 4.3: 100 random unlabeled validation samples).
         dn_num_samples, dn_seeds: DN's sample size and number of sampling seeds whose
             means are averaged (:class:`~xmodal.normalize.DistributionNormalization`).
         dn_source: recorded in ``hparams`` (``train`` or ``val``), nothing else.
