@@ -84,14 +84,14 @@ def test_evil_auto_map_never_runs_even_when_stdin_says_yes(clean, tmp_path):
         "class EvilModel(CLIPModel):\n    pass\n")
     auto = {"AutoProcessor": "evil.EvilProcessor", "AutoModel": "evil.EvilModel"}
     for name in ("config.json", "processor_config.json", "tokenizer_config.json"):
-        edit_json(evil / name, lambda d: d.update(auto_map=auto, **({} if name == "config.json" else
-                                                                   {"processor_class": "EvilProcessor"})))
+        extra = {} if name == "config.json" else {"processor_class": "EvilProcessor"}  # no class of the library
+        edit_json(evil / name, lambda d, extra=extra: d.update(auto_map=auto, **extra))
     caps = tmp_path / "caps.txt"
     caps.write_text("a dog\n")
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": os.pathsep.join(
         [str(Path(encoders.__file__).resolve().parents[2])] + os.environ.get("PYTHONPATH", "").split(os.pathsep))}
     run = subprocess.run([sys.executable, "-m", "xmodal", "encode", "text", "--captions", str(caps), "--out",
-                          str(tmp_path / "t.npy"), "--model", f"hf:{evil}", "--quiet"], input="y\n", text=True,
+                          str(tmp_path / "t.npy"), "--model", f"hf:{evil}", "--quiet"], check=False, input="y\n", text=True,
                          capture_output=True, env=env, timeout=600)
     assert not marker.exists(), "the folder's code ran"
     err = run.stderr.strip()
@@ -166,8 +166,7 @@ def _spy(fn, calls):
 def test_huge_resize_is_refused(clean, tmp_path, side):
     """Item 3: a processor asking for a 20000 x 20000 resize took 5.5 GB for one 40 x 30 image."""
     bad = copy(clean, tmp_path)
-    edit_json(bad / "processor_config.json", lambda d: d["image_processor"].update(
-        size={"shortest_edge": side}, crop_size={"height": side, "width": side}))
+    edit_json(bad / "processor_config.json", lambda d: d["image_processor"].update(size={"shortest_edge": side}))
     if side > 2049:  # refused from the folder alone (never run on the unfixed code: it would resize)
         one_line(lambda: encoders.get_encoder(f"hf:{bad}", "image"), "processor_config.json", str(side))
         return
@@ -218,6 +217,26 @@ def test_pickle_bin_weights_are_refused(clean, tmp_path):
         encoders.identity_of(f"hf:{bad}", "text")
 
 
+class _Evil:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this writes the marker
+        return (self.marker.write_text, ("a pickle ran",))
+
+
+def test_pickle_beside_safetensors_is_never_read(clean, tmp_path):
+    """A hub snapshot holds pytorch_model.bin beside model.safetensors: the safetensors load, the pickle
+    is never opened (a pickle that writes a marker file when read proves it), the features are the
+    clean folder's."""
+    folder = copy(clean, tmp_path, "snapshot")
+    marker = tmp_path / "PICKLE_RAN"
+    torch.save({"x": _Evil(marker)}, folder / "pytorch_model.bin")
+    got = text_of(folder)()
+    assert not marker.exists()
+    np.testing.assert_array_equal(got, text_of(clean)())
+
+
 @pytest.mark.parametrize("field, value, needles", [
     ("num_attention_heads", 0, ("text_config.num_attention_heads", "at least 1")),
     ("num_attention_heads", 5, ("text_config.num_attention_heads", "divide")),
@@ -243,6 +262,25 @@ def test_deeply_nested_json_is_refused_before_parsing(clean, tmp_path, name, dep
     assert raw.endswith("}")
     (bad / name).write_text(raw[:-1] + f', "deep": {nest}' + "}")
     one_line(text_of(bad), name, "nested")
+
+
+def test_auto_map_nested_in_a_processor_config_is_refused(clean, tmp_path):
+    bad = copy(clean, tmp_path)
+    edit_json(bad / "processor_config.json", lambda d: d["image_processor"].update(
+        auto_map={"AutoImageProcessor": "evil.Evil"}))
+    one_line(lambda: encoders.get_encoder(f"hf:{bad}", "image"), "processor_config.json", "auto_map")
+
+
+def test_unclosed_escaped_string_is_scanned_in_one_pass(clean, tmp_path):
+    """The nesting scan masks strings with one regular expression; an unclosed string of escaped quotes
+    made it quadratic (80 KB took 80 s). 400 KB of it now passes the scan, and the library's refusal
+    of the file is one line naming it."""
+    from xmodal._files.jsonfile import json_shape
+
+    assert json_shape(b'["a", ["b\\"]]') == (2, 4) and json_shape(b'[["ab') == (2, 3)  # open to the end
+    bad = copy(clean, tmp_path)
+    (bad / "tokenizer.json").write_bytes(b'{"x": "' + b'\\"' * 200_000)
+    one_line(text_of(bad), "tokenizer.json")
 
 
 def test_library_failures_are_one_line_naming_the_file(clean, tmp_path):

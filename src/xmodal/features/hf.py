@@ -44,7 +44,7 @@ from xmodal.features import hf_folder, hf_weights
 SUPPORTED = {"clip": ("CLIPModel", ("text", "image")), "siglip": ("SiglipModel", ("text", "image")),
              "xclip": ("XCLIPModel", ("text", "video"))}
 #: Files of the weights (hashed into ``weights_sha256``) and of the processor (``preprocessing_sha256``).
-WEIGHT_SUFFIXES = (".safetensors",)
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
                    "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
                    "special_tokens_map.json", "added_tokens.json", "spiece.model")
@@ -66,15 +66,21 @@ def folder_of(spec: str) -> Path:
     if not (folder / "config.json").is_file():
         raise ValueError(f"model: {spec}: {folder / 'config.json'} not found (save the model with "
                          f"model.save_pretrained(DIR))")
-    hf_weights.refuse_pickle(folder, spec)
     if not weight_files(folder):
-        raise ValueError(f"model: {spec}: no weights (*.safetensors) in {folder}")
+        raise ValueError(f"model: {spec}: no weights (*.safetensors or *.bin) in {folder}")
+    if not safetensors_files(folder):  # pickle can run code when read: .bin weights alone are refused
+        hf_weights.refuse_pickle(folder, spec)
     return folder.resolve()
 
 
 def weight_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES
                   and not p.name.startswith(".") and p.name != "training_args.bin")
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files that load (a ``.bin`` beside them, as a hub snapshot holds, is never read)."""
+    return [p for p in weight_files(folder) if p.suffix == ".safetensors"]
 
 
 def read_config(folder: Path, spec: str) -> dict:
@@ -278,7 +284,7 @@ def _load_model(cls, folder: Path, spec: str, cfg: dict):
     on the meta device (no memory) from the vetted config; the library's loading report read back."""
     import torch
 
-    tensors = hf_weights.read_headers(weight_files(folder), spec)
+    tensors = hf_weights.read_headers(safetensors_files(folder), spec)
     path = folder / "config.json"
     hf_weights.check_layers(cfg, tensors, path, spec)
     try:
@@ -290,7 +296,7 @@ def _load_model(cls, folder: Path, spec: str, cfg: dict):
     hf_weights.check_against(skeleton, tensors, spec)
     del skeleton
     hf_weights.check_finite(tensors, spec)
-    files = _names(folder, [p.name for p in weight_files(folder)] + ["config.json"])
+    files = _names(folder, [p.name for p in safetensors_files(folder)] + ["config.json"])
     try:
         model, info = cls.from_pretrained(str(folder), config=config, local_files_only=True, dtype="float32",
                                           trust_remote_code=False, use_safetensors=True, output_loading_info=True)

@@ -64,7 +64,8 @@ def read_json(path: Path, spec: str):
 
 def refuse_code(data, path: Path, spec: str) -> None:
     """A folder's ``auto_map`` names Python files to import: refused, whatever standard input says."""
-    if isinstance(data, dict) and "auto_map" in data:
+    parts = [data] + [v for v in data.values() if isinstance(v, dict)] if isinstance(data, dict) else []
+    if any("auto_map" in part for part in parts):  # processor_config.json nests its processors' configs
         raise ValueError(f"model: {spec}: {path} has an auto_map (code of the folder to run); hf: folders are "
                          f"data and never run code: use a folder saved by transformers' own classes")
 
@@ -79,7 +80,8 @@ def check_config(cfg: dict, classes: dict, path: Path, spec: str) -> None:
         classes: ``{"": ConfigClass, "text_config": TextConfigClass, ...}`` of the model type.
     """
     for sub, cls in classes.items():
-        part = cfg if not sub else cfg.get(sub, {})
+        part = cfg if not sub else cfg.get(sub)
+        part = {} if part is None else part  # the library's defaults
         where = f"{sub}." if sub else ""
         if not isinstance(part, dict):
             raise ValueError(f"model: {spec}: {path}: {sub} is a {type(part).__name__}, expected an object")
@@ -95,7 +97,7 @@ def check_config(cfg: dict, classes: dict, path: Path, spec: str) -> None:
 
 
 def _check_field(name: str, value, default, path: Path, spec: str) -> None:
-    sized = bool(_SIZE_FIELD.search(name.rsplit(".", 1)[-1])) and (value is not None or _is_int(default))
+    sized = bool(_SIZE_FIELD.search(name.rsplit(".", 1)[-1])) and _is_int(default)  # not generation's 0s
     if sized:
         if not _is_int(value):
             raise ValueError(f"model: {spec}: {path}: {name} is {type(value).__name__} {repr(value)[:40]}, "

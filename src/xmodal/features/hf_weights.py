@@ -1,5 +1,5 @@
 """The weights of an ``hf:DIR`` folder, checked before the library builds or loads anything (issue 44):
-safetensors only (pickle ``.bin`` files are refused), each file's header read with bounded memory and
+safetensors only (a folder of pickle ``.bin`` weights is refused; one beside safetensors is never read), each file's header read with bounded memory and
 checked to cover the file exactly (a truncated file is one line), every parameter the model declares
 present with its shape, all of one floating dtype, and every value finite (read in bounded chunks,
 the exponent bits tested: IEEE 754 and bfloat16 infinities and NaNs have all exponent bits set).
@@ -7,11 +7,12 @@ the exponent bits tested: IEEE 754 and bfloat16 infinities and NaNs have all exp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import struct
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class Tensor(NamedTuple):
 
 
 def refuse_pickle(folder: Path, spec: str) -> None:
-    """Pickle weights can run code when read: refused, whatever else the folder holds."""
+    """Pickle weights can run code when read: a folder whose weights are pickle files is refused."""
     found = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in (".bin", ".pt", ".pth", ".ckpt")
                    and p.name != "training_args.bin" and not p.name.startswith("."))
     if found:
@@ -137,13 +138,12 @@ def check_against(model, tensors: dict[str, Tensor], spec: str) -> None:
     params = {k for k, _ in model.named_parameters()}
     extra = set(tensors) - set(expected) - {k for k, _ in model.named_buffers()}
     missing = sorted(set(expected) - set(tensors))
-    where = lambda names: tensors[names[0]].file if names[0] in tensors else "the weights"  # noqa: E731
     if missing:
         raise ValueError(f"model: {spec}: weight {missing[0]} is missing from {_files(tensors)}"
                          f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}")
     if extra:
         first = sorted(extra)
-        raise ValueError(f"model: {spec}: {where(first)} holds {first[0]}, which the model does not have"
+        raise ValueError(f"model: {spec}: {tensors[first[0]].file} holds {first[0]}, which the model does not have"
                          f"{f' (and {len(first) - 1} more)' if len(first) > 1 else ''}")
     for name, shape in expected.items():
         if tensors[name].shape != shape:
@@ -166,13 +166,15 @@ def check_against(model, tensors: dict[str, Tensor], spec: str) -> None:
 
 def check_finite(tensors: dict[str, Tensor], spec: str) -> None:
     """Every floating tensor is finite, read ``CHUNK_BYTES`` at a time."""
-    handles: dict[Path, object] = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        handles: dict[Path, Any] = {}
         for name, t in sorted(tensors.items(), key=lambda kv: (str(kv[1].file), kv[1].begin)):
             if t.dtype not in EXPONENT:
                 continue
             view, mask = EXPONENT[t.dtype]
-            f = handles.get(t.file) or handles.setdefault(t.file, open(t.file, "rb"))
+            if t.file not in handles:
+                handles[t.file] = stack.enter_context(open(t.file, "rb"))
+            f = handles[t.file]
             f.seek(t.begin)
             left = t.end - t.begin
             while left:
@@ -184,9 +186,6 @@ def check_finite(tensors: dict[str, Tensor], spec: str) -> None:
                 if np.any((bits & view(mask)) == view(mask)):
                     raise ValueError(f"model: {spec}: {t.file}: {name} holds values that are not finite "
                                      f"(NaN or infinity)")
-    finally:
-        for f in handles.values():
-            f.close()
 
 
 def _files(tensors: dict[str, Tensor]) -> str:
