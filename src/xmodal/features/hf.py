@@ -256,7 +256,7 @@ class HFModel:
     def preprocessing(self, kind: str) -> dict:
         """What the inputs of ``kind`` go through (the folder's processor, summarised)."""
         if kind == "text":
-            tok = self.processor.tokenizer
+            tok = self.tokenizer
             return {"tokenizer": type(tok).__name__, "padding": "max_length" if self.padding == "max_length"
                     else "longest", "truncation": True, "max_length": self.max_length, "dtype": "float32"}
         proc = getattr(self.processor, "video_processor" if kind == "video" else "image_processor", None)
