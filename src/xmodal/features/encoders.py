@@ -146,6 +146,8 @@ def _hf_encoder(spec: str, kind: str) -> Encoder:
         kind = "video" if "video" in kinds else "image"
     if kind not in kinds:
         raise ValueError(hf.unsupported_kind(spec, model_type, kind))
+    if kind == "text":
+        hf.require_tokenizer(folder, spec)
     full = f"hf:{folder}"
 
     def identity() -> dict:

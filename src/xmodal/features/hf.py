@@ -15,12 +15,20 @@ Ni et al. 2022, X-CLIP), from the folder's own processor:
 
 Outputs are ``pooler_output`` of the library's return value, float32, not normalised. Weights load in
 float32 with ``local_files_only=True`` and ``HF_HUB_OFFLINE=1``: nothing is ever downloaded, and a
-missing folder or file is one line naming it. No remote code is run.
+missing folder or file is one line naming it.
+
+The folder is data, never code (issue 44): ``trust_remote_code=False`` on every load with standard input
+replaced by an empty one, a folder naming code (``auto_map``) refused; every file bounded and every
+config field checked before it is parsed or built (:mod:`xmodal.features.hf_folder`); the weights
+safetensors only, complete, of one floating dtype, finite and matching the config before the model is
+built (:mod:`xmodal.features.hf_weights`), and the library's own loading report read back; a folder
+without a tokenizer encodes no text. Whatever the library still raises is one line naming the files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -28,6 +36,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from xmodal.features import hf_folder, hf_weights
 
 
 #: model_type in config.json -> (transformers class, the kinds it encodes).
@@ -58,6 +68,8 @@ def folder_of(spec: str) -> Path:
                          f"model.save_pretrained(DIR))")
     if not weight_files(folder):
         raise ValueError(f"model: {spec}: no weights (*.safetensors or *.bin) in {folder}")
+    if not safetensors_files(folder):  # pickle can run code when read: .bin weights alone are refused
+        hf_weights.refuse_pickle(folder, spec)
     return folder.resolve()
 
 
@@ -66,20 +78,57 @@ def weight_files(folder: Path) -> list[Path]:
                   and not p.name.startswith(".") and p.name != "training_args.bin")
 
 
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files that load (a ``.bin`` beside them, as a hub snapshot holds, is never read)."""
+    return [p for p in weight_files(folder) if p.suffix == ".safetensors"]
+
+
 def read_config(folder: Path, spec: str) -> dict:
-    """config.json of the folder (bounded), with a supported ``model_type``."""
+    """config.json of the folder, with a supported ``model_type``, after the whole folder is vetted as
+    data (:mod:`xmodal.features.hf_folder`): every parsed file bounded, no ``auto_map`` anywhere, config
+    fields typed as the library's defaults, processor targets bounded."""
+    hf_folder.check_files(folder, spec)
     path = folder / "config.json"
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"model: {spec}: {path} is larger than {MAX_CONFIG_BYTES:,} bytes")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValueError(f"model: {spec}: {path} is not valid JSON ({str(exc)[:100]})") from None
+    cfg = hf_folder.read_json(path, spec)
+    hf_folder.refuse_code(cfg, path, spec)
+    others = {name: hf_folder.read_json(folder / name, spec) for name in (*hf_folder.PROCESSOR_CONFIGS,
+              "tokenizer_config.json") if (folder / name).is_file()}
+    for name, data in others.items():
+        hf_folder.refuse_code(data, folder / name, spec)
     kind = cfg.get("model_type") if isinstance(cfg, dict) else None
     if kind not in SUPPORTED:
         raise ValueError(f"model: {spec}: model_type {str(kind)[:40]!r} is not supported; hf: takes "
                          f"{', '.join(v[0] for v in SUPPORTED.values())}")
+    for key in ("quantization_config", "attn_implementation", "_attn_implementation"):
+        if cfg.get(key) not in (None, "eager", "sdpa"):
+            raise ValueError(f"model: {spec}: {path}: {key} {str(cfg[key])[:40]!r} is refused (hf: folders load "
+                             f"plain float weights with the library's own attention)")
+    classes = _config_classes(kind)
+    if classes is not None:
+        hf_folder.check_config(cfg, classes, path, spec)
+    for name in hf_folder.PROCESSOR_CONFIGS:
+        if isinstance(others.get(name), dict):
+            hf_folder.check_processor(others[name], folder / name, spec)
     return cfg
+
+
+def _config_classes(model_type: str) -> dict | None:
+    """``{"": ModelConfig, "text_config": ..., "vision_config": ...}`` of a model type (None without
+    transformers: then nothing is loaded either)."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    cls = getattr(transformers, SUPPORTED[model_type][0]).config_class
+    return {"": cls, **dict(getattr(cls, "sub_configs", {}) or {})}
+
+
+def require_tokenizer(folder: Path, spec: str) -> None:
+    """A folder without tokenizer files encodes no text (else every caption would be one vector)."""
+    if not hf_folder.has_tokenizer(folder):
+        raise ValueError(f"model: {spec}: no tokenizer in the folder ({', '.join(hf_folder.TOKENIZER_FILES[:3])}, "
+                         f"...): it cannot encode text; save the tokenizer beside the model with "
+                         f"processor.save_pretrained(DIR)")
 
 
 def kinds_of(model_type: str) -> tuple[str, ...]:
@@ -127,6 +176,17 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@contextlib.contextmanager
+def _no_stdin():
+    """Standard input is never read while a folder loads (the library's trust prompt reads it)."""
+    before = sys.stdin
+    sys.stdin = io.StringIO("")
+    try:
+        yield
+    finally:
+        sys.stdin = before
+
+
 class HFModel:
     """A loaded ``hf:DIR`` model and processor (float32, eval mode, CPU)."""
 
@@ -139,19 +199,18 @@ class HFModel:
         cfg = read_config(folder, spec)
         self.folder, self.spec, self.model_type = folder, spec, cfg["model_type"]
         cls = getattr(transformers, SUPPORTED[self.model_type][0])
-        try:
-            with hf_progress(False):
-                self.model = cls.from_pretrained(str(folder), local_files_only=True, dtype="float32").eval()
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"model: {spec}: cannot load the model ({_first(exc)})") from None
-        try:
-            self.processor = transformers.AutoProcessor.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise ValueError(f"model: {spec}: cannot load its processor from the folder ({_first(exc)}); save "
-                             f"it beside the model with processor.save_pretrained(DIR)") from None
+        with _no_stdin(), hf_progress(False):
+            self.model = _load_model(cls, folder, spec, cfg)
+            self.processor = _load_processor(transformers, folder, spec)
         self.config = self.model.config
         text = self.config.text_config
-        tok = getattr(self.processor, "tokenizer", None)
+        tok = self.processor if isinstance(self.processor, transformers.PreTrainedTokenizerBase) else getattr(
+            self.processor, "tokenizer", None)
+        self.tokenizer = tok
+        if tok is not None and len(tok) > text.vocab_size:
+            raise ValueError(f"model: {spec}: the tokenizer in {_names(folder, hf_folder.TOKENIZER_FILES)} has "
+                             f"{len(tok):,} tokens, the text tower's vocab_size {text.vocab_size:,}: a tokenizer of "
+                             f"another model")
         limit = getattr(tok, "model_max_length", None)
         self.max_length = int(min(text.max_position_embeddings, limit if isinstance(limit, int) else 1 << 30))
         self.padding = "max_length" if self.model_type == "siglip" else True
@@ -164,6 +223,8 @@ class HFModel:
         """``get_text_features`` of one batch of captions (float32 tensor)."""
         import torch
 
+        if self.tokenizer is None:
+            raise ValueError(f"model: {self.spec}: no tokenizer loads from the folder: it cannot encode text")
         inputs = self.processor(text=captions, padding=self.padding, truncation=True, max_length=self.max_length,
                                 return_tensors="pt")
         with torch.inference_mode():
@@ -172,7 +233,8 @@ class HFModel:
     def pixels(self, image) -> Any:
         """The processor's ``pixel_values`` of one image ``[1, 3, H, W]`` (the image as opened: a processor
         with ``do_convert_rgb`` converts it as the library does; for one without, it is made RGB first)."""
-        if not getattr(self.processor.image_processor, "do_convert_rgb", False) and image.mode != "RGB":
+        if not getattr(getattr(self.processor, "image_processor", self.processor), "do_convert_rgb", False) and \
+                image.mode != "RGB":
             image = image.convert("RGB")
         return self.processor(images=[image], return_tensors="pt")["pixel_values"]
 
@@ -194,7 +256,7 @@ class HFModel:
     def preprocessing(self, kind: str) -> dict:
         """What the inputs of ``kind`` go through (the folder's processor, summarised)."""
         if kind == "text":
-            tok = self.processor.tokenizer
+            tok = self.tokenizer
             return {"tokenizer": type(tok).__name__, "padding": "max_length" if self.padding == "max_length"
                     else "longest", "truncation": True, "max_length": self.max_length, "dtype": "float32"}
         proc = getattr(self.processor, "video_processor" if kind == "video" else "image_processor", None)
@@ -217,14 +279,63 @@ def feature_dim(cfg: dict, model_type: str, kind: str) -> int:
     return int(vision.get("hidden_size", 768))
 
 
+def _load_model(cls, folder: Path, spec: str, cfg: dict):
+    """The model of the folder, float32 in eval mode, after its weights are checked against a copy built
+    on the meta device (no memory) from the vetted config; the library's loading report read back."""
+    import torch
+
+    tensors = hf_weights.read_headers(safetensors_files(folder), spec)
+    path = folder / "config.json"
+    hf_weights.check_layers(cfg, tensors, path, spec)
+    try:
+        config = cls.config_class.from_pretrained(str(folder), local_files_only=True)
+        with torch.device("meta"):
+            skeleton = cls(config)
+    except Exception as exc:  # noqa: BLE001 -- whatever the library says of a config is one line
+        raise ValueError(f"model: {spec}: {path}: the library refuses this config ({_first(exc)})") from None
+    hf_weights.check_against(skeleton, tensors, spec)
+    del skeleton
+    hf_weights.check_finite(tensors, spec)
+    files = _names(folder, [p.name for p in safetensors_files(folder)] + ["config.json"])
+    try:
+        model, info = cls.from_pretrained(str(folder), config=config, local_files_only=True, dtype="float32",
+                                          trust_remote_code=False, use_safetensors=True, output_loading_info=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"model: {spec}: cannot load the model from {files} ({_first(exc)})") from None
+    buffers = {k for k, _ in model.named_buffers()}
+    report = {"missing": info.get("missing_keys"), "mismatched": info.get("mismatched_keys"),
+              "unexpected": [k for k in info.get("unexpected_keys") or () if k not in buffers],
+              "error": info.get("error_msgs")}
+    for what, keys in report.items():
+        if keys:
+            keys = sorted(map(str, keys))
+            raise ValueError(f"model: {spec}: loading {files}: {what} weights {keys[0][:120]}"
+                             f"{f' (and {len(keys) - 1} more)' if len(keys) > 1 else ''}")
+    return model.eval()
+
+
+def _load_processor(transformers, folder: Path, spec: str):
+    files = _names(folder, hf_folder.PROCESSOR_CONFIGS + hf_folder.TOKENIZER_FILES + (
+        "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "merges.txt"))
+    try:
+        return transformers.AutoProcessor.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 -- whatever the library says of these files is one line
+        raise ValueError(f"model: {spec}: cannot load its processor from {files} ({_first(exc)}); save it beside "
+                         f"the model with processor.save_pretrained(DIR)") from None
+
+
+def _names(folder: Path, names) -> str:
+    return ", ".join(n for n in names if (folder / n).is_file()) or f"{folder} (no such files)"
+
+
 def _pooled(out):
     value = out if hasattr(out, "shape") else out.pooler_output
     return value.float()
 
 
 def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0][:200] if text else type(exc).__name__)
+    text = " ".join(str(exc).split())  # the whole message on one line (the library's run over several)
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 _MODELS: dict[tuple, HFModel] = {}
