@@ -350,8 +350,8 @@ COLUMNS = {"p2v_r1": "p2v R@1", "same_r1": "p2v R@1 among same-length albums", "
            "p2v_r5": "p2v R@5", "t2v_r1": "clip t2v R@1"}
 #: Paired tests (``xmodal compare``'s) on the fixed albums, whose test gallery is the same for every seed:
 #: (A, B) rows of ``--controls``, B - A on p2v R@1.
-TESTS = (("flat", "coot"), ("coot-flatref", "coot"), ("flat", "untrained"), ("untrained-nopos", "untrained"),
-         ("coot-nopos", "coot"))
+TESTS = (("flat", "coot"), ("coot-flatref", "coot"), ("flat", "hier"), ("flat", "untrained"),
+         ("untrained-nopos", "untrained"), ("coot-nopos", "coot"))
 
 
 def results(per_seed: dict[int, dict]) -> tuple[list[dict], dict, dict]:
@@ -376,7 +376,26 @@ def results(per_seed: dict[int, dict]) -> tuple[list[dict], dict, dict]:
     return rows, nested, tables
 
 
-def paired_tests(args, kinds: list[str]) -> dict:
+def seed_counts(nested: dict) -> dict:
+    """For each pair of :data:`TESTS` on every kind and loss: on how many seeds B is above / below A
+    (p2v R@1, and among same-length albums), so a page's "on every seed" is read from the file."""
+    out: dict = {}
+    for kind, losses in nested.items():
+        for loss, rows in losses.items():
+            for a, b in TESTS:
+                if a not in rows or b not in rows:
+                    continue
+                counts = {}
+                for m in ("p2v_r1", "same_r1"):
+                    if m in rows[a] and m in rows[b]:
+                        pairs = list(zip(rows[a][m]["per_seed"], rows[b][m]["per_seed"]))
+                        counts[m] = {"higher": sum(y > x for x, y in pairs), "lower": sum(y < x for x, y in pairs),
+                                     "seeds": len(pairs)}
+                out.setdefault(kind, {}).setdefault(loss, {})[f"{b}-vs-{a}"] = counts
+    return out
+
+
+def paired_tests(args, kinds: list[str], nested: dict) -> dict:
     """``xmodal compare``'s seed-level test of each pair in :data:`TESTS` on the fixed albums (p2v R@1)."""
     from xmodal.reporting.compare import compare, load_result
 
@@ -386,7 +405,7 @@ def paired_tests(args, kinds: list[str]) -> dict:
     for loss in args.losses:
         folder = Path(args.out) / "perquery" / "fixed" / loss
         for a, b in TESTS:
-            if not ((folder / a).is_dir() and (folder / b).is_dir()):
+            if not {a, b} <= set(nested["fixed"].get(loss, {})):  # rows of this invocation only
                 continue
             sides = [[load_result(folder / name / f"seed{s}.npz") for s in args.seeds] for name in (a, b)]
             res = compare(*sides, split="test", normalizer="none", metrics=["R@1"], directions=["p2v"])
@@ -400,6 +419,19 @@ def paired_tests(args, kinds: list[str]) -> dict:
                 "command": f"xmodal compare --a '{folder / a}/seed*.npz' --b '{folder / b}/seed*.npz' "
                            "--split test --normalizer none --directions p2v --metrics R@1"}
     return out
+
+
+def test_table(tests: dict, nested: dict) -> dict:
+    """The paired tests as a table (B − A and its interval to two decimals, as ``xmodal compare`` prints)."""
+    rows = []
+    for loss, pairs in tests.items():
+        for t in pairs.values():
+            label = lambda name: nested["fixed"][loss][name]["label"]  # noqa: E731
+            rows.append([loss, label(t["a_row"]), label(t["b_row"]), t["a"], t["b"], f"{t['diff']:+.2f}",
+                         f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", f"{t['p_value']:.2f}",
+                         f"{t['p_value_min']:.2f}", t["verdict"]])
+    return {"columns": ["loss", "A", "B", "A p2v R@1", "B p2v R@1", "B − A", "95% CI", "p (seeds)",
+                        "lowest p possible", "verdict"], "align": ["---"] * 3 + ["---:"] * 6 + ["---"], "rows": rows}
 
 
 def table(per_seed: dict[int, dict], command: str, sizes: dict[str, int]) -> str:
@@ -523,8 +555,10 @@ def main(argv=None) -> int:
         data.update({"seeds": args.seeds, "epochs": args.epochs, "batch": args.batch, "test_albums": sizes,
                      "setup": {"losses": LOSSES, "models": MODELS, "fixed_size": FIXED, "val_albums": VAL_ALBUMS,
                                "variant": {"tag": args.tag, "keys": json.loads(args.keys)} if args.tag else None},
-                     "results": nested, "tables": tables, "tests": paired_tests(args, args.albums),
+                     "results": nested, "tables": tables, "tests": paired_tests(args, args.albums, nested),
+                     "seed_counts": seed_counts(nested),
                      "diagnose": curves, "rows": rows})
+        data["test_table"] = test_table(data["tests"], nested)
         write_json(args.write, data)
     return 0
 

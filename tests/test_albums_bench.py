@@ -122,3 +122,10 @@ def test_write_takes_a_json_file(albums, tmp_path, capsys):
     with pytest.raises(SystemExit):
         albums.main(["--data", str(tmp_path), "--write", "docs/results/albums.md"])
     assert "is not a .json file" in capsys.readouterr().err
+
+
+def test_seed_counts_say_on_how_many_seeds_b_beats_a(albums):
+    nested = {"fixed": {"infonce": {"flat": {"p2v_r1": {"per_seed": [40.0, 42.0, 44.0]}},
+                                    "coot": {"p2v_r1": {"per_seed": [35.0, 43.0, 44.0]}}}}}
+    got = albums.seed_counts(nested)["fixed"]["infonce"]["coot-vs-flat"]
+    assert got == {"p2v_r1": {"higher": 1, "lower": 1, "seeds": 3}}  # a tie is neither

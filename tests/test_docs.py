@@ -187,10 +187,14 @@ def test_a_broken_anchor_link_or_number_fails_the_build(tmp_path):
     broken = tmp_path / "docs" / "results" / "index.md"
     broken.write_text(broken.read_text() + "\n\nSee [the tables](paper_evals.md#no-such-heading), "
                       "[a page](no_such_page.md) and {{ albums:no.such.key }}.\n")
-    typed = tmp_path / "docs" / "data.md"
+    typed = tmp_path / "docs" / "results" / "albums_related.md"
     text = typed.read_text()
-    assert text.startswith("---\nnumbers: data\n---\n"), "data.md renders its numbers from data files"
+    assert text.startswith("---\nnumbers: data\n---\n"), "the albums page renders its numbers from data files"
     typed.write_text(text + "\nA typed result: 49.6 vs 42.7.\n")
+    part = tmp_path / "docs" / "data.md"
+    text = part.read_text()
+    assert "<!-- end numbers from data -->" in text, "data.md's albums part renders its numbers from data files"
+    part.write_text(text.replace("<!-- end numbers from data -->", "Typed: 45.1 ± 1.1.\n<!-- end numbers from data -->"))
     res = _build(tmp_path, tmp_path / "site")
     log = res.stdout + res.stderr
     assert res.returncode != 0, log
@@ -199,6 +203,7 @@ def test_a_broken_anchor_link_or_number_fails_the_build(tmp_path):
     assert "no_such_page.md" in log, log
     assert "{{ albums:no.such.key }}: no key 'no'" in log, log
     assert "'49.6' in: A typed result" in log and "'42.7'" in log, log
+    assert "data.md: a typed number where numbers come from data files: '45.1' in: Typed" in log, log
 
 
 def test_site_builds_strict(site):
@@ -238,12 +243,24 @@ def test_placeholders_render_the_data_files_values(tmp_path):
     assert "not a table" in errors[3]
 
 
+def test_every_result_file_says_how_it_was_made_and_is_quoted():
+    """Each bench result file under docs/results/data carries its provenance and a page renders it."""
+    hook = _hook()
+    pages = "\n".join(p.read_text() for p in DOCS.rglob("*.md"))
+    files = sorted((DOCS / "results" / "data").glob("*.json"))
+    assert files
+    for f in files:
+        data = json.loads(f.read_text())
+        assert all(data.get(k) for k in hook.PROVENANCE), (f.name, {k: data.get(k) for k in hook.PROVENANCE})
+        assert re.search(r"\{\{\s*(?:table\s+)?" + re.escape(f.stem) + ":", pages), f"no page quotes {f.name}"
+
+
 def test_typed_numbers_are_found_in_prose_but_not_in_code_citations_or_placeholders():
     hook = _hook()
     text = ("DN sec. 4.3 and eqs. 6 and 8, Table 7, `tau 0.05`, [a](x.md#sec-4.4), {{ x:r.a|.2f }}, 95 % CI,\n"
             "```\n0.5\n```\nbut 49.6 ± 4.6 and 57 % are typed\n")
     hits = hook.typed_numbers(text)
-    assert [h.split(" in:")[0] for h in hits] == ["'49.6'", "'±'", "'4.6'", "'57 %'"], hits
+    assert [h.split(" in:")[0] for h in hits] == ["'49.6'", "'4.6'", "'57 %'"], hits
 
 
 def _contract_names() -> dict[str, str]:

@@ -12,7 +12,7 @@ replaces at build time:
 A placeholder that names a missing file or key, or a data file without its provenance
 (:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails. A page whose front matter says
 ``numbers: data`` (or a part of a page between ``<!-- numbers from data -->`` and ``<!-- end numbers
-from data -->``) must hold no typed result: a decimal number, a ``±`` or a percentage in its prose
+from data -->``) must hold no typed result: a decimal number or a percentage in its prose
 (outside code, links and placeholders; section, equation and table citations and a confidence level
 excepted) is a warning too.
 """
@@ -32,8 +32,9 @@ log = logging.getLogger("mkdocs.hooks.numbers")
 PROVENANCE = ("command", "commit", "date", "machine", "source")
 DATA_DIR = Path("results") / "data"
 PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?([A-Za-z0-9_-]+):([^|}\s]+)\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
-#: A decimal number, a percentage or a ``±``; what precedes it may make it a citation (``sec. 4.3``).
-TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))|±")
+#: A decimal number or a percentage (a ``m ± s`` holds two decimals); what precedes it may make it a
+#: citation (``sec. 4.3``).
+TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))")
 #: A section of a page whose numbers come from data files (the whole page: front matter ``numbers: data``).
 REGION = re.compile(r"<!-- numbers from data -->(.*?)<!-- end numbers from data -->", re.DOTALL)
 _cache: dict[Path, dict] = {}
@@ -120,7 +121,7 @@ def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[st
 
 
 def typed_numbers(markdown: str) -> list[str]:
-    """Decimal numbers, ``±`` and percentages in the prose of a page's Markdown source: not in code
+    """Decimal numbers and percentages in the prose of a page's Markdown source: not in code
     (fenced or inline), link targets, HTML comments or placeholders, and not a citation (sec. 4.3)."""
     text = re.sub(r"^(```|~~~).*?^\1", "", markdown, flags=re.S | re.M)
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
