@@ -2,7 +2,11 @@
 
     OMP_NUM_THREADS=1 python bench/albums.py --data ../shared/data/flickr8k --out runs/albums \\
         [--seeds 0 1 2] [--epochs 15] [--albums related unrelated fixed] [--models coot hier flat] \\
-        [--controls] [--write docs/results/data/albums.json]
+        [--controls] [--write docs/results/data/albums_fixed.json]
+
+The docs render ``docs/results/data/albums_fixed.json`` (``--albums fixed --models coot flat --controls``)
+and ``albums_related.json`` (``--albums related --losses infonce --models coot flat --controls``); their
+``command`` keys hold the exact command lines.
 
 An album is a "video" whose images are its clips (in album order); one of each image's 5 captions
 (drawn at random) is the clip's sentence, so an album's paragraph is its captions in image order.
