@@ -186,7 +186,7 @@ def test_a_broken_anchor_link_or_number_fails_the_build(tmp_path):
     shutil.copytree(DOCS, tmp_path / "docs")
     broken = tmp_path / "docs" / "results" / "index.md"
     broken.write_text(broken.read_text() + "\n\nSee [the tables](paper_evals.md#no-such-heading), "
-                      "[a page](no_such_page.md) and {{ albums:no.such.key }}.\n")
+                      "[a page](no_such_page.md) and {{ albums_fixed:no.such.key }}.\n")
     typed = tmp_path / "docs" / "results" / "albums_related.md"
     text = typed.read_text()
     assert text.startswith("---\nnumbers: data\n---\n"), "the albums page renders its numbers from data files"
@@ -199,9 +199,10 @@ def test_a_broken_anchor_link_or_number_fails_the_build(tmp_path):
     log = res.stdout + res.stderr
     assert res.returncode != 0, log
     assert "Aborted with" in log and "strict mode" in log, log
-    assert "contains a link 'paper_evals.md#no-such-heading'" in log and "no-such-heading" in log, log
+    assert ("contains a link 'paper_evals.md#no-such-heading', but the doc 'results/paper_evals.md' does not "
+            "contain an anchor") in log, log
     assert "no_such_page.md" in log, log
-    assert "{{ albums:no.such.key }}: no key 'no'" in log, log
+    assert "{{ albums_fixed:no.such.key }}: no key 'no'" in log, log
     assert "'49.6' in: A typed result" in log and "'42.7'" in log, log
     assert "data.md: a typed number where numbers come from data files: '45.1' in: Typed" in log, log
 
