@@ -200,7 +200,7 @@ def paired_section(results: dict[str, list[dict]], pairs: list[tuple[str, str]],
     tests = []
 
     def add(what: str, metric: str, a: list, b: list, paired: bool = False) -> None:
-        tests.append((what, metric, paired_test(a, b, metric=metric, paired_seeds=paired)))
+        tests.append((what, metric, {**paired_test(a, b, metric=metric, paired_seeds=paired), "paired": paired}))
 
     for la, lb in pairs:
         ra, rb = results[la], results[lb]
@@ -222,7 +222,8 @@ def paired_section(results: dict[str, list[dict]], pairs: list[tuple[str, str]],
     rows = []
     for (what, metric, t), q in zip(tests, adjusted):
         if t["unit"] == "seeds" and (not reachable or t["p_value_min"] > 0.05):
-            verdict = f"cannot be decided with {t['seeds_a']} + {t['seeds_b']} seeds"
+            verdict = (f"cannot be decided with {t['seeds_a']} paired runs" if t["paired"]  # one run, two scorings
+                       else f"cannot be decided with {t['seeds_a']} + {t['seeds_b']} seeds")
         else:
             verdict = ("B better" if q < 0.05 and t["ci_low"] > 0 else "A better" if q < 0.05 and t["ci_high"] < 0
                        else "no clear difference")
