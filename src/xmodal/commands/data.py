@@ -9,6 +9,7 @@ HELP = "import a table of (video, caption) pairs into the data layout, or check 
 DESCRIPTION = """Your own data in the layout xmodal train reads (docs/data.md, "Your data"):
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
+  xmodal data import --format msrvtt msrvtt_data/ --features feats/ --out msrvtt    (a benchmark's own files)
                      [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...] [--max-frames N]
   xmodal data check mydata [--split train ...] [--config CONFIG]
   xmodal data synthetic --out synth [--seed 0]
@@ -32,6 +33,9 @@ rows of videos without one. --dtype float16 stores the features as float16. Feat
 streamed one video at a time into the split's arrays. Built in a temporary folder and renamed to --out at the end: a failure leaves
 nothing, a re-import replaces every file of the previous one; an --out holding other files
 is refused.
+--format NAME reads a benchmark's own files (coco, flickr30k: Karpathy's split JSON; msrvtt, msvd,
+didemo, activitynet, lsmdc: the files CLIP4Clip and Collaborative Experts distribute) into the same
+rows a pairs table gives, with the benchmark's standard splits; what a file lacks is named in one line.
 check: lists every problem at once, naming file, row and video (missing files, shapes,
 dtypes, NaN, ids out of range, videos without captions, padding without a mask, relevancy
 outside [0, 1], feature sizes or experts that differ between splits, videos in two splits,
@@ -54,7 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     imp = sub.add_parser("import", help="pairs table + per-video feature files -> data layout")
-    imp.add_argument("pairs", help=".csv (header row) or .jsonl of (video_id, caption[, split])")
+    imp.add_argument("pairs", metavar="PAIRS_OR_SOURCE",
+                     help=".csv (header row) or .jsonl of (video_id, caption[, split]); with --format, the "
+                          "benchmark's folder (coco / flickr30k: also the Karpathy JSON itself)")
+    from xmodal.data.formats import FORMATS
+
+    imp.add_argument("--format", default=None, choices=tuple(FORMATS), metavar="NAME",
+                     help=f"read a benchmark's own files instead of a table: {', '.join(FORMATS)} (their "
+                          "standard splits; docs/data.md, 'Benchmark formats')")
     imp.add_argument("--features", required=True, help="directory of <video_id>.npy/.npz, or a glob")
     imp.add_argument("--out", required=True, help="output data directory")
     imp.add_argument("--split", default="train", help="split of rows without a split column (default: train)")
@@ -153,10 +164,21 @@ def run(args: argparse.Namespace) -> int:
         experts = parse_experts(args.expert)
         from xmodal.commands import progress_choice
 
-        summary = import_pairs(args.pairs, features=args.features, out=args.out, split=args.split,
-                               text_features=args.text_features, encode=encode, experts=experts,
-                               max_frames=args.max_frames, skip_missing=args.skip_missing, dtype=args.dtype,
-                               progress=progress_choice(args), encoders=records)
+        options = dict(features=args.features, out=args.out, split=args.split, text_features=args.text_features,
+                       encode=encode, experts=experts, max_frames=args.max_frames, skip_missing=args.skip_missing,
+                       dtype=args.dtype, progress=progress_choice(args), encoders=records)
+        kind, where = "videos", {}
+        if args.format is not None:
+            from xmodal.data.formats import read_format
+            from xmodal.data.importer import import_rows
+
+            found = read_format(args.format, args.pairs)
+            kind, where = found.kind, found.splits
+            for note in found.notes:
+                print(f"{args.format}: {note}")
+            summary = import_rows(found.rows, **options)
+        else:
+            summary = import_pairs(args.pairs, **options)
         notes = []
         first = next(iter(summary.values()))
         if first.get("missing"):
@@ -169,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{split}: {s['videos']} clips in {s['groups']} groups (long videos), {s['texts']} texts, "
                       f"up to {s['max_frames']} frames per clip")
             else:
-                print(f"{split}: {s['videos']} videos, {s['texts']} texts, up to {s['max_frames']} frames per video")
+                frames = f", up to {s['max_frames']} frames per video" if kind == "videos" else ""
+                source = f" ({where[split]})" if split in where else ""
+                print(f"{split}: {s['videos']} {kind}, {s['texts']} texts{frames}{source}")
             for expert, n in s["experts"].items():
                 print(f"  expert {expert}: {n} of {s['videos']} videos")
             if s.get("frames_note"):

@@ -52,7 +52,7 @@ IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "
 #: or group name is one line of ``S_videos.txt`` / ``S_groups.txt`` / an index's ``names.txt``.
 _BAD_ID = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
-__all__ = ["import_pairs", "read_pairs", "check_video_id", "check_group_name", "feature_files", "sample_frames", "read_features",
+__all__ = ["import_pairs", "import_rows", "read_pairs", "check_video_id", "check_group_name", "feature_files", "sample_frames", "read_features",
            "pad_frames", "pad_expert", "parse_experts", "import_owns"]
 
 
@@ -540,6 +540,21 @@ def _publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _check_options(max_frames: Any, dtype: Any) -> int | None:
+    """``max_frames`` (a positive whole number or None) and ``dtype`` (a key of :data:`DTYPES`), checked."""
+    if max_frames is not None:
+        whole = not isinstance(max_frames, (bool, np.bool_)) and (
+            isinstance(max_frames, (int, np.integer)) or (isinstance(max_frames, (float, np.floating))
+                                                         and np.isfinite(max_frames) and float(max_frames).is_integer()))
+        # inf / 2.5 / True: refused
+        if not whole or max_frames < 1:
+            raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
+        max_frames = int(max_frames)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {short_repr(dtype)}")
+    return max_frames
+
+
 def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: str | os.PathLike,
                  split: str = "train", text_features: str | os.PathLike | None = None,
                  encode: Callable[[list[str]], np.ndarray] | None = None,
@@ -584,17 +599,27 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         (``notes``: split names the default config does not read, videos in several splits;
         ``missing`` / ``dropped_rows``: what ``skip_missing`` left out; the same for every split).
     """
-    if max_frames is not None:
-        whole = not isinstance(max_frames, (bool, np.bool_)) and (
-            isinstance(max_frames, (int, np.integer)) or (isinstance(max_frames, (float, np.floating))
-                                                         and np.isfinite(max_frames) and float(max_frames).is_integer()))
-        # inf / 2.5 / True: refused
-        if not whole or max_frames < 1:
-            raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
-        max_frames = int(max_frames)
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {short_repr(dtype)}")
-    rows = read_pairs(pairs)
+    _check_options(max_frames, dtype)
+    return import_rows(read_pairs(pairs), features=features, out=out, split=split, text_features=text_features,
+                       encode=encode, experts=experts, max_frames=max_frames, skip_missing=skip_missing,
+                       dtype=dtype, progress=progress, encoders=encoders)
+
+
+def import_rows(rows: list[dict[str, str]], *, features: str | os.PathLike, out: str | os.PathLike,
+                split: str = "train", text_features: str | os.PathLike | None = None,
+                encode: Callable[[list[str]], np.ndarray] | None = None,
+                experts: dict[str, str | os.PathLike] | None = None,
+                max_frames: int | None = None, skip_missing: bool = False, dtype: str = "float32",
+                progress: bool | None = False, encoders: dict | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`import_pairs` on rows already read: ``[{"video", "caption", "split"?}, ...]`` as
+    :func:`read_pairs` returns them (or a benchmark format's reader, :mod:`xmodal.data.formats`).
+    Every other argument and the result are :func:`import_pairs`'."""
+    max_frames = _check_options(max_frames, dtype)
+    if not isinstance(rows, list) or not rows or not all(
+            isinstance(r, dict) and isinstance(r.get("video"), str) and isinstance(r.get("caption"), str)
+            for r in rows):
+        raise TypeError(f"rows: expected a non-empty list of {{'video', 'caption'[, 'split']}} dicts, "
+                        f"got {short_repr(rows)}")
     table_rows = len(rows)
     texts = None
     if text_features is not None:
