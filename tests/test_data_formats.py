@@ -162,7 +162,7 @@ def test_coco_counts_restval_as_train_and_says_so(tmp_path, capsys):
     coco(tmp_path)
     found = read_format("coco", tmp_path / "dataset_coco.json")  # the JSON itself is a source too
     assert {r["split"] for r in found.rows} == {"train", "val", "test"}
-    assert found.notes == ["1 'restval' images counted as train (as is usual: Karpathy's train + restval)"]
+    assert found.notes == ["1 'restval' image(s) counted as train (as is usual: Karpathy's train + restval)"]
 
 
 def test_msrvtt_7k_when_no_9k(tmp_path):

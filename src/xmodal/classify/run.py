@@ -19,8 +19,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ TASK = "zero-shot classification"
 DIRECTION = "v2c"
 KS = (1, 5)
 
-__all__ = ["read_labelled", "classify", "collection_kind", "TASK", "DIRECTION"]
+__all__ = ["DIRECTION", "TASK", "classify", "collection_kind", "read_labelled"]
 
 
 def read_labelled(root: str | os.PathLike, split: str, *, need_labels: bool = True) -> tuple[np.ndarray, Any]:
@@ -188,14 +189,14 @@ def classify(data: str | os.PathLike, *, split: str, class_names: list[str], tem
                                           "std": float(np.std([s[f"top{k}"] for s in seeds])),
                                           "per_seed": [s[f"top{k}"] for s in seeds]} for k in KS}
         drawn = min(dn_num_samples or len(val), len(val))
-        result["dn_protocol"] = {"lam": dn_lam, "mean_from": dn_split, "num_samples": drawn, "of": int(len(val)),
+        result["dn_protocol"] = {"lam": dn_lam, "mean_from": dn_split, "num_samples": drawn, "of": len(val),
                                  "seeds": dn_seeds, "seed": dn_seed, "gallery_mean": f"all {num_classes} class embeddings"}
     for k in KS:  # the ranks and metrics.zero_shot must say the same (one tie rule)
         if abs(result["none"][DIRECTION][f"top{k}"] - by_metrics[f"top{k}"]) > 1e-9:
             raise RuntimeError("class_ranks and metrics.zero_shot disagree")
     rev, dirty = git_revision()
     uses_test = dn_split == split
-    card = {"num_queries": {DIRECTION: int(len(x))}, "gallery_size": {DIRECTION: num_classes},
+    card = {"num_queries": {DIRECTION: len(x)}, "gallery_size": {DIRECTION: num_classes},
             "chance_r1": {DIRECTION: round(100.0 / num_classes, 6)}, "caption_policy": "class prompts",
             "v2t": "none", "tie_rule": "pessimistic", "normalizer": "none", "bank_source": "none",
             "uses_test_queries": False,

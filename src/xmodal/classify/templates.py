@@ -41,8 +41,14 @@ PHOTO_TEMPLATES = ("a photo of a {}.",)
 #: ``--templates`` names.
 TEMPLATE_SETS = {"clip": CLIP_IMAGENET_TEMPLATES, "photo": PHOTO_TEMPLATES}
 
-__all__ = ["CLIP_IMAGENET_TEMPLATES", "PHOTO_TEMPLATES", "TEMPLATE_SETS", "get_templates", "read_class_names",
-           "prompts"]
+__all__ = [
+    "CLIP_IMAGENET_TEMPLATES",
+    "PHOTO_TEMPLATES",
+    "TEMPLATE_SETS",
+    "get_templates",
+    "prompts",
+    "read_class_names",
+]
 
 
 def _lines(path: Path, flag: str) -> list[str]:

@@ -7,9 +7,9 @@ import json
 
 NAME = "classify"
 HELP = "zero-shot classification (class names x prompt templates) with and without DN: top-1 / top-5"
-DESCRIPTION = """Zero-shot classification of a labelled split (docs/classify.md): every class name is
-put into prompt templates, the prompts are encoded by the text tower of the encoder that made the
-features, averaged per class as CLIP does (normalise each, mean, renormalise), and each image / video
+DESCRIPTION = """Zero-shot classification of a labelled split (docs/evaluation.md, "Zero-shot
+classification"): every class name is put into prompt templates, the prompts are encoded by the
+text tower of the encoder that made the features, averaged per class as CLIP does (normalise each, mean, renormalise), and each image / video
 is assigned its most similar classes (cosine; ties pessimistic). Reported: top-1 / top-5 as they are
 and with DN (Zhou et al. 2023, Sec. 4.1; Table 2's protocol: the image mean from 100 random unlabeled
 items of --dn-split, the text mean from the class embeddings, lambda 0.25, 5 sampling seeds: mean and

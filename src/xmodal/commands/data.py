@@ -164,9 +164,10 @@ def run(args: argparse.Namespace) -> int:
         experts = parse_experts(args.expert)
         from xmodal.commands import progress_choice
 
-        options = dict(features=args.features, out=args.out, split=args.split, text_features=args.text_features,
-                       encode=encode, experts=experts, max_frames=args.max_frames, skip_missing=args.skip_missing,
-                       dtype=args.dtype, progress=progress_choice(args), encoders=records)
+        options = {"features": args.features, "out": args.out, "split": args.split,
+                   "text_features": args.text_features, "encode": encode, "experts": experts,
+                   "max_frames": args.max_frames, "skip_missing": args.skip_missing, "dtype": args.dtype,
+                   "progress": progress_choice(args), "encoders": records}
         kind, where = "videos", {}
         if args.format is not None:
             from xmodal.data.formats import read_format

@@ -58,7 +58,7 @@ def read_karpathy(source: str | Path, fmt: str) -> FormatRows:
                 raise lacks(fmt, f"{where}.sentences[{j}]", "'raw'")
             caption = text_field(sentence["raw"], fmt, f"{where}.sentences[{j}]", "'raw'")
             rows.append(row(stem, caption, SPLITS[split], fmt, where))
-    notes = [f"{restval} 'restval' images counted as train (as is usual: Karpathy's train + restval)"] if restval else []
+    notes = [f"{restval} 'restval' image(s) counted as train (as is usual: Karpathy's train + restval)"] if restval else []
     return FormatRows(rows=rows, kind="images", notes=notes,
                       splits={"train": "split train" + (" + restval" if restval else ""), "val": "split val",
                               "test": "split test"})

@@ -76,4 +76,4 @@ def read_msrvtt(source: str | Path) -> FormatRows:
         rows.append(row(r["video_id"], text_field(r["sentence"], FMT, where, "'sentence'"), "test", FMT, where))
     return FormatRows(rows=rows, kind="videos",
                       splits={"train": f"{train_csv.name} videos, every caption in {DATA_JSON}",
-                              "test": f"{TEST_CSV} (1k-A, one caption per video)"})
+                              "test": f"{TEST_CSV}: 1k-A, one caption per video"})

@@ -22,7 +22,7 @@ MAX_BYTES = 1 << 30
 class _PlainUnpickler(pickle.Unpickler):
     """Refuses every global: no class, function or module is ever imported or called."""
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D401
+    def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"it names {module}.{name}; only plain data (dicts, lists, strings) is read")
 
     def persistent_load(self, pid: Any) -> Any:
