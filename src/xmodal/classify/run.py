@@ -38,17 +38,28 @@ KS = (1, 5)
 __all__ = ["DIRECTION", "TASK", "classify", "collection_kind", "read_labelled"]
 
 
+def _find(root: Path, split: str, role: str) -> Path | None:
+    """:func:`xmodal.data.layout.find`, but a layout name that exists and is not a file is named."""
+    for name in layout.names(split, role):
+        if (root / name).exists() and not (root / name).is_file():
+            raise ValueError(f"--data: {root / name} is not a file")
+    return layout.find(root, split, role)
+
+
 def read_labelled(root: str | os.PathLike, split: str, *, need_labels: bool = True) -> tuple[np.ndarray, Any]:
     """Features ``[N, D]`` of a split (frames averaged over the real ones, as the identity model pools
     them) and its int labels ``[N]`` (None when ``need_labels`` is False)."""
     root = Path(root)
-    path = layout.find(root, split, "video")
+    if not root.is_dir():
+        raise ValueError(f"--data: {root} is not a folder" if root.exists() else f"--data: {root} not found")
+    path = _find(root, split, "video")
     if path is None:
         raise ValueError(f"--data: {root} has no {split} split ({layout.describe(split, 'video')})")
-    x = np.asarray(load_array(path, mmap=True), dtype=np.float64)
+    x = np.asarray(load_array(path, f"--data: {path}", mmap=True), dtype=np.float64)
     if x.ndim == 3:
-        mpath = layout.find(root, split, "video_mask")
-        mask = np.ones(x.shape[:2], bool) if mpath is None else np.asarray(load_array(mpath), dtype=bool)
+        mpath = _find(root, split, "video_mask")
+        mask = (np.ones(x.shape[:2], bool) if mpath is None
+                else np.asarray(load_array(mpath, f"--data: {mpath}"), dtype=bool))
         if mask.shape != x.shape[:2] or not mask.any(1).all():
             raise ValueError(f"--data: {mpath}: expected bool {list(x.shape[:2])} with a real frame in every row")
         x = (x * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
@@ -56,11 +67,11 @@ def read_labelled(root: str | os.PathLike, split: str, *, need_labels: bool = Tr
         raise ValueError(f"--data: {path}: expected finite features [N, D] or [N, F, D], got shape {list(x.shape)}")
     if not need_labels:
         return x, None
-    lpath = layout.find(root, split, "video_labels")
+    lpath = _find(root, split, "video_labels")
     if lpath is None:
         raise ValueError(f"--data: {root} lacks {layout.describe(split, 'video_labels')}: zero-shot "
                          f"classification needs the class of every item")
-    y = np.asarray(load_array(lpath))
+    y = np.asarray(load_array(lpath, f"--data: {lpath}"))
     if y.shape != (x.shape[0],) or y.dtype.kind not in "iu":
         raise ValueError(f"--data: {lpath}: expected int [{x.shape[0]}] (one class per item), got {y.dtype} "
                          f"{list(y.shape)}")

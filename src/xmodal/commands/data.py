@@ -10,6 +10,7 @@ DESCRIPTION = """Your own data in the layout xmodal train reads (docs/data.md, "
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
   xmodal data import --format msrvtt msrvtt_data/ --features feats/ --out msrvtt    (a benchmark's own files)
+  xmodal data import pairs.csv --features img.npy --ids images.txt --out mydata     (encode images' array)
                      [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...] [--max-frames N]
   xmodal data check mydata [--split train ...] [--config CONFIG]
   xmodal data synthetic --out synth [--seed 0]
@@ -66,7 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--format", default=None, choices=tuple(FORMATS), metavar="NAME",
                      help=f"read a benchmark's own files instead of a table: {', '.join(FORMATS)} (their "
                           "standard splits; docs/data.md, 'Benchmark formats')")
-    imp.add_argument("--features", required=True, help="directory of <video_id>.npy/.npz, or a glob")
+    imp.add_argument("--features", required=True,
+                     help="directory of <video_id>.npy/.npz, a glob, or one [N, D] .npy ('encode images' output; "
+                          "its rows named by --ids)")
+    imp.add_argument("--ids", default=None, metavar="LIST_OR_DIR",
+                     help="with --features FILE.npy: the --list file (or the --dir folder) 'encode images' read, "
+                          "naming the array's rows in order (an id is the image's file stem)")
     imp.add_argument("--out", required=True, help="output data directory")
     imp.add_argument("--split", default="train", help="split of rows without a split column (default: train)")
     imp.add_argument("--text-features", default=None,
@@ -167,24 +173,26 @@ def run(args: argparse.Namespace) -> int:
         options = {"features": args.features, "out": args.out, "split": args.split,
                    "text_features": args.text_features, "encode": encode, "experts": experts,
                    "max_frames": args.max_frames, "skip_missing": args.skip_missing, "dtype": args.dtype,
-                   "progress": progress_choice(args), "encoders": records}
-        kind, where = "videos", {}
+                   "progress": progress_choice(args), "encoders": records, "ids": args.ids}
+        where = {}
         if args.format is not None:
             from xmodal.data.formats import read_format
             from xmodal.data.importer import import_rows
 
             found = read_format(args.format, args.pairs)
-            kind, where = found.kind, found.splits
+            where = found.splits
             for note in found.notes:
                 print(f"{args.format}: {note}")
-            summary = import_rows(found.rows, **options)
+            summary = import_rows(found.rows, **options, kind=found.kind)
         else:
             summary = import_pairs(args.pairs, **options)
+        kind = next(iter(summary.values()))["kind"]
         notes = []
         first = next(iter(summary.values()))
         if first.get("missing"):
             missing = first["missing"]
-            print(f"skipped {len(missing)} video(s) without a feature file in {args.features} "
+            lacking = "a row" if args.ids is not None else "a feature file"
+            print(f"skipped {len(missing)} {kind[:-1]}(s) without {lacking} in {args.features} "
                   f"({first['dropped_rows']} row(s) dropped): {', '.join(missing[:10])}"
                   f"{' ...' if len(missing) > 10 else ''}")
         for split, s in summary.items():
