@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ import pytest
 from xmodal.cli import main
 from xmodal.data import load_paired_split
 from xmodal.features import encoders
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 NAME = "fake-img-42"
 DIM = 5
@@ -97,3 +101,48 @@ def test_wrong_or_missing_ids_are_one_line(encoded, capsys):
                  "--out", str(tmp / "p")]) == 2
     assert "--ids: only with --features FILE.npy" in capsys.readouterr().err
     assert not (tmp / "p").exists()
+
+
+def test_format_with_images_encodes_them_here(tmp_path, capsys):
+    """--format coco SOURCE --images DIR --model SPEC: the images found by COCO's filepath/filename are
+    encoded into one array (scratch, removed) and imported as with --features ARRAY --ids LIST."""
+    from test_data_formats import coco
+
+    encoders.register_encoder(NAME, _fake, kind="image", overwrite=True)
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        coco(src)
+        data = json.loads((src / "dataset_coco.json").read_text())
+        imgs = tmp_path / "coco"
+        for i, im in enumerate(data["images"]):
+            (imgs / im["filepath"]).mkdir(parents=True, exist_ok=True)
+            (imgs / im["filepath"] / im["filename"]).write_bytes(bytes([i + 1]) * (20 + i))
+        n = sum(len(im["sentences"]) for im in data["images"])
+        np.save(tmp_path / "text.npy", np.random.default_rng(0).standard_normal((n, 3)).astype(np.float32))
+        base = ["data", "import", "--format", "coco", str(src), "--images", str(imgs), "--model", NAME,
+                "--text-features", str(tmp_path / "text.npy"), "--out", str(tmp_path / "d")]
+        capsys.readouterr()
+        assert main(base) == 0
+        assert "train: 3 images, 16 texts" in capsys.readouterr().out
+        by_stem = {Path(im["filename"]).stem: imgs / im["filepath"] / im["filename"] for im in data["images"]}
+        for split in ("train", "val", "test"):
+            s = load_paired_split(tmp_path / "d", split)
+            for j, name in enumerate(s.video_names):  # by hand: the fake encoder on the image file itself
+                np.testing.assert_array_equal(np.asarray(s.video)[j],
+                                              _fake([by_stem[name]], batch_size=1, progress=False)[0])
+        assert json.loads((tmp_path / "d" / "encoders.json").read_text())["video"]["spec"] == NAME
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["coco", "d", "src", "text.npy"]  # scratch removed
+        (imgs / "val2014" / "COCO_val2014_d.jpg").unlink()
+        assert main(base) == 2
+        err = capsys.readouterr().err
+        assert "--images: no image file for 1 item(s)" in err and "COCO_val2014_d" in err
+        assert main(base[:-2] + ["--out", str(tmp_path / "e"), "--skip-missing"]) == 0
+        out = capsys.readouterr().out
+        assert "skipped 1 image(s) without an image file in" in out and "(5 row(s) dropped): COCO_val2014_d" in out
+        assert not (tmp_path / "e" / "val_video_features.npy").exists()  # its only image: no val split
+        assert main(["data", "import", "--format", "coco", str(src), "--features", str(imgs), "--model", NAME,
+                     "--out", str(tmp_path / "f")]) == 2
+        assert "--model: only with --images" in capsys.readouterr().err
+    finally:
+        encoders.ENCODERS.pop(NAME, None)

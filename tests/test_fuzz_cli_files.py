@@ -122,6 +122,7 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("compare", "--b"): "per-query run",
     ("report", "--compare"): "per-query",
     ("data import", "--ids"): "folder or list",
+    ("data import", "--images"): "folder",
     ("classify", "--data"): "labelled data folder",
     ("classify", "--classes"): "text",
     ("classify", "--templates"): "text",
@@ -140,7 +141,7 @@ OTHER_ARGS = {
     "config": {"--set"},
     "data check": {"--split", "--threads"},
     "data synthetic": {"--seed", "--threads"},
-    "data import": {"--split", "--text-model", "--max-frames", "--threads", "--dtype", "--format"},
+    "data import": {"--split", "--text-model", "--max-frames", "--threads", "--dtype", "--format", "--model"},
     "classify": {"--split", "--text-model", "--dn-split", "--dn-lam", "--dn-num-samples", "--dn-seeds", "--dn-seed",
                  "--threads"},
     "demo": {"--losses", "--normalizers", "--seed", "--epochs", "--num-train", "--num-eval", "--threads"},
@@ -378,6 +379,9 @@ def world(tmp_path_factory):
     save("img.npy", rng.standard_normal((6, 8)).astype(np.float32))  # encode images' one array (data import --ids)
     (root / "img_list.txt").write_text("".join(f"v{i}.jpg\n" for i in range(6)))
     w["img_list.txt"] = root / "img_list.txt"
+    (root / "img_pairs.csv").write_text("image,caption\n0,a zero\n1,a one\n2,a two\n2,two again\n")
+    w["img_pairs.csv"] = root / "img_pairs.csv"
+    save("img_pairs_t.npy", rng.standard_normal((4, 16)).astype(np.float32))
     cdata = root / "cdata"  # a labelled layout (classify): 8-d features, the width of fuzz-text
     cdata.mkdir()
     for split, n in (("test", 12), ("val", 9)):
@@ -470,6 +474,9 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
         return ["classify", "--data", s["cdata"], "--classes", s["classes.txt"], "--text-model", "fuzz-text",
                 "--templates", s["templates.txt"], "--out", str(out)]
     if cmd == "data import":
+        if arg == "--images":  # the table's images encoded here (fuzz-image never opens them)
+            return ["data", "import", s["img_pairs.csv"], "--images", s["images"], "--model", "fuzz-image",
+                    "--text-features", s["img_pairs_t.npy"], "--out", str(out)]
         if arg == "--ids":
             return ["data", "import", s["pairs.csv"], "--features", s["img.npy"], "--ids", s["img_list.txt"],
                     "--text-features", s["pairs_t.npy"], "--out", str(out)]
@@ -612,7 +619,7 @@ GOOD = [("eval", "--queries"), ("eval", "--text"), ("eval", "--sim"), ("eval", "
         ("index", "--texts"), ("index", "--select-data"),
         ("query", "--index"), ("query", "--text-mask"), ("config", "items"), ("data import", "pairs"),
         ("encode", "--captions"), ("encode", "--dir"), ("data check", "root"), ("export", "run"), ("compare", "A"),
-        ("compare", "--a"), ("data import", "--ids"), ("classify", "--data")]
+        ("compare", "--a"), ("data import", "--ids"), ("data import", "--images"), ("classify", "--data")]
 
 
 @pytest.mark.parametrize("cmd, arg", GOOD, ids=[f"{c}|{a}" for c, a in GOOD])

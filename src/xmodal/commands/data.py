@@ -11,6 +11,7 @@ DESCRIPTION = """Your own data in the layout xmodal train reads (docs/data.md, "
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
   xmodal data import --format msrvtt msrvtt_data/ --features feats/ --out msrvtt    (a benchmark's own files)
   xmodal data import pairs.csv --features img.npy --ids images.txt --out mydata     (encode images' array)
+  xmodal data import --format coco dataset_coco.json --images coco/ --model hf:DIR --text-model hf:DIR --out coco
                      [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...] [--max-frames N]
   xmodal data check mydata [--split train ...] [--config CONFIG]
   xmodal data synthetic --out synth [--seed 0]
@@ -67,9 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp.add_argument("--format", default=None, choices=tuple(FORMATS), metavar="NAME",
                      help=f"read a benchmark's own files instead of a table: {', '.join(FORMATS)} (their "
                           "standard splits; docs/data.md, 'Benchmark formats')")
-    imp.add_argument("--features", required=True,
+    imp.add_argument("--features", default=None,
                      help="directory of <video_id>.npy/.npz, a glob, or one [N, D] .npy ('encode images' output; "
                           "its rows named by --ids)")
+    imp.add_argument("--images", default=None, metavar="DIR",
+                     help="instead of --features: encode the table's images found in DIR with --model (COCO's "
+                          "filepath/filename, else DIR/<id>.jpg|png|...), then import them")
+    imp.add_argument("--model", default=None, metavar="SPEC",
+                     help="with --images: the image encoder (efficientnet-lite0 by default, hf:DIR, a registered "
+                          "name); its record goes into DATA/encoders.json")
     imp.add_argument("--ids", default=None, metavar="LIST_OR_DIR",
                      help="with --features FILE.npy: the --list file (or the --dir folder) 'encode images' read, "
                           "naming the array's rows in order (an id is the image's file stem)")
@@ -113,6 +120,31 @@ def summarize(arrays: dict) -> list[str]:
     return _summarize(arrays)
 
 
+def _import(rows: list[dict], hints: dict, kind: str | None, args: argparse.Namespace, options: dict) -> dict:
+    """:func:`xmodal.data.importer.import_rows` of ``rows``; with ``--images``, the table's images are
+    first encoded into one array in a scratch folder beside ``--out`` (removed at the end)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from xmodal.data.importer import import_rows
+
+    if args.images is None:
+        return import_rows(rows, **options, kind=kind)
+    from xmodal.data.imagedir import encode_collection, image_files
+
+    ids = list(dict.fromkeys(r["video"] for r in rows))
+    files = image_files(args.images, ids, hints, allow_missing=args.skip_missing)
+    out = Path(args.out)
+    scratch = out.parent / f".{out.name}.images-{os.getpid()}"
+    try:
+        array, listing = encode_collection(files, model=args.model or "efficientnet-lite0", scratch=scratch,
+                                           progress=options["progress"])
+        return import_rows(rows, **{**options, "features": str(array), "ids": str(listing)}, kind="images")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _configured(path: str | None) -> tuple[str, ...] | None:
     if path is None:
         return None
@@ -149,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
               f"data.name=paired data.root={args.out})")
         return 0
     if args.action == "import":
-        from xmodal.data.importer import import_pairs, parse_experts
+        from xmodal.data.importer import parse_experts
 
         encode, records = None, None
         if args.text_features is None:
@@ -174,25 +206,35 @@ def run(args: argparse.Namespace) -> int:
                    "text_features": args.text_features, "encode": encode, "experts": experts,
                    "max_frames": args.max_frames, "skip_missing": args.skip_missing, "dtype": args.dtype,
                    "progress": progress_choice(args), "encoders": records, "ids": args.ids}
+        if (args.features is None) == (args.images is None):
+            raise ValueError("--features / --images: give one (per-item features, one array with --ids, or a "
+                             "folder of images to encode)")
+        if args.model is not None and args.images is None:
+            raise ValueError("--model: only with --images (the encoder of the images encoded here)")
+        if args.images is not None and args.ids is not None:
+            raise ValueError("--ids: not with --images (the rows of the encoded images are named here)")
         where = {}
         if args.format is not None:
             from xmodal.data.formats import read_format
-            from xmodal.data.importer import import_rows
 
             found = read_format(args.format, args.pairs)
             where = found.splits
             for note in found.notes:
                 print(f"{args.format}: {note}")
-            summary = import_rows(found.rows, **options, kind=found.kind)
+            rows, hints, kind = found.rows, found.files, found.kind
         else:
-            summary = import_pairs(args.pairs, **options)
+            from xmodal.data.importer import read_pairs
+
+            rows, hints, kind = read_pairs(args.pairs), {}, None
+        summary = _import(rows, hints, kind, args, options)
         kind = next(iter(summary.values()))["kind"]
         notes = []
         first = next(iter(summary.values()))
         if first.get("missing"):
             missing = first["missing"]
             lacking = "a row" if args.ids is not None else "a feature file"
-            print(f"skipped {len(missing)} {kind[:-1]}(s) without {lacking} in {args.features} "
+            lacking = "an image file" if args.images is not None else lacking
+            print(f"skipped {len(missing)} {kind[:-1]}(s) without {lacking} in {args.features or args.images} "
                   f"({first['dropped_rows']} row(s) dropped): {', '.join(missing[:10])}"
                   f"{' ...' if len(missing) > 10 else ''}")
         for split, s in summary.items():

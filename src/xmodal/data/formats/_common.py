@@ -22,12 +22,15 @@ class FormatRows:
         kind: ``"images"`` or ``"videos"``: what the collection holds (for messages).
         splits: ``{split: where it comes from}``, in words (printed beside the sizes).
         notes: conventions applied, one line each (e.g. ``restval`` counted as train).
+        files: ``{id: the item's file, relative to the media folder}`` where the format names it
+            (``data import --images DIR`` looks there first).
     """
 
     rows: list[dict[str, str]]
     kind: str
     splits: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def source_dir(source: Any, fmt: str) -> Path:

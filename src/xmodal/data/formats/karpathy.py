@@ -4,7 +4,8 @@ files DN's retrieval tables (Zhou et al. 2023, Sec. 4.2, Table 1) and most image
 Fields read (as Karpathy distributes the JSON with NeuralTalk; ``tokens``, ``imgid``, ``sentids`` unused):
 ``images[]`` with ``filename`` (the image file; its stem is the image id, so features are
 ``FEATS/<stem>.npy``), ``split`` (``train``, ``val``, ``test`` or ``restval``) and ``sentences[]`` with
-``raw`` (the caption as written; ``tokens`` is ignored). ``restval`` (the part of COCO's val2014
+``raw`` (the caption as written; ``tokens`` is ignored); COCO's ``filepath`` (``train2014`` /
+``val2014``) locates the image for ``data import --images DIR``. ``restval`` (the part of COCO's val2014
 outside Karpathy's val and test) is counted as train, as is usual (Karpathy & Fei-Fei 2015; VSE++ and
 the CLIP-era retrieval papers train on train + restval); the import says how many images it moved.
 """
@@ -37,7 +38,7 @@ def read_karpathy(source: str | Path, fmt: str) -> FormatRows:
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list) or not images:
         raise lacks(fmt, str(path), "a non-empty 'images' list (Karpathy's split JSON)")
-    rows, restval = [], 0
+    rows, restval, files = [], 0, {}
     for i, image in enumerate(images):
         where = f"{path.name} images[{i}]"
         if not isinstance(image, dict):
@@ -53,12 +54,14 @@ def read_karpathy(source: str | Path, fmt: str) -> FormatRows:
         if not isinstance(sentences, list) or not sentences:
             raise lacks(fmt, where, "'sentences' (a non-empty list)")
         stem = Path(name.strip()).stem
+        folder = image.get("filepath")  # COCO: train2014 / val2014
+        files.setdefault(stem, f"{folder}/{name.strip()}" if isinstance(folder, str) and folder else name.strip())
         for j, sentence in enumerate(sentences):
             if not isinstance(sentence, dict) or "raw" not in sentence:
                 raise lacks(fmt, f"{where}.sentences[{j}]", "'raw'")
             caption = text_field(sentence["raw"], fmt, f"{where}.sentences[{j}]", "'raw'")
             rows.append(row(stem, caption, SPLITS[split], fmt, where))
     notes = [f"{restval} 'restval' image(s) counted as train (as is usual: Karpathy's train + restval)"] if restval else []
-    return FormatRows(rows=rows, kind="images", notes=notes,
+    return FormatRows(rows=rows, kind="images", notes=notes, files=files,
                       splits={"train": "split train" + (" + restval" if restval else ""), "val": "split val",
                               "test": "split test"})
