@@ -149,3 +149,46 @@ def test_other_weights_wrong_size_missing_labels_and_foreign_out_are_one_line(se
     assert "did not write" in err and len(err.strip().splitlines()) == 1
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
     assert not (tmp_path / "o").exists()
+
+
+def _hashed(prompts, *, batch_size, progress):
+    """A stand-in text encoder: each prompt's bytes seed its 6-d vector."""
+    import hashlib
+
+    return np.stack([np.random.default_rng(int.from_bytes(hashlib.sha256(p.encode()).digest()[:8], "little"))
+                     .standard_normal(6) for p in prompts]).astype(np.float32)
+
+
+def test_video_frames_are_averaged_and_a_missing_val_split_skips_dn(tmp_path, capsys):
+    from xmodal.classify import zeroshot
+
+    encoders.register_encoder("zs-hashed", _hashed, kind="text", overwrite=True)
+    try:
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((7, 4, 6)).astype(np.float32)
+        mask = np.arange(4)[None, :] < rng.integers(1, 5, 7)[:, None]
+        y = rng.integers(0, 3, 7)
+        np.save(tmp_path / "test_video_features.npy", x)
+        np.save(tmp_path / "test_video_mask.npy", mask)
+        np.save(tmp_path / "test_video_labels.npy", y)
+        (tmp_path / "c.txt").write_text("a\nb\nc\n")
+        capsys.readouterr()
+        assert main(["classify", "--data", str(tmp_path), "--classes", str(tmp_path / "c.txt"), "--text-model",
+                     "zs-hashed", "--templates", "photo", "--out", str(tmp_path / "run")]) == 0
+        out = capsys.readouterr().out
+        assert "7 videos, 3 classes" in out and "note: DN skipped: the layout has no val split" in out
+        pooled = np.stack([x[i][mask[i]].astype(np.float64).mean(0) for i in range(7)])  # the real frames only
+        cls = unit(_hashed([f"a photo of a {c}." for c in "abc"], batch_size=1, progress=False).astype(np.float64))
+        m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+        assert "dn" not in m["test"] and m["test"]["none"]["v2c"]["top1"] == pytest.approx(
+            top(ranks_by_hand(pooled, cls, y), 1))
+        with np.load(tmp_path / "run" / "per_query.npz") as z:
+            np.testing.assert_array_equal(z["test/none/v2c/rank"], ranks_by_hand(pooled, cls, y))
+        old = zeroshot.BLOCK
+        zeroshot.BLOCK = 2  # blocks of 2 items give the same ranks as one block
+        try:
+            np.testing.assert_array_equal(zeroshot.class_ranks(pooled, cls, y), ranks_by_hand(pooled, cls, y))
+        finally:
+            zeroshot.BLOCK = old
+    finally:
+        encoders.ENCODERS.pop("zs-hashed", None)

@@ -26,6 +26,9 @@ from xmodal.normalize import DistributionNormalization
 
 __all__ = ["class_embeddings", "class_ranks", "dn_normalizers", "topk"]
 
+#: Items scored per block in :func:`class_ranks`.
+BLOCK = 4096
+
 
 def class_embeddings(prompt_features: Any, num_classes: int) -> np.ndarray:
     """Average each class's prompt embeddings as CLIP does: normalise each, mean, renormalise.
@@ -64,9 +67,13 @@ def class_ranks(features: Any, class_emb: Any, labels: Any, normalizer: Any = No
     y = np.asarray(labels).astype(np.int64)
     if normalizer is not None:
         x, c = (torch.as_tensor(t).double() for t in normalizer.transform(x.float(), c.float()))
-    s = (F.normalize(x, dim=1) @ F.normalize(c, dim=1).T).numpy()
-    true = s[np.arange(len(s)), y]
-    return (s >= true[:, None]).sum(1).astype(np.int32)
+    x, c = F.normalize(x, dim=1), F.normalize(c, dim=1)
+    out = np.empty(len(x), np.int32)
+    for start in range(0, len(x), BLOCK):  # block by block: never the whole [N, C] score matrix
+        s = (x[start:start + BLOCK] @ c.T).numpy()
+        true = s[np.arange(len(s)), y[start:start + BLOCK]]
+        out[start:start + BLOCK] = (s >= true[:, None]).sum(1)
+    return out
 
 
 def topk(ranks: np.ndarray, ks: tuple[int, ...] = (1, 5)) -> dict[str, float]:
