@@ -605,8 +605,9 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             from, naming its rows in order.
 
     Returns:
-        ``{split: {"videos", "texts", "max_frames", "frames_note": str or None, "groups": int or None,
+        ``{split: {"videos", "texts", "kind", "max_frames", "frames_note": str or None, "groups": int or None,
         "experts": {name: videos with it}, "notes": [...], "missing": [...], "dropped_rows": int}}``
+        (``kind``: ``"images"`` or ``"videos"``, see :func:`import_rows`)
         (``notes``: split names the default config does not read, videos in several splits;
         ``missing`` / ``dropped_rows``: what ``skip_missing`` left out; the same for every split).
     """
