@@ -192,3 +192,17 @@ def test_video_frames_are_averaged_and_a_missing_val_split_skips_dn(tmp_path, ca
             zeroshot.BLOCK = old
     finally:
         encoders.ENCODERS.pop("zs-hashed", None)
+
+
+def test_clip_templates_are_open_clips_list():
+    """The 80 templates against open_clip's own list (its file read without importing open_clip)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("open_clip is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / "zero_shot_metadata.py"
+    mod_spec = importlib.util.spec_from_file_location("_open_clip_zero_shot_metadata", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    assert [t("{}") for t in mod.OPENAI_IMAGENET_TEMPLATES] == list(CLIP_IMAGENET_TEMPLATES)
