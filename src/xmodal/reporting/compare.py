@@ -51,7 +51,8 @@ __all__ = ["Result", "load_result", "expand", "compare", "markdown", "DEFAULT_ME
            "MAX_VALUES"]
 
 DEFAULT_METRICS = ("R@1", "R@5", "R@10", "MdR", "MnR", "mAP")
-DIRECTIONS = ("t2v", "v2t", "p2v", "v2p")
+#: v2c: each image / video queries the classes (``xmodal classify``: a rank is the true class's rank).
+DIRECTIONS = ("t2v", "v2t", "p2v", "v2p", "v2c")
 #: The most runs on one side.
 MAX_RUNS = 500
 #: The most per-query values held for one row (runs of both sides x queries): about 200 MB as float64.
