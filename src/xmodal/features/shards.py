@@ -78,7 +78,10 @@ def check_shard_count(shard: tuple[int, int] | None, videos: int) -> None:
     ...
     ValueError: --shard / WORLD_SIZE: 300 shards of a collection of 8 videos: N must be at most the number of videos
     """
-    if shard is not None and shard[1] > max(1, videos):
+    from xmodal._validate import whole_number
+
+    videos = whole_number(videos, "videos")
+    if shard is not None and _check(shard)[1] > max(1, videos):
         raise ValueError(f"--shard / WORLD_SIZE: {shard[1]:,} shards of a collection of {videos:,} video"
                          f"{'s' if videos != 1 else ''}: N must be at most the number of videos")
 

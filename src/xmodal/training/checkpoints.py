@@ -180,7 +180,11 @@ def check_state(state: Any, *, epochs: int, epoch_steps: Any) -> dict:
     ...             epochs=2, epoch_steps=lambda e: 6)["epoch"]
     0
     """
-    from xmodal._validate import short_repr
+    from xmodal._validate import short_repr, whole_number
+
+    epochs = whole_number(epochs, "epochs", minimum=0)
+    if not callable(epoch_steps):
+        raise TypeError(f"epoch_steps: expected a function of the epoch, got {short_repr(epoch_steps)}")
 
     def bad(field: str, why: str, value: Any) -> ValueError:
         return ValueError(f"state {field!r}: {why}, got {short_repr(value, 40)}")
@@ -223,7 +227,7 @@ def check_state(state: Any, *, epochs: int, epoch_steps: Any) -> dict:
         return state
     if epoch >= epochs or state["done"]:
         raise bad("batch", f"expected 0 once the {epochs} epoch(s) are done", batch)
-    steps = int(epoch_steps(epoch))
+    steps = epoch_steps(epoch)
     if batch >= steps:
         raise bad("batch", f"past the {steps} batches of epoch {epoch + 1} (expected 0..{steps - 1})", batch)
     if step < batch:
