@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory, request):
+def killed(tmp_path_factory):
     """A run stopped inside epoch 2 (batch 3 of 6 done), its mid-epoch checkpoint's bytes, and the weights
     of the same run never interrupted."""
     root = tmp_path_factory.mktemp("killed")

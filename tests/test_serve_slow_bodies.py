@@ -14,7 +14,6 @@ import json
 import logging
 import socket
 import threading
-import urllib.request
 
 import numpy as np
 import pytest
