@@ -79,11 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="videos: a file whose decoded frames fall short of its declared length is named "
                              "and kept (default) or skipped")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="videos: decode in N processes feeding one encoder (default 1: in this process); "
-                             "the features are the same")
+                        help="videos: decode in N processes feeding one encoder (default 1: in this process; "
+                             "at most 64); the features are the same")
     parser.add_argument("--shard", default=None, metavar="K/N",
-                        help="videos: encode shard K of N of the collection (1 <= K <= N; default: all, or "
-                             "RANK+1/WORLD_SIZE under torchrun)")
+                        help="videos: encode shard K of N of the collection (1 <= K <= N, N at most the "
+                             "videos found and 100000; default: all, or RANK+1/WORLD_SIZE under torchrun)")
     parser.add_argument("--summary", action="store_true",
                         help="videos: encode nothing; add up the shard summaries in --out")
     parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
@@ -283,8 +283,10 @@ def token_mask_path(out: Path) -> Path:
 
 
 def _check_video_flags(args: argparse.Namespace) -> None:
-    if args.workers < 1:
-        raise ValueError(f"--workers: expected a positive integer, got {args.workers}")
+    from xmodal.features.folder import MAX_WORKERS
+
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers: expected a positive integer, at most {MAX_WORKERS}, got {args.workers}")
     if not args.source:
         raise ValueError("DIR_OR_LIST: required for 'xmodal encode videos' (a folder of videos or a list file)")
     for flag in ("captions", "dir", "list"):

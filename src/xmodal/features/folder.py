@@ -39,6 +39,9 @@ SPECIAL, BROKEN, IMAGE, NOT_VIDEO, EMPTY = ("not a regular file (FIFO, socket or
                                             "image", "not a video", "empty file")
 #: Skips named one per line on stderr (what a user most likely did not mean); the others are counted.
 NAMED = (SPECIAL, BROKEN, LINKED_FOLDER)
+#: Most decoding processes of ``--workers`` (each holds a decoder and its queued frames; one encoder
+#: takes what they decode, so more processes than cores only add memory).
+MAX_WORKERS = 64
 
 
 @dataclass
@@ -206,6 +209,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
 
     started = time.perf_counter()
     workers = whole_number(workers, "workers", minimum=1)
+    if workers > MAX_WORKERS:
+        raise ValueError(f"--workers: at most {MAX_WORKERS} decoding processes, got {workers:,}")
     if shard is not None:
         shard = shards_module._check(shard)
     from xmodal.features import encoders
@@ -219,6 +224,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
     if not scan.videos:
         found = "; ".join(f"{len(v)} {r}" for r, v in scan.skipped.items())
         raise ValueError(f"{source}: no video files" + (f" (looked at {scan.looked_at}: {found})" if found else ""))
+    shards_module.check_shard_count(shard, len(scan.videos))  # before any work
     by_id: dict[str, Path] = {}
     for vid, p in scan.videos:
         if vid in by_id:

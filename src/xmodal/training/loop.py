@@ -359,7 +359,8 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     resumed = resume and ckpt_path.is_file()
     if resumed:
         stage(f"train: resuming from {ckpt_path}")
-        state = checkpoints.restore(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema)
+        state = checkpoints.restore(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema,
+                                    epoch_steps=lambda e: len(batches_of(e)))
     data_files = [] if in_memory else provenance.data_files(cfg)
     if data_files and is_main:
         stage(f"train: hashing the {len(data_files)} data files for provenance.json")
