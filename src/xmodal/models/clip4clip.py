@@ -391,7 +391,10 @@ def build_clip4clip(encoder: str, *, sim_header: str = "meanP", temporal_layers:
                          pad_id=int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id),
                          encoder=encoder)
     if gradient_checkpointing:  # transformers' own switch: each encoder block recomputed in backward
-        clip.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(clip, "activation_checkpointing_enable"):  # transformers >= 5 (the former name is deprecated)
+            clip.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            clip.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = Clip4Clip(spec, temperature=temperature, clip=clip)
     model.freeze(freeze_layers)
     return model, processor
