@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
-COLOURS = {"red": (230, 30, 30), "green": (30, 200, 40), "blue": (40, 60, 230), "yellow": (230, 220, 40)}
-SHAPES = ("square", "bar")
+# short words: the tiny test tokenizer has one token per character and 16 positions
+COLOURS = {"red": (230, 30, 30), "lime": (30, 200, 40), "blue": (40, 60, 230), "gold": (230, 220, 40)}
+SHAPES = ("box", "bar")
 MOTIONS = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}
 
 
 def video(colour: str, shape: str, motion: str, *, size: int, frames: int, rng: np.random.Generator) -> np.ndarray:
     """``[frames, size * size * 3]`` uint8: a shape of one colour moving over a noisy grey background."""
-    h, w = (4, 4) if shape == "square" else (2, 8)
+    h, w = (4, 4) if shape == "box" else (2, 8)
     dy, dx = MOTIONS[motion]
     y0 = int(rng.integers(2, size - h - 2))
     x0 = int(rng.integers(2, size - w - 2))
@@ -25,6 +26,10 @@ def video(colour: str, shape: str, motion: str, *, size: int, frames: int, rng: 
         img[y:y + h, x:x + w] = COLOURS[colour]
         out[f] = img
     return out.reshape(frames, -1)
+
+
+def caption(colour: str, shape: str, motion: str) -> str:
+    return f"{colour} {shape} {motion}"
 
 
 def split(n: int, *, size: int = 16, frames: int = 6, seed: int = 0, captions_per_video: int = 1):
@@ -42,7 +47,7 @@ def split(n: int, *, size: int = 16, frames: int = 6, seed: int = 0, captions_pe
         video_rows.append(v)
         mask.append(np.arange(frames) < length)
         for k in range(captions_per_video):
-            caps.append(f"a {c} {s} moving {m}" if k == 0 else f"{c} {s} goes {m}")
+            caps.append(caption(c, s, m) if k == 0 else f"{m} {c} {s}")
             t2v.append(i)
     return PairedSplit(video=np.stack(video_rows), text=np.zeros((len(caps), 1), np.float32),
                        text_to_video=np.array(t2v), video_mask=np.stack(mask), captions=caps)
