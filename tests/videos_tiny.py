@@ -12,17 +12,20 @@ MOTIONS = {"left": (0, -1), "right": (0, 1), "up": (-1, 0), "down": (1, 0)}
 
 
 def video(colour: str, shape: str, motion: str, *, size: int, frames: int, rng: np.random.Generator) -> np.ndarray:
-    """``[frames, size * size * 3]`` uint8: a shape of one colour moving over a noisy grey background."""
-    h, w = (4, 4) if shape == "box" else (2, 8)
+    """``[frames, size * size * 3]`` uint8: a shape of one colour sweeping across a grey, lightly noisy
+    background from one edge to the other in the direction of ``motion``."""
+    h, w = (size // 4, size // 4) if shape == "box" else (size // 8, size // 2)
+    if motion in ("up", "down"):
+        h, w = w, h  # a bar lies along its motion
     dy, dx = MOTIONS[motion]
-    y0 = int(rng.integers(2, size - h - 2))
-    x0 = int(rng.integers(2, size - w - 2))
-    step = max(1, (size - max(h, w) - 4) // max(1, frames - 1))
+    y0 = int(rng.integers(0, size - h + 1))
+    x0 = int(rng.integers(0, size - w + 1))
     out = np.empty((frames, size, size, 3), np.uint8)
     for f in range(frames):
-        img = rng.integers(90, 140, size=(size, size, 3)).astype(np.uint8)
-        y = int(np.clip(y0 + dy * step * f - (dy * step * (frames - 1)) // 2, 0, size - h))
-        x = int(np.clip(x0 + dx * step * f - (dx * step * (frames - 1)) // 2, 0, size - w))
+        t = f / max(1, frames - 1)  # 0 -> 1: from the start edge to the end edge
+        img = rng.integers(110, 130, size=(size, size, 3)).astype(np.uint8)
+        y = y0 if dy == 0 else int(round((size - h) * (t if dy > 0 else 1 - t)))
+        x = x0 if dx == 0 else int(round((size - w) * (t if dx > 0 else 1 - t)))
         img[y:y + h, x:x + w] = COLOURS[colour]
         out[f] = img
     return out.reshape(frames, -1)
