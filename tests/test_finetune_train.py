@@ -129,7 +129,7 @@ def _config(clip_dir, **sections):
 
     base = {"model": {"kind": "clip4clip", "encoder": f"hf:{clip_dir}", "sim_header": "seqTransf",
                       "temporal_layers": 1, "standardize": False},
-            "data": {"max_frames": 4, "max_words": 10, "frame_pos": "uniform"},
+            "data": {"max_frames": 4, "max_words": 16, "frame_pos": "uniform"},
             "optim": {"lr": 1e-3, "encoder_lr_scale": 0.1, "warmup_proportion": 0.1},
             "train": {"epochs": 2, "batch_size": 8, "eval_batch_size": 64, "checkpoint_minutes": 0},
             "test_time": {"bank_size": 16, "normalizers": ["none", "dn"]}}
@@ -166,9 +166,22 @@ def test_a_clip4clip_run_trains_saves_and_loads(clip_dir, tmp_path):
     assert not torch.equal(trained, clip.visual_projection.weight)  # the encoder itself moved
     from transformers import CLIPProcessor
 
-    ids = tokenize(splits["test"].captions, CLIPProcessor.from_pretrained(str(clip_dir)).tokenizer, 10)
+    ids = tokenize(splits["test"].captions, CLIPProcessor.from_pretrained(str(clip_dir)).tokenizer, 16)
     sim = model.similarity(ids, splits["test"].video, normalizer="none", video_mask=splits["test"].video_mask)
     assert sim.shape == (12, 12)
+
+    # xmodal export: the towers + head (load_model gives the same scores) and DIR/encoder, usable as hf:DIR
+    from xmodal.cli import main
+    from xmodal.features.encoders import encode_text, identity_of
+
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "exp")]) == 0
+    again = load_model(tmp_path / "exp")
+    assert torch.equal(again.similarity(ids, splits["test"].video, normalizer="none",
+                                        video_mask=splits["test"].video_mask), sim)
+    spec = f"hf:{tmp_path / 'exp' / 'encoder'}"
+    feats = torch.from_numpy(encode_text(splits["test"].captions, model=spec))  # transformers' get_text_features
+    assert torch.allclose(torch.nn.functional.normalize(feats, dim=-1), model.encode_text(ids), atol=1e-5)
+    assert identity_of(spec, "text")["weights_sha256"] != identity_of(f"hf:{clip_dir}", "text")["weights_sha256"]
 
 
 def test_two_learning_rates(clip_dir):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -348,6 +349,29 @@ class Clip4Clip(TwoTower):
         return clip
 
 
+#: The folder inside an ``xmodal export`` of a clip4clip run holding the fine-tuned CLIP (``hf:DIR``).
+ENCODER_FOLDER = "encoder"
+
+
+def save_encoder(model: Clip4Clip, folder: Path) -> Path:
+    """The fine-tuned towers as a ``transformers`` ``save_pretrained`` folder with the base model's processor
+    (tokenizer and image processor), usable as ``hf:folder``; the temporal head stays in the xmodal export.
+
+    Raises:
+        ValueError: the base model's folder (``model.encoder`` of the run), whose processor is copied, is gone.
+    """
+    from transformers import CLIPProcessor
+
+    base = Path(model.spec.encoder[3:]) if model.spec.encoder.startswith("hf:") else None
+    if base is None or not (base / "config.json").is_file():
+        raise ValueError(f"export: the run's base encoder {model.spec.encoder or '(not recorded)'} is not on this "
+                         f"machine; its processor (tokenizer, image settings) goes into the encoder folder")
+    folder = Path(folder)
+    model.clip_model().save_pretrained(folder)
+    CLIPProcessor.from_pretrained(str(base), local_files_only=True).save_pretrained(folder)
+    return folder
+
+
 def plain_config(config: Any) -> dict:
     """A ``transformers`` config as plain JSON values (what a weights-only checkpoint may hold)."""
     return json.loads(config.to_json_string(use_diff=False))
@@ -359,8 +383,6 @@ def load_encoder(spec: str) -> tuple[nn.Module, Any]:
     Raises:
         ValueError: not ``hf:DIR``, no such folder, or not a CLIP model.
     """
-    from pathlib import Path
-
     if not isinstance(spec, str) or not spec.startswith("hf:"):
         raise ValueError(f"model.encoder: expected hf:DIR (a local transformers CLIPModel folder), got {spec!r}")
     folder = Path(spec[3:]).expanduser()
