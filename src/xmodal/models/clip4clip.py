@@ -326,7 +326,7 @@ class Clip4Clip(TwoTower):
         return {"clip4clip": asdict(self.spec)}
 
     @classmethod
-    def from_architecture(cls, arch: dict) -> "Clip4Clip":
+    def from_architecture(cls, arch: dict) -> Clip4Clip:
         rec = arch.get("clip4clip") if isinstance(arch, dict) else None
         if not isinstance(rec, dict):
             raise ValueError(f"architecture['clip4clip']: expected a mapping, got {short_repr(rec)}")

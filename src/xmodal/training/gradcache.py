@@ -14,8 +14,9 @@ Peak memory holds one chunk's graph plus the batch's embeddings, not the whole b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
