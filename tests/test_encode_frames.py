@@ -98,7 +98,7 @@ def test_another_size_into_the_same_store_is_refused(tmp_path):
     assert main(["encode", "frames", str(tmp_path / "videos"), "--out", str(tmp_path / "fr"), "--size", "24"]) != 0
 
 
-def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path):
+def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path, capsys):
     from xmodal.config import from_dict
     from xmodal.data import load_paired_split
     from xmodal.data.importer import import_pairs
@@ -133,3 +133,12 @@ def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path):
                      "train": {"epochs": 1, "batch_size": 4}, "test_time": {"normalizers": ["none"], "bank_size": 8}})
     summary = train(cfg, tmp_path / "run", progress=False, verbose=False)
     assert summary["epochs_run"] == 1
+    # eval --run on the layout: the captions tokenised as in training, the trainer's numbers
+    from xmodal.cli import main
+
+    capsys.readouterr()
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--split", "val",
+                 "--normalizer", "none", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = summary["val"]["none"]
+    assert got["t2v"]["R@1"] == want["t2v"]["R@1"] and got["t2v"]["MnR"] == want["t2v"]["MnR"]

@@ -372,6 +372,34 @@ def save_encoder(model: Clip4Clip, folder: Path) -> Path:
     return folder
 
 
+def run_tokenizer(model: Clip4Clip, path: Any = None) -> Any:
+    """The CLIP tokenizer of a clip4clip run or export at ``path``: the export's ``encoder/`` folder, else
+    the base encoder the run was trained from (``model.encoder``).
+
+    Raises:
+        ValueError: neither folder is on this machine.
+    """
+    from transformers import CLIPProcessor
+
+    folders = ([Path(path) / ENCODER_FOLDER] if path is not None else []) + (
+        [Path(model.spec.encoder[3:])] if model.spec.encoder.startswith("hf:") else [])
+    for folder in folders:
+        if (folder / "config.json").is_file():
+            return CLIPProcessor.from_pretrained(str(folder), local_files_only=True).tokenizer
+    raise ValueError(f"run: a clip4clip run tokenises captions with its CLIP's tokenizer; neither "
+                     f"{' nor '.join(map(str, folders)) or 'a recorded encoder'} is on this machine")
+
+
+def tokenized_text(model: Any, split: Any, path: Any = None) -> tuple[Any, Any]:
+    """``(text input, mask)`` of ``split`` for ``model``: its features as they are, or for a clip4clip model
+    its captions as token ids (``S_texts.tsv``)."""
+    if not isinstance(model, Clip4Clip):
+        return split.text_input()
+    if split.captions is None:
+        raise ValueError(f"{split.name or 'split'}: a clip4clip run reads the captions (S_texts.tsv); there are none")
+    return tokenize(split.captions, run_tokenizer(model, path), model.spec.max_words), None
+
+
 def plain_config(config: Any) -> dict:
     """A ``transformers`` config as plain JSON values (what a weights-only checkpoint may hold)."""
     return json.loads(config.to_json_string(use_diff=False))
