@@ -146,7 +146,7 @@ OTHER_ARGS = {
                  "--threads"},
     "demo": {"--losses", "--normalizers", "--seed", "--epochs", "--num-train", "--num-eval", "--threads"},
     # --weights: open_clip's weights file, never read here (open_clip:ARCH is refused on this torch: issue 33)
-    "encode": {"kind", "--frames", "--fps", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels",
+    "encode": {"kind", "--frames", "--fps", "--size", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels",
                "--weights", "--workers", "--shard"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",

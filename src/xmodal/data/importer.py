@@ -240,7 +240,8 @@ def sample_frames(arr: np.ndarray, max_frames: int | None) -> np.ndarray:
 
 
 def read_features(path: Path, max_frames: int | None = None) -> np.ndarray:
-    """One video's features, float32 ``[F, D]`` (a ``[D]`` vector becomes one frame);
+    """One video's features, float32 ``[F, D]`` (a ``[D]`` vector becomes one frame), or a frame
+    store's uint8 frames ``[F, S*S*3]`` as they are (``xmodal encode frames``);
     ``max_frames``: see :func:`sample_frames`. ``path`` may be a row of one array
     (:class:`xmodal.data.arrayrows.ArrayRow`)."""
     from xmodal.data.arrayrows import ArrayRow
@@ -248,6 +249,8 @@ def read_features(path: Path, max_frames: int | None = None) -> np.ndarray:
     arr = path.read() if isinstance(path, ArrayRow) else load_array(path, npz="features")
     if arr.ndim == 1:
         arr = arr[None]
+    if arr.ndim == 2 and 0 not in arr.shape and arr.dtype == np.uint8:
+        return sample_frames(arr, max_frames)
     if arr.ndim != 2 or 0 in arr.shape or not np.issubdtype(arr.dtype, np.floating):
         raise ValueError(f"{path}: expected float features [D] or [F, D], got shape {arr.shape} dtype {arr.dtype}")
     bad = np.flatnonzero(~np.isfinite(arr).all(1))
@@ -439,10 +442,21 @@ def _feature_shape(path: Path, max_frames: int | None) -> tuple[int, int]:
         del arr
     if len(shape) == 1:
         shape = (1,) + tuple(shape)
-    if len(shape) != 2 or 0 in shape or not np.issubdtype(dtype, np.floating):
+    if len(shape) != 2 or 0 in shape or not (np.issubdtype(dtype, np.floating) or np.dtype(dtype) == np.uint8):
         raise ValueError(f"{path}: expected float features [D] or [F, D], got shape {tuple(shape)} dtype {dtype}")
     frames = shape[0] if max_frames is None else min(shape[0], int(max_frames))
     return int(frames), int(shape[1])
+
+
+def _holds_frames(files: list[Path | None]) -> bool:
+    """Whether the videos' files are a frame store's uint8 frames (all of them, or a clear error)."""
+    from xmodal.data.npyfile import array_header
+
+    kinds = {np.dtype(array_header(f)[1]) == np.uint8 if f.suffix.lower() == ".npy" else False
+             for f in files if f is not None}
+    if len(kinds) > 1:
+        raise ValueError("--features: mixes a frame store's uint8 frames with float features; import one kind")
+    return kinds == {True}
 
 
 def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths: list[int], dim: int, dtype,
@@ -451,6 +465,8 @@ def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths
     ``[N, max F, D]`` zero-padded; returns (and writes to ``mask_path``) the mask :func:`pad_expert`
     would give: None, bool ``[N]`` (present) or bool ``[N, max F]`` (real frames)."""
     n, longest = len(files), max(lengths)
+    if _holds_frames(files):  # a frame store: uint8 frames stay uint8 (model.kind clip4clip)
+        dtype = np.uint8
     writer = _RowWriter(path, (n, dim) if longest == 1 else (n, longest, dim), dtype)
     for f, length in zip(files, lengths):
         if f is None:
@@ -458,7 +474,7 @@ def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths
         else:
             a = read_features(f, max_frames)
             if longest > 1 and length < longest:
-                a = np.concatenate([a, np.zeros((longest - length, dim), np.float32)])
+                a = np.concatenate([a, np.zeros((longest - length, dim), a.dtype)])
             writer.write(a[None] if longest > 1 else a)
         if bar is not None:
             bar.update(1)

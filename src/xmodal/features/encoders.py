@@ -54,6 +54,7 @@ class Encoder:
     fn: Callable[..., np.ndarray]
     identity: Callable[[], dict] | None = None
     frames: int | None = None  # a "video" encoder's clip length
+    dtype: str = "float32"  # what it yields: float32 features, or uint8 frames (frames:S, a frame store)
 
 
 ENCODERS: dict[str, Encoder] = {}
@@ -108,6 +109,12 @@ def get_encoder(spec: str, kind: str) -> Encoder:
         return _hf_encoder(spec, kind)
     if spec.startswith("open_clip:"):
         raise ValueError(f"model: {spec[:200]}: {OPEN_CLIP_REFUSED}")
+    if spec.startswith("frames:"):  # a frame store's uint8 frames (xmodal.features.frames)
+        from xmodal.features import frames
+
+        if kind == "text":
+            raise ValueError(f"model: {spec[:60]!r} keeps video frames; it encodes no text")
+        return frames.encoder(spec)
     enc = ENCODERS.get(spec)
     if enc is None:
         raise ValueError(f"model: unknown encoder {spec[:200]!r}; expected hf:DIR or a registered name: "
@@ -376,7 +383,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
             return
         try:
             out = np.asarray(enc.fn([im for im, _, _ in live], batch_size=len(live), progress=False),
-                             dtype=np.float32)
+                             dtype=np.dtype(enc.dtype))
         except (ImportError, KeyboardInterrupt):  # a missing extra: the run's problem, not a file's
             raise
         except Exception as exc:  # noqa: BLE001 - a frame the encoder cannot take fails its videos only
@@ -399,7 +406,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                 continue
             if v.note:
                 note(v.note)
-            yield v.index, np.stack(v.rows).astype(np.float32, copy=False)
+            yield v.index, np.stack(v.rows).astype(np.dtype(enc.dtype), copy=False)
 
     from xmodal.features.decoders import Decoders, video_events
 

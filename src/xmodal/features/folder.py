@@ -144,7 +144,8 @@ def scan_videos(source: str | os.PathLike, *, recursive: bool = False,
 
 def feature_file_ok(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a finished features file: a ``.npy`` whose header declares a float ``[F, D]``
-    array with ``F, D >= 1`` and whose size matches it (a 0-byte or cut-off file is not, and is redone)."""
+    array (or a frame store's uint8 frames, ``encode frames``) with ``F, D >= 1`` and whose size matches it
+    (a 0-byte or cut-off file is not, and is redone)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -157,7 +158,7 @@ def feature_file_ok(path: str | os.PathLike) -> bool:
         size = path.stat().st_size
     except (OSError, ValueError, SyntaxError, TypeError):
         return False
-    return (len(shape) == 2 and min(shape) >= 1 and dtype.kind == "f" and not dtype.hasobject
+    return (len(shape) == 2 and min(shape) >= 1 and (dtype.kind == "f" or dtype == np.uint8) and not dtype.hasobject
             and size == offset + int(np.prod(shape)) * dtype.itemsize)
 
 
