@@ -4,6 +4,17 @@ Every file carries its provenance (``command``, ``commit``, ``dirty``, ``date``,
 beside the bench's own keys; ``docs/hooks/numbers.py`` refuses a file without it. A page quotes a file's
 values with placeholders (``{{ NAME:KEY.PATH }}``), so re-running the bench and rebuilding the docs is the
 only way a number on a page changes.
+
+A bench that prints Markdown tables gets its result file from this module's command line (from the
+repository root)::
+
+    python bench/resultfile.py --run "xmodal demo" --out docs/results/data/demo.json
+    python bench/resultfile.py --run "xmodal bench --datasets synthetic --out runs/bench" \\
+        --out docs/results/data/synthetic_grid_3seeds.json
+
+(``--run`` runs the bench now and records this run's commit, date and machine; ``--from-markdown FILE``
+parses what a bench once wrote, with ``--commit``, ``--date`` and ``--source`` naming where it came from).
+Either way every table is checked to print back the bench's lines digit for digit.
 """
 
 from __future__ import annotations
@@ -156,29 +167,62 @@ def check_round_trip(text: str, tables: list[dict]) -> None:
                 raise ValueError(f"--from-markdown: table {t['title'][:40]!r} does not round-trip: {line[:100]!r}")
 
 
+def run_command(command: str) -> str:
+    """Run ``command`` (an ``xmodal ...`` or ``python ...`` line) from the repository root with this Python's
+    environment; its stdout, echoed. Raise ValueError in one line if it fails."""
+    import subprocess
+
+    words = shlex.split(command)
+    if not words:
+        raise ValueError("--run: empty command")
+    if words[0] == "xmodal":
+        words = [sys.executable, "-m", "xmodal", *words[1:]]
+    elif words[0] == "python":
+        words = [sys.executable, *words[1:]]
+    res = subprocess.run(words, cwd=ROOT, capture_output=True, text=True)
+    sys.stdout.write(res.stdout)
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ValueError(f"--run: {command!r} exited with {res.returncode}: {last}")
+    return res.stdout
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--from-markdown FILE``: a result file from the tables a bench once wrote as Markdown (parsed, never
-    retyped; ``--commit``, ``--date``, ``--machine`` and ``--source`` say where they came from)."""
+    """A result file from the Markdown tables a bench printed: ``--run "CMD"`` runs the bench now (its
+    provenance is this run's), ``--from-markdown FILE`` reads what a bench once wrote (parsed, never
+    retyped; ``--commit``, ``--date``, ``--machine`` and ``--source`` say where it came from)."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
-    p.add_argument("--from-markdown", required=True)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--from-markdown", help="a Markdown file a bench wrote")
+    what.add_argument("--run", metavar="CMD", help="run this bench command (e.g. \"xmodal demo\") from the repository "
+                      "root, keep its printed Markdown on stdout and write its tables")
     p.add_argument("--out", required=True)
-    p.add_argument("--commit", required=True, help="the commit that wrote the Markdown file")
-    p.add_argument("--date", required=True)
+    p.add_argument("--commit", help="the commit that wrote the Markdown file (--from-markdown)")
+    p.add_argument("--date", help="when (--from-markdown)")
     p.add_argument("--machine", default="not recorded")
-    p.add_argument("--source", required=True, help="what the Markdown file is (the bench's own output)")
+    p.add_argument("--source", help="what the Markdown file is (the bench's own output; --from-markdown)")
     p.add_argument("--command", default=None, help="the bench's command (default: the tables' Command lines)")
     p.add_argument("--until", default=None, help="read the Markdown only up to the first line starting with "
                    "this (text a person appended to the bench's output)")
     p.add_argument("--only", type=int, nargs="+", default=None, help="keep these tables (0 = the first)")
     args = p.parse_args(argv)
-    text = Path(args.from_markdown).read_text()
+    if not args.out.endswith(".json"):
+        p.error(f"--out: {args.out} is not a .json file")
+    if args.from_markdown and not (args.commit and args.date and args.source):
+        p.error("--from-markdown needs --commit, --date and --source (where the Markdown came from)")
+    try:
+        text = Path(args.from_markdown).read_text() if args.from_markdown else run_command(args.run)
+    except (OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    where = args.from_markdown or f"the output of {args.run!r}"
     if args.until is not None:
         lines = text.splitlines(keepends=True)
         stop = next((i for i, line in enumerate(lines) if line.startswith(args.until)), None)
         if stop is None:
-            print(f"--until: no line of {args.from_markdown} starts with {args.until!r}", file=sys.stderr)
+            print(f"--until: no line of {where} starts with {args.until!r}", file=sys.stderr)
             return 2
         text = "".join(lines[:stop])
     tables = markdown_tables(text)
@@ -190,11 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only is not None:
         tables = [tables[i] for i in args.only if i < len(tables)]
     if not tables:
-        print(f"--from-markdown: {args.from_markdown} holds no table", file=sys.stderr)
+        print(f"resultfile: {where} holds no table", file=sys.stderr)
         return 2
-    write_json(args.out, {"command": args.command or "; ".join(dict.fromkeys(t["command"] for t in tables if t["command"])),
-                          "commit": args.commit, "date": args.date, "machine": args.machine,
-                          "source": args.source, "tables": tables})
+    if args.run:
+        data = provenance("bench/resultfile.py", None, f"bench/resultfile.py --run: the tables {args.run!r} "
+                          "printed, parsed as it ran (this file is its output)")
+        data["command"] = args.run
+        data["run_by"] = "python bench/resultfile.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    else:
+        data = {"command": args.command or "; ".join(dict.fromkeys(t["command"] for t in tables if t["command"])),
+                "commit": args.commit, "date": args.date, "machine": args.machine, "source": args.source}
+    write_json(args.out, {**data, "tables": tables})
     return 0
 
 
