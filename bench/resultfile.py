@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = provenance("bench/resultfile.py", None, f"bench/resultfile.py --run: the tables {args.run!r} "
                           "printed, parsed as it ran (this file is its output)")
         data["command"] = args.run
+        data["machine"] = data["machine"].rsplit(",", 1)[0] + " (threads: the bench's own --threads)"
         data["run_by"] = "python bench/resultfile.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     else:
         data = {"command": args.command or "; ".join(dict.fromkeys(t["command"] for t in tables if t["command"])),
