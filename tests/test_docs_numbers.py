@@ -168,3 +168,17 @@ def test_changing_a_result_value_changes_every_page_quoting_it_and_nothing_else(
             assert shown not in before[page] and shown in after[page], (name, path, page, shown)
         for page in before.keys() - pages:
             assert after[page].count(shown) == before[page].count(shown), (name, path, page, shown)
+
+
+def test_run_writes_the_tables_a_command_prints_with_this_runs_provenance(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    table = "print('### t\\n\\n| k | v |\\n|---|---:|\\n| a | +1.25 |\\n| b | -0.50 |\\n\\ntotal 3.1 s')"
+    assert resultfile.main(["--run", f"python -c \"{table}\"", "--out", str(out)]) == 0
+    assert "| a | +1.25 |" in capsys.readouterr().out  # the bench's Markdown stays on stdout
+    data = json.loads(out.read_text())
+    assert all(data[k] for k in hook.PROVENANCE) and data["command"].startswith("python -c")
+    assert data["tables"][0]["rows"] == [["a", 1.25], ["b", -0.5]] and data["tables"][0]["after"] == "total 3.1 s"
+    assert hook.table(data["tables"][0]).splitlines()[2:] == ["| a | +1.25 |", "| b | -0.50 |"]
+    bad = tmp_path / "bad.json"
+    assert resultfile.main(["--run", "python -c \"raise SystemExit('no such data')\"", "--out", str(bad)]) == 2
+    assert "exited with 1: no such data" in capsys.readouterr().err and not bad.exists()
