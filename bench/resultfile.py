@@ -179,7 +179,7 @@ def run_command(command: str) -> str:
         words = [sys.executable, "-m", "xmodal", *words[1:]]
     elif words[0] == "python":
         words = [sys.executable, *words[1:]]
-    res = subprocess.run(words, cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(words, cwd=ROOT, capture_output=True, text=True, check=False)
     sys.stdout.write(res.stdout)
     if res.returncode != 0:
         last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
