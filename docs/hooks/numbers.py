@@ -7,7 +7,8 @@ replaces at build time:
 - ``{{ NAME:KEY.PATH }}``: one value. A float prints with one decimal, ``{"mean", "std"}`` as
   ``mean ± std``, a list of numbers comma-separated, text as it is. ``{{ NAME:KEY.PATH|.2f }}``
   gives a format (``+.1f`` signs a difference).
-- ``{{ table NAME:KEY.PATH }}``: a Markdown table from ``{"columns": [...], "rows": [[...], ...]}``.
+- ``{{ table NAME:KEY.PATH }}``: a Markdown table from ``{"columns": [...], "rows": [[...], ...]}``
+  (``"formats"``, one per column, prints each column as the bench printed it).
 
 A placeholder that names a missing file or key, or a data file without its provenance
 (:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails. A page whose front matter says
@@ -95,11 +96,12 @@ def table(value: Any, spec: str | None = None) -> str:
         raise Missing("not a table ({'columns': [...], 'rows': [[...]]})")
     cols = value["columns"]
     align = value.get("align") or ["---"] * len(cols)
+    formats = value.get("formats") or [None] * len(cols)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(align) + "|"]
     for row in value["rows"]:
         if len(row) != len(cols):
             raise Missing(f"a row of {len(row)} cells under {len(cols)} columns")
-        lines.append("| " + " | ".join(fmt(c, spec) for c in row) + " |")
+        lines.append("| " + " | ".join(fmt(c, spec or f) for c, f in zip(row, formats)) + " |")
     return "\n".join(lines)
 
 
