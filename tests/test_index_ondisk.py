@@ -90,3 +90,22 @@ def test_merge_measures_recall_against_exact_search(tmp_path, gallery):
     assert meta["search_params"] == index.search_params  # the chosen nprobe is saved with the index
     assert meta["recall_at_10"] == pytest.approx(recall, abs=1e-6) and meta["recall_queries"] == 50
     assert meta["target_met"] == (recall >= 0.9)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="needs the extra [cluster]")
+def test_shards_added_on_a_local_cluster_merge_to_the_one_process_shards(tmp_path, gallery):
+    """The executor's shards (2 worker processes) are the files one process writes, and merge the same."""
+    from xmodal.execute.index import add_index_shards
+    from xmodal.retrieval.ondisk import add_shard, train_empty
+
+    rows, bias, _ = gallery
+    np.save(tmp_path / "rows.npy", rows)
+    np.save(tmp_path / "bias.npy", bias)
+    trained = tmp_path / "trained.faiss"
+    train_empty(rows, trained, bias=bias, kind="ivf", nlist=20, seed=0)
+    done = add_index_shards(trained, tmp_path / "rows.npy", tmp_path / "cluster", shards=3, cluster="local:2",
+                            bias=tmp_path / "bias.npy", progress=False)
+    assert sorted(done) == [1, 2, 3] and sum(r["rows"] for r in done.values()) == 3000
+    for k in (1, 2, 3):
+        one = add_shard(trained, rows, (k, 3), tmp_path / "one", bias=bias)
+        assert (tmp_path / "cluster" / one.name).read_bytes() == one.read_bytes()
