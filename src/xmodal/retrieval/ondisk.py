@@ -224,6 +224,8 @@ def merge_shards(trained: str | os.PathLike, shards: list, out_dir: str | os.Pat
         raise ValueError("shard: the shards were cut from galleries of different sizes")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".merge.tmp*"):  # what a killed merge left
+        shutil.rmtree(stale, ignore_errors=True)
     stage = out_dir / f".merge.tmp{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
