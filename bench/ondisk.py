@@ -14,11 +14,13 @@ One run, on one seeded gallery:
 4. **Merge** (a child process): :func:`~xmodal.retrieval.ondisk.merge_shards` with ``--queries`` recall
    queries: recall@10 against exact search (blockwise brute force over ``rows.npy``), the smallest
    nprobe reaching 0.95 kept.
-5. **Search** (a child process each): the merged index (lists memory-mapped from ``lists.ivfdata``), at the
-   stored nprobe and at 16 and 64 cells, each first with a cold page cache for that file
-   (``posix_fadvise(DONTNEED)``: its pages dropped, no root needed) and then warm, against the same lists
-   copied into memory (``ArrayInvertedLists``; skipped when they would exceed ``--max-anon-gb``):
-   queries/s (one batch of ``--queries``, one FAISS thread, the best of ``--repeats``) and each process's peak RssAnon.
+5. **Search** (child processes): ``search-disk``, the merged index alone (lists memory-mapped from
+   ``lists.ivfdata``: the peak RssAnon of a searching process); ``search-both``, the merged index and the same
+   lists copied into memory (``ArrayInvertedLists``; skipped above ``--max-anon-gb``) in one process, searched
+   alternately so that the machine's load hits both alike, at the stored nprobe and at 16 and 64 cells:
+   queries/s (one batch of ``--queries``, one FAISS thread, the best of ``--repeats``); "cold": before each
+   of its searches the on-disk index is closed, its file's pages dropped from the page cache
+   (``posix_fadvise(DONTNEED)``, no root needed) and the index opened again.
 
 Every process's peak RssAnon is sampled from ``/proc/self/status`` every 20 ms (pages of memory-mapped
 files are page cache and do not count). Timings are wall-clock on whatever else the machine runs: compare
@@ -107,50 +109,70 @@ def stage(name: str, args: argparse.Namespace) -> dict:
                                 rows=rows, bias=bias)
             out.update({k: meta[k] for k in ("num_items", "shards", "recall_at_10", "recall_queries",
                                              "search_params", "target_met")})
-        elif name in ("search-disk", "search-memory"):
+        elif name in ("search-disk", "search-both"):
             out.update(search(root, name, args))
         out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
     out["peak_anon_mb"] = peak.peak_kb / 1024
     return out
 
 
+def _drop_cache(path: Path) -> None:
+    """The file's pages dropped from the page cache (``posix_fadvise(DONTNEED)``; no root needed; pages a
+    process still maps stay, so the index is closed first)."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
 def search(root: Path, name: str, args: argparse.Namespace) -> dict:
-    """Queries/s of the merged index at its stored nprobe and at 16 and 64 cells: lists on disk (each nprobe
-    first with this file's pages dropped from the page cache, then again warm), or the same lists copied into
-    memory (``ArrayInvertedLists``)."""
+    """``search-disk``: the merged index alone (this process's peak RssAnon with the lists on disk);
+    ``search-both``: the merged index and the same lists copied into memory (``ArrayInvertedLists``) in one
+    process, searched alternately (the machine's load hits both alike), at the stored nprobe and at 16 and 64
+    cells: queries/s, the best of ``--repeats``; "cold": the on-disk index closed, its file's pages dropped,
+    the index opened again before each of its searches."""
     from xmodal.retrieval.index import BiasedIndex, import_faiss
     from xmodal.retrieval.ondisk import LISTS_FILE
 
     faiss = import_faiss()
     q = queries_of(root, args.queries, args.seed + 1)  # queries the merge's tuning never saw
-    index = BiasedIndex.load(root / "idx" / "index.faiss", dim=args.dim)
-    stored = index.search_params["nprobe"]
-    if name == "search-memory":  # the same lists, read into memory
-        ivf = faiss.extract_index_ivf(index.index)
+    path = root / "idx" / "index.faiss"
+    disk = BiasedIndex.load(path, dim=args.dim)
+    stored = disk.search_params["nprobe"]
+    memory = None
+    if name == "search-both":
+        memory = BiasedIndex.load(path, dim=args.dim)
+        ivf = faiss.extract_index_ivf(memory.index)
         lists = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
         lists.merge_from(ivf.invlists, 0)
         ivf.replace_invlists(lists, True)
         lists.this.disown()
+
+    def qps(index, nprobe):
+        t = time.perf_counter()
+        ids = index.search(q, 10, nprobe=nprobe)[1]
+        return len(q) / (time.perf_counter() - t), ids
+
     res: dict = {"stored_nprobe": stored, "runs": []}
     for nprobe in sorted({stored, 16, 64}):
-        row = {"nprobe": nprobe}
-        for state in ("cold", "warm"):
-            best = 0.0
-            for _ in range(args.repeats):  # the best of the repeats: the machine's other load only slows
-                if state == "cold" and name == "search-disk":
-                    fd = os.open(root / "idx" / LISTS_FILE, os.O_RDONLY)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file's cached pages dropped
-                    os.close(fd)
-                t = time.perf_counter()
-                ids = index.search(q, 10, nprobe=nprobe)[1]
-                best = max(best, len(q) / (time.perf_counter() - t))
-            row[f"qps_{state}"] = best
-        np.save(root / f"ids_{name}_{nprobe}.npy", ids)
+        row = {"nprobe": nprobe, "disk_cold": 0.0, "disk_warm": 0.0, "memory": 0.0}
+        for _ in range(args.repeats):
+            del disk
+            _drop_cache(root / "idx" / LISTS_FILE)
+            disk = BiasedIndex.load(path, dim=args.dim)
+            row["disk_cold"] = max(row["disk_cold"], qps(disk, nprobe)[0])
+        for _ in range(args.repeats):
+            v, ids = qps(disk, nprobe)
+            row["disk_warm"] = max(row["disk_warm"], v)
+            if memory is not None:
+                v, mids = qps(memory, nprobe)
+                row["memory"] = max(row["memory"], v)
+                row["same_ids"] = bool(np.array_equal(ids, mids))
+        if memory is None:
+            del row["memory"]
+        else:
+            row["cold_over_memory"] = row["disk_cold"] / row["memory"]
+            row["warm_over_memory"] = row["disk_warm"] / row["memory"]
         res["runs"].append(row)
-    if name == "search-memory":
-        res["same_ids_as_disk"] = all(np.array_equal(np.load(root / f"ids_search-disk_{r['nprobe']}.npy"),
-                                                     np.load(root / f"ids_search-memory_{r['nprobe']}.npy"))
-                                      for r in res["runs"])
     return res
 
 
@@ -213,14 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     print("search (lists on disk)", results["search_disk"], flush=True)
     per_vector = results["lists_bytes"] / args.videos
     if per_vector * args.videos / 2**30 <= args.max_anon_gb:
-        results["search_memory"] = child("search-memory", args)
-        print("search (lists in memory)", results["search_memory"], flush=True)
-        d, m = results["search_disk"]["runs"], results["search_memory"]["runs"]
-        results["disk_over_memory_qps"] = {r["nprobe"]: {"cold": r["qps_cold"] / w["qps_warm"],
-                                                         "warm": r["qps_warm"] / w["qps_warm"]} for r, w in zip(d, m)}
-        print("q/s ratio, lists on disk / in memory:", results["disk_over_memory_qps"], flush=True)
+        results["search_both"] = child("search-both", args)
+        print("search (lists on disk and in memory, one process, alternately)", results["search_both"], flush=True)
     else:
-        results["search_memory"] = None
+        results["search_both"] = None
         print(f"in-memory reference skipped: its lists ({per_vector * args.videos / 2**30:.1f} GB) exceed "
               f"--max-anon-gb {args.max_anon_gb}", flush=True)
     peaks = [results[k]["peak_anon_mb"] for k in ("train", "merge", "search_disk") if results.get(k)]
