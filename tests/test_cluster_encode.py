@@ -62,7 +62,7 @@ def scheduler():
     import distributed
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 3}):
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                       silence_logs=40) as cluster:
             yield cluster.scheduler_address
 

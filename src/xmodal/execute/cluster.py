@@ -75,10 +75,11 @@ def connect(spec: tuple[str, Any], *, retries: int = DEFAULT_RETRIES) -> Iterato
 
     kind, value = spec
     if kind == "local":
-        # the scheduler runs in this process: a worker killed mid-task is rescheduled up to `retries` times
+        # the scheduler runs in this process: a worker killed mid-task is rescheduled up to `retries` times;
+        # its HTTP server on a free port (":0"), never a warning about a busy 8787
         with dask.config.set({"distributed.scheduler.allowed-failures": retries}):
             with distributed.LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
-                                          dashboard_address=None, silence_logs=40) as cluster:
+                                          dashboard_address=":0", silence_logs=40) as cluster:
                 with distributed.Client(cluster) as client:
                     yield client
         return
