@@ -128,3 +128,27 @@ def test_cluster_adds_the_shards_and_merges(run_dir, tmp_path, capsys):
     ref_scores, ref_ids = _reference(out, index.model.encode_text(feats).cpu().numpy().astype(np.float32))
     np.testing.assert_array_equal(ids, ref_ids)
     np.testing.assert_array_equal(scores, ref_scores)
+
+
+def test_more_like_this_searches_the_merged_lists(run_dir, tmp_path, capsys):
+    """serve's "more like this" goes through the merged index (its lists on disk): the videos it finds are
+    those the same trained index filled in one process finds for the video's embedding without the bias."""
+    import faiss
+
+    from xmodal.serve.searcher import Searcher
+
+    out = tmp_path / "idx"
+    _trained(run_dir, out, capsys)
+    for k in (1, 2):
+        assert _index("--run", str(run_dir / "run"), "--out", str(out), "--shard", f"{k}/2") == 0
+    assert _index("--run", str(run_dir / "run"), "--out", str(out), "--merge") == 0
+    searcher = Searcher(out)
+    assert "OnDisk" in type(faiss.downcast_InvertedLists(faiss.extract_index_ivf(searcher.index.index.index).invlists)
+                            ).__name__
+    got = {r["item"] for r in searcher.search_video("7", 5)["results"]}
+    ref = faiss.read_index(str(out / "trained.faiss"))
+    ref.add(np.hstack([np.load(out / "gallery.npy"), np.load(out / "gallery_bias.npy")[:, None]]).astype(np.float32))
+    faiss.extract_index_ivf(ref).nprobe = json.loads((out / "meta.json").read_text())["search_params"]["nprobe"]
+    emb = np.load(out / "videos.npy")[7].astype(np.float32)
+    found = ref.search(np.hstack([emb, [0.0]])[None, :].astype(np.float32), 6)[1][0]
+    assert got == {int(j) for j in found if j != 7} and len(got) == 5
