@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU wheel pinned first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,clip,serve,serve-test,tensorboard,video,onnx,mlflow,mlflow-ui,wandb,docs]'
+	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,clip,serve,serve-test,tensorboard,video,onnx,mlflow,mlflow-ui,wandb,docs,cluster]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -31,7 +31,7 @@ docs: $(STAMP)
 
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,clip,serve,serve-test,tensorboard,video,onnx,mlflow,mlflow-ui,wandb,docs,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,faiss,encoders,clip,serve,serve-test,tensorboard,video,onnx,mlflow,mlflow-ui,wandb,docs,cluster,bench]'
 	# open_clip_torch without its dependencies: its torchvision requirement would replace torch.
 	$(BIN)/pip install --quiet --no-deps open_clip_torch
 	touch $(BENCH_STAMP)

@@ -62,6 +62,10 @@ docs/finetune.md): as videos, but each FRAMES/<video id>.npy holds the sampled f
 uint8 [F, S*S*3] (short side S, bicubic, centre crop: CLIPImageProcessor's resize and crop;
 default 1 frame per second, S 224); FRAMES/encoder.json names S and the sampling. 'data import
 --features FRAMES' makes a layout of them.
+--cluster local:N (N worker processes here) or --cluster tcp://HOST:8786 (a Dask scheduler; extra
+[cluster]) runs those shards as tasks (--cluster-shards N of them): a failed shard or one whose worker
+dies is retried, one progress line counts the videos of all workers, and FEATS gets the same files as
+one process (docs/scale.md: SLURM array jobs with --shard).
 Other encoders registered with xmodal.features.encoders.register_encoder are selected with --model."""
 
 
@@ -94,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="videos: encode shard K of N of the collection (1 <= K <= N, N at most the "
                              "videos found and 100000; default: all, or RANK+1/WORLD_SIZE under torchrun)")
+    parser.add_argument("--cluster", default=None, metavar="local:N|ADDRESS",
+                        help="videos: run the shards of --shard K/N as tasks on a Dask cluster (extra [cluster]): "
+                             "local:N starts N worker processes here, else a scheduler address (tcp://HOST:8786); "
+                             "failed or killed shards are retried; the same files as one process")
+    parser.add_argument("--cluster-shards", type=int, default=None, metavar="N",
+                        help="videos --cluster: the number of shards N (default: 4 per worker)")
     parser.add_argument("--summary", action="store_true",
                         help="videos: encode nothing; add up the shard summaries in --out")
     parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
@@ -139,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
     video_only = [f for f, v in (("--frames", args.frames), ("--fps", args.fps), ("--all-frames", args.all_frames),
                                  ("--recursive", args.recursive), ("--truncated", args.truncated != "keep"),
                                  ("--max-pixels", args.max_pixels), ("--workers", args.workers != 1),
-                                 ("--shard", args.shard), ("--summary", args.summary)) if v not in (None, False)]
+                                 ("--shard", args.shard), ("--summary", args.summary),
+                                 ("--cluster", getattr(args, "cluster", None))) if v not in (None, False)]
     if video_only:
         raise ValueError(f"{video_only[0]}: only for 'xmodal encode videos'")
     if (getattr(args, "tokens", False) or getattr(args, "mask_out", None)) and args.kind != "text":
@@ -397,6 +408,11 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
 
     if args.summary:
         return _run_summary(args)
+    cluster = getattr(args, "cluster", None) is not None or getattr(args, "cluster_shards", None) is not None
+    if cluster:
+        from xmodal.commands._encode_cluster import check_cluster_flags
+
+        check_cluster_flags(args)
     _check_video_flags(args)
     shard = _shard(args)
     frames, fps, words = _sampling(args)
@@ -406,6 +422,14 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
         clip = get_encoder(args.model, "video").frames
         if clip:  # a clip encoder (XCLIP) takes exactly its num_frames frames of each video
             frames, fps, words = clip, None, f"one clip of {clip} frames per video (the model's num_frames)"
+    if cluster:
+        from xmodal.commands._encode_cluster import run_cluster
+
+        line, n, failed = run_cluster(args, frames=frames, fps=fps, progress=False if quiet else progress)
+        print(line)
+        text, status = _shards_text(args.out, n)
+        print(text)
+        return 1 if failed or status else 0
     start = time.perf_counter()
 
     def plan(estimate: str) -> None:

@@ -71,7 +71,17 @@ S_texts.tsv) or --texts FILE, texts.npy + texts.json (caption embeddings: video 
 meta.json records the encoders of the run's features (from RUN/encoders.json or an export's
 config.json): "text_encoder" is the spec 'query --captions' and 'serve' encode captions with,
 null when unknown (then a text size matching a built-in encoder is shown as assumed, any other
-means no text search by words); --text-encoder states it for a run that records none."""
+means no text search by words); --text-encoder states it for a run that records none.
+
+Built in shards (ivf, ivfpq; a gallery larger than one process's memory): --train-only folds the gallery
+and trains the quantisers on a sample (OUT/gallery.npy, OUT/trained.faiss); --shard K/N adds shard K of N
+(any process or machine that sees OUT), or --cluster local:N|ADDRESS adds them all as retried tasks on a
+Dask cluster; --merge joins the shards into index.faiss + lists.ivfdata, FAISS on-disk inverted lists that
+query and serve memory-map instead of loading, and measures the recall@10 as above (docs/scale.md).
+
+  xmodal index --run RUN --video-features V.npy --out IDX --kind ivf --train-only
+  xmodal index --run RUN --out IDX --cluster local:2 --cluster-shards 8
+  xmodal index --run RUN --out IDX --shard 3/8     # or by hand, then: --merge"""
 
 
 
@@ -125,6 +135,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default="float16", choices=("float16", "float32"),
                         help="dtype of videos.npy / texts.npy, the search page's embeddings (default float16: "
                              "half the size; float32 keeps them as computed)")
+    parser.add_argument("--train-only", action="store_true",
+                        help="ivf/ivfpq built in shards: fold the gallery, train the quantisers on a sample and write "
+                             "an empty index to --out (then --shard K/N or --cluster, then --merge)")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="add shard K of N of a --train-only folder's gallery (into OUT/shards/)")
+    parser.add_argument("--merge", nargs="*", default=None, metavar="SHARD",
+                        help="join the shards (default: all in OUT/shards/) into one index whose lists stay on "
+                             "disk (lists.ivfdata, memory-mapped by query/serve), measuring its recall@10")
+    parser.add_argument("--cluster", default=None, metavar="local:N|ADDRESS",
+                        help="add every shard of a --train-only folder as tasks on a Dask cluster (extra [cluster]; "
+                             "retried), then merge")
+    parser.add_argument("--cluster-shards", type=int, default=None, metavar="N",
+                        help="--cluster: the number of shards (default 8)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing index in --out (the new one is built beside it and swapped in "
                              "at the end: a failed rebuild leaves the old one as it was)")
@@ -138,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
     from xmodal.progress import Stages
     from xmodal.retrieval.build import RECALL_QUERIES, caption_texts, check_out, write_index
 
+    from xmodal.commands import _index_ondisk
+
+    if _index_ondisk.wanted(args) and not args.train_only:  # a step on a folder --train-only wrote
+        return _index_ondisk.run_ondisk(args, None, recall_line)
     start = time.perf_counter()
     _check_search_flags(args)
     check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before anything is loaded or encoded
@@ -170,6 +197,17 @@ def run(args: argparse.Namespace) -> int:
         _faiss_threads(torch.get_num_threads())
     else:
         _faiss_threads(args.threads)
+    if args.train_only:
+        from xmodal.retrieval.build_shards import write_trained
+
+        def build_trained() -> dict:
+            with Stages(show=progress_choice(args)) as stage:
+                return write_trained(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind,
+                                     nlist=args.nlist, names=names, text_encoder=args.text_encoder,
+                                     overwrite=args.overwrite, video_mask=mask, log=stage, model=model,
+                                     store=args.store, select_on=select_on)
+
+        return _index_ondisk.run_ondisk(args, build_trained, recall_line)
     try:
         with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
             meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,

@@ -176,7 +176,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                         progress: bool | None = False, on_error: Callable[[str], None] | None = None,
                         recursive: bool = False, truncated: str = "keep", max_pixels: int | None = None,
                         on_plan: Callable[[str], None] | None = None, workers: int = 1,
-                        shard: tuple[int, int] | None = None) -> dict:
+                        shard: tuple[int, int] | None = None,
+                        on_video: Callable[[str], None] | None = None) -> dict:
     """Encode every video of ``source`` (of its share ``shard``) that ``out`` does not hold yet.
 
     Args:
@@ -194,6 +195,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             :mod:`xmodal.features.decoders`); the features are the same either way.
         shard: ``(K, N)``: encode only the videos of shard K of N and write what was done to
             ``out/.encode-shards/shard-K-of-N.json`` (:mod:`xmodal.features.shards`).
+        on_video: called with each video's id once it is written, failed or refused (``--cluster``'s
+            progress, :mod:`xmodal.execute.videos`).
 
     Returns:
         ``{"looked_at", "videos", "written", "skipped", "failed", "truncated", "refused", "redone", "ignored",
@@ -281,6 +284,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                 if not refused:
                     failed.append(todo[i][0])
                 report(f"xmodal encode: {'warning' if refused else 'error'}: {result}")
+                if on_video is not None:
+                    on_video(todo[i][0])
                 continue
             target = out / f"{todo[i][0]}.npy"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +293,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             summary["written"] += 1
             summary["frames"] += result.shape[0]
             summary["dim"] = result.shape[1]
+            if on_video is not None:
+                on_video(todo[i][0])
     if record.get("dim") is None and summary["dim"]:  # a registered encoder's size is known once it ran
         from xmodal.features.identity import write_sidecar
 

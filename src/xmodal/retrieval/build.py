@@ -27,6 +27,10 @@ EXTRA_FILES = ("videos.npy", "texts.npy", "texts.json", "texts.faiss")
 #: The files of an index folder (what ``build`` writes; nothing else is ever written there).
 INDEX_FILES = ("index.faiss", "query_shift.npy", "model.pt", "names.txt", "meta.json",
                "model.safetensors", "config.json") + EXTRA_FILES  # a run's model.pt, or an export's two files
+#: The files of an index built in shards (xmodal.retrieval.build_shards): the folded gallery, the trained empty
+#: index, the merged on-disk lists; its shards/ folder holds the shards until they are merged.
+ONDISK_FILES = ("gallery.npy", "gallery_bias.npy", "trained.faiss", "lists.ivfdata")
+INDEX_FILES = INDEX_FILES + ONDISK_FILES
 
 
 #: dtypes of the stored embeddings (``videos.npy``, ``texts.npy``): float16 halves the folder.
@@ -355,7 +359,8 @@ def check_out(out: Path, run: str, *, overwrite: bool) -> None:
         return
     entries = list(out.iterdir())
     foreign = sorted(e.name for e in entries
-                     if e.is_symlink() or not (e.name in INDEX_FILES or e.name.startswith(".")
+                     if e.is_symlink() or not (e.name in INDEX_FILES or e.name == "shards" and e.is_dir()
+                                               or e.name.startswith(".")
                                                and ".tmp" in e.name and e.name[1:].split(".tmp")[0] in INDEX_FILES))
     if foreign:
         raise ValueError(f"--out: {out} holds files that are not an xmodal index's ({', '.join(foreign[:3])}); "

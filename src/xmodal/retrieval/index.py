@@ -48,6 +48,7 @@ the whole gallery and cannot be folded into an inner product.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -493,9 +494,12 @@ class BiasedIndex:
         faiss = import_faiss()
         if not Path(path).is_file():
             raise FileNotFoundError(f"path: no such file: {path}")
-        _check_declared_size(Path(path))
+        # an index merged on disk (xmodal.retrieval.ondisk): its lists are memory-mapped from the file beside it
+        on_disk = (Path(path).parent / "lists.ivfdata").is_file()
+        _check_declared_size(Path(path), (Path(path).parent / "lists.ivfdata").stat().st_size if on_disk else 0)
         try:
-            index = faiss.read_index(str(path))
+            with quiet_stdout() if on_disk else contextlib.nullcontext():  # FAISS prints where it found the lists
+                index = faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR if on_disk else 0)
         except RuntimeError as exc:  # FAISS reports a foreign/corrupt file as RuntimeError
             raise ValueError(f"path: {path} is not a FAISS index ({str(exc).splitlines()[0]})") from None
         obj = cls.__new__(cls)
@@ -519,6 +523,26 @@ class BiasedIndex:
         obj.recall_queries, obj.target_met, obj.target_recall, obj.recall_tried = 0, None, None, {}
         obj.curve, obj.nlist_choice = [], []
         return obj
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """File descriptor 1 sent to /dev/null (C++ prints bypass ``sys.stdout``)."""
+    import sys
+
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no descriptor 1 (a daemon): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _release_freed_memory() -> None:
@@ -595,12 +619,13 @@ def _recall_target(value: Any) -> float:
     return float(v)
 
 
-def _check_declared_size(path: Path) -> None:
+def _check_declared_size(path: Path, lists_bytes: int = 0) -> None:
     """Refuse a flat / IVF-flat FAISS file whose header declares more vectors than the file
-    holds, before FAISS allocates them (a tiny file could otherwise ask for a terabyte)."""
+    holds (with ``lists_bytes``, the size of its on-disk lists), before FAISS allocates them (a tiny
+    file could otherwise ask for a terabyte)."""
     import struct
 
-    size = path.stat().st_size
+    size = path.stat().st_size + int(lists_bytes)
     with open(path, "rb") as f:
         head = f.read(45)
     if len(head) < 37 or head[:4] not in (b"IxFI", b"IxF2", b"IwFl"):

@@ -32,6 +32,9 @@ class SearchIndex:
             raise ValueError(f"--index: {meta_path} is not valid JSON ({exc})") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
+        if (self.meta.get("ondisk") or {}).get("stage") == "trained":  # xmodal.retrieval.build_shards
+            raise ValueError(f"--index: {path} is trained but holds no video yet: add its shards ('xmodal index "
+                             f"--out {path} --shard K/N' or --cluster) and merge them (--merge)")
         dim = self.meta.get("dim")
         try:
             self.index = BiasedIndex.load(self.path / "index.faiss", dim=dim if isinstance(dim, int) else None)
