@@ -61,6 +61,7 @@ HEADINGS = {
     ("ncl", "3.3"): "Normalized Contrastive Learning",
     ("ncl", "3.4"): "Normalization at Test Time",
     ("ncl", "4.2"): "Analysis of NCL",
+    ("ncl", "B"): "Implementation Details for CLIP4Clip",
     ("tspp", "4.1"): "Approach",
     ("tspp", "4.1.1"): "Temperature / margin schedule",
     ("tspp", "4.1.2"): "Distribution-aware Pseudo-supervision",

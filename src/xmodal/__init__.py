@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 _SUBMODULES = {
     "metrics", "losses", "functional", "normalize", "data", "schedules", "dist", "models",
     "training", "retrieval", "features", "reporting", "serve", "config", "commands", "cli", "runs", "progress",
+    "classify", "execute",
 }
 
 

@@ -106,4 +106,14 @@ def prompts(class_names: list[str], templates: tuple[str, ...]) -> list[str]:
     >>> prompts(["cat", "dog"], ("a {}.", "the {}!"))
     ['a cat.', 'the cat!', 'a dog.', 'the dog!']
     """
+    from xmodal._validate import short_repr
+
+    for name, seq in (("class_names", class_names), ("templates", templates)):
+        if isinstance(seq, str) or not isinstance(seq, (list, tuple)) or not all(isinstance(v, str) for v in seq):
+            raise TypeError(f"{name}: expected a list of strings, got {short_repr(seq)}")
+        if not seq:
+            raise ValueError(f"{name}: empty")
+    for t in templates:
+        if t.count("{}") != 1 or t.replace("{}", "").count("{") or t.replace("{}", "").count("}"):
+            raise ValueError(f"templates: each template holds '{{}}' once and no other braces, got {short_repr(t)}")
     return [t.format(c) for c in class_names for t in templates]

@@ -6,7 +6,7 @@
 * :func:`class_ranks`: each item's 1-based rank of its true class among all classes by cosine,
   pessimistic ties (classes scoring exactly as the true one rank ahead of it), the rule of
   :func:`xmodal.metrics.zero_shot`; top-k accuracy is the percent of ranks <= k.
-* :func:`dn_normalizers`: DN's zero-shot classification protocol (Zhou et al. 2023, Sec. 4.1 / 4.4,
+* :func:`dn_normalizers`: DN's zero-shot classification protocol (Zhou et al. 2023, Sec. 4.4,
   Table 2): ``mu_x`` from ``num_samples`` random unlabeled validation items, ``mu_y`` from the class
   embeddings (all of them, as the authors' code takes the mean of every caption embedding), ``lam``
   0.25, one normaliser per sampling seed (accuracies averaged, with their spread), plus the one
@@ -40,7 +40,9 @@ def class_embeddings(prompt_features: Any, num_classes: int) -> np.ndarray:
     >>> class_embeddings(np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [0.0, 1.0]]), 2).astype(float).round(4).tolist()
     [[0.7071, 0.7071], [0.0, 1.0]]
     """
-    x = torch.as_tensor(np.asarray(prompt_features), dtype=torch.float64)
+    from xmodal._validate import float_matrix
+
+    x = float_matrix(prompt_features, "prompt_features", dtype=torch.float64, finite=False, allow_empty=True)
     num_classes = integer(num_classes, "num_classes", minimum=1)
     if x.ndim != 2 or x.shape[0] % num_classes or x.shape[0] == 0:
         raise ValueError(f"prompt_features: expected [classes x templates, D] for {num_classes} classes, got "
@@ -62,10 +64,17 @@ def class_ranks(features: Any, class_emb: Any, labels: Any, normalizer: Any = No
     >>> class_ranks(np.array([[1.0, 0.1], [0.2, 1.0]]), np.eye(2), np.array([0, 0])).tolist()
     [1, 2]
     """
-    x = torch.as_tensor(np.asarray(features), dtype=torch.float64)
-    c = torch.as_tensor(np.asarray(class_emb), dtype=torch.float64)
-    y = np.asarray(labels).astype(np.int64)
+    from xmodal._validate import duck, float_matrix, int_array
+
+    x = float_matrix(features, "features", dtype=torch.float64)
+    c = float_matrix(class_emb, "class_emb", dtype=torch.float64)
+    y = int_array(labels, "labels")
+    if c.shape[1] != x.shape[1]:
+        raise ValueError(f"class_emb: {c.shape[1]}-d, features {x.shape[1]}-d")
+    if len(y) != len(x) or (len(y) and (y.min() < 0 or y.max() >= len(c))):
+        raise ValueError(f"labels: expected {len(x)} class indices in 0..{len(c) - 1}")
     if normalizer is not None:
+        duck(normalizer, "normalizer", "a fitted DistributionNormalization", methods=("transform",))
         x, c = (torch.as_tensor(t).double() for t in normalizer.transform(x.float(), c.float()))
     x, c = F.normalize(x, dim=1), F.normalize(c, dim=1)
     out = np.empty(len(x), np.int32)
@@ -94,8 +103,12 @@ def dn_normalizers(val_features: Any, class_emb: Any, *, lam: float = 0.25, num_
     Shape:
         val_features: ``[K, D]`` unlabeled validation items; class_emb: ``[C, D]``.
     """
-    val = torch.as_tensor(np.asarray(val_features), dtype=torch.float32)
-    c = torch.as_tensor(np.asarray(class_emb), dtype=torch.float32)
+    from xmodal._validate import float_matrix
+
+    val = float_matrix(val_features, "val_features", dtype=torch.float32)
+    c = float_matrix(class_emb, "class_emb", dtype=torch.float32)
+    if c.shape[1] != val.shape[1]:
+        raise ValueError(f"class_emb: {c.shape[1]}-d, val_features {val.shape[1]}-d")
     seeds = integer(seeds, "seeds", minimum=1)
     sampler = DistributionNormalization(lam=lam, num_samples=num_samples, seed=seed)
     samples = []

@@ -44,9 +44,17 @@ def encode_collection(files: dict[str, Path | None], *, model: str, scratch: Pat
     """Encode the images of ``files`` (in its order; None skipped) with image encoder ``model`` into
     ``scratch/images.npy`` (its encoder record beside it, as ``encode images`` writes it) and
     ``scratch/images.txt`` (one id per row); returns both paths."""
+    from xmodal._validate import short_repr
     from xmodal.features.encoders import encode_images, identity_of
     from xmodal.features.identity import write_sidecar
 
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files):
+        raise TypeError(f"files: expected {{id: image path or None}}, got {short_repr(files)}")
+    if not isinstance(model, str) or not model:
+        raise TypeError(f"model: expected an encoder spec, got {short_repr(model)}")
+    if not isinstance(scratch, (str, os.PathLike)):
+        raise TypeError(f"scratch: expected a folder path, got {short_repr(scratch)}")
+    scratch = Path(scratch)
     ids = [v for v, p in files.items() if p is not None]
     if not ids:
         raise ValueError("--images: no item of the table has an image file")

@@ -450,10 +450,15 @@ def _feature_shape(path: Path, max_frames: int | None) -> tuple[int, int]:
 
 def _holds_frames(files: list[Path | None]) -> bool:
     """Whether the videos' files are a frame store's uint8 frames (all of them, or a clear error)."""
+    from xmodal.data.arrayrows import ArrayRow
     from xmodal.data.npyfile import array_header
 
-    kinds = {np.dtype(array_header(f)[1]) == np.uint8 if f.suffix.lower() == ".npy" else False
-             for f in files if f is not None}
+    def uint8(f) -> bool:
+        if isinstance(f, ArrayRow):  # a row of encode images' one array
+            return f.array.dtype == np.uint8
+        return np.dtype(array_header(f)[1]) == np.uint8 if f.suffix.lower() == ".npy" else False
+
+    kinds = {uint8(f) for f in files if f is not None}
     if len(kinds) > 1:
         raise ValueError("--features: mixes a frame store's uint8 frames with float features; import one kind")
     return kinds == {True}

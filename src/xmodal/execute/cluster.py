@@ -122,6 +122,17 @@ def run_shards(client: Any, task: Callable[..., dict], n: int, *, kwargs: dict, 
             retries.
     """
     distributed = _distributed()
+    from xmodal._validate import duck, positive_int, short_repr, whole_number
+
+    duck(client, "client", "a distributed.Client", methods=("submit", "subscribe_topic"))
+    if not callable(task):
+        raise TypeError(f"task: expected a module-level function, got {short_repr(task)}")
+    n = positive_int(n, "n")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise TypeError(f"kwargs: expected a dict of keyword arguments, got {short_repr(kwargs)}")
+    retries = whole_number(retries, "retries")
+    if on_result is not None and not callable(on_result):
+        raise TypeError(f"on_result: expected a function of (K, result), got {short_repr(on_result)}")
     topic = f"xmodal-progress-{uuid.uuid4().hex[:12]}"
     lock = threading.Lock()
 

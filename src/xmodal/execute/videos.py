@@ -42,10 +42,19 @@ def encode_shard(*, shard: tuple[int, int], topic: str | None, source: str, out:
     from xmodal.execute.cluster import report_item
     from xmodal.features.folder import encode_video_folder
 
+    from xmodal._validate import positive_int, short_repr
+
+    if (not isinstance(shard, tuple) or len(shard) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                                  for v in shard) or not 1 <= shard[0] <= shard[1]):
+        raise TypeError(f"shard: expected (K, N) with 1 <= K <= N, got {short_repr(shard)}")
+    if topic is not None and not isinstance(topic, str):
+        raise TypeError(f"topic: expected a Dask topic name or None, got {short_repr(topic)}")
+    if not isinstance(source, (str, os.PathLike)) or not isinstance(out, (str, os.PathLike)):
+        raise TypeError(f"source, out: expected folder paths, got {short_repr(source)}, {short_repr(out)}")
     if threads is not None:
         import torch
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(positive_int(threads, "threads"))
     lines: list[str] = []
 
     def on_video(video_id: str) -> None:

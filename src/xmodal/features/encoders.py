@@ -114,7 +114,8 @@ def get_encoder(spec: str, kind: str) -> Encoder:
 
         if kind == "text":
             raise ValueError(f"model: {spec[:60]!r} keeps video frames; it encodes no text")
-        return frames.encoder(spec)
+        fn, identity = frames.encoder_parts(spec)
+        return Encoder(spec, "image", fn, identity, dtype="uint8")
     enc = ENCODERS.get(spec)
     if enc is None:
         raise ValueError(f"model: unknown encoder {spec[:200]!r}; expected hf:DIR or a registered name: "

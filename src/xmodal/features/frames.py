@@ -50,10 +50,10 @@ def crop_frame(image: Any, size: int) -> np.ndarray:
     return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.uint8).reshape(-1)
 
 
-def encoder(spec: str):
-    """The :class:`~xmodal.features.encoders.Encoder` of ``frames:S`` (uint8 rows)."""
-    from xmodal.features.encoders import Encoder
-
+def encoder_parts(spec: str):
+    """``(fn, identity)`` of ``frames:S`` (uint8 rows), which
+    :func:`xmodal.features.encoders.get_encoder` wraps in its ``Encoder`` (this module imports no
+    other part of ``xmodal.features``)."""
     size = frame_size(spec)
 
     def fn(images: list, *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
@@ -66,4 +66,4 @@ def encoder(spec: str):
                                   "dtype": "uint8", "layout": f"RGB {size} x {size} x 3, flattened"},
                 "dim": size * size * 3, "normalized": False}
 
-    return Encoder(spec, "image", fn, identity, dtype="uint8")
+    return fn, identity

@@ -133,12 +133,13 @@ def add_shard(trained: str | os.PathLike, rows: Any, shard: tuple[int, int], out
     """Add shard ``shard`` = ``(K, N)`` of ``rows`` (:func:`shard_rows`) into a copy of the empty index
     ``trained``; writes ``out_dir/shard-K-of-N.faiss`` and its record ``.json``; returns the index path.
     Memory: the shard's codes plus one block of ``block_rows`` rows."""
+    from xmodal._validate import short_repr
     from xmodal.retrieval.index import import_faiss
 
     faiss = import_faiss()
     if not (isinstance(shard, (tuple, list)) and len(shard) == 2 and all(isinstance(x, int) for x in shard)
             and 1 <= shard[0] <= shard[1]):
-        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N, got {shard!r}"[:200])
+        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N, got {short_repr(shard)}")
     k, m = int(shard[0]), int(shard[1])
     n, _ = _check_rows(rows, bias)
     trained = Path(trained)

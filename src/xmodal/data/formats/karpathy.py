@@ -1,5 +1,5 @@
 """COCO and Flickr30k in Karpathy's split JSON (``dataset_coco.json``, ``dataset_flickr30k.json``): the
-files DN's retrieval tables (Zhou et al. 2023, Sec. 4.2, Table 1) and most image-text retrieval papers use.
+files DN's retrieval tables (Zhou et al. 2023, Sec. 4.3, Table 1) and most image-text retrieval papers use.
 
 Fields read (as Karpathy distributes the JSON with NeuralTalk; ``tokens``, ``imgid``, ``sentids`` unused):
 ``images[]`` with ``filename`` (the image file; its stem is the image id, so features are
