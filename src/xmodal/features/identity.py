@@ -50,7 +50,7 @@ LEVELS = ("sentence", "tokens", "image", "frame", "clip")
 BUILTIN_DIMS = {"text": {"minilm": 384}, "image": {"efficientnet-lite0": 1280}}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FIELDS = {"spec", "kind", "level", "family", "hub_name", "weights_sha256", "preprocessing_sha256", "preprocessing",
-           "dim", "normalized", "dtype", "sampling", "source"}
+           "dim", "normalized", "dtype", "sampling", "source", "runtime"}
 
 
 def sidecar_path(out: str | os.PathLike) -> Path:
@@ -104,6 +104,10 @@ def check_record(record: Any, where: str) -> dict | None:
         value = record.get(key)
         if value is not None and (not isinstance(value, str) or len(value) > 4096):
             raise ValueError(f"{where}: {key!r} must be text or null")
+    runtime = record.get("runtime")
+    if runtime is not None and (not isinstance(runtime, dict) or len(runtime) > 16 or not all(
+            isinstance(v, (str, int, float, type(None))) and not isinstance(v, bool) for v in runtime.values())):
+        raise ValueError(f"{where}: 'runtime' must be an object of a few plain values or null")
     for key in ("preprocessing", "sampling"):
         if record.get(key) is not None and not isinstance(record[key], (dict, str)):
             raise ValueError(f"{where}: {key!r} must be an object, text or null")
