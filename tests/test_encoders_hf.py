@@ -155,7 +155,7 @@ def test_missing_or_foreign_folders_are_one_line(folders, tmp_path):
     cases = [("hf:" + str(tmp_path / "nope"), "no such folder"), ("hf:" + str(tmp_path / "empty"), "config.json not found"),
              ("hf:" + str(tmp_path / "bert"), "model_type 'bert' is not supported"),
              ("hf:" + str(tmp_path / "noweights"), "no weights"), ("hf:", "needs a folder"),
-             ("open_clip:ViT-B-32", "operator torchvision::nms does not exist"), ("nope", "unknown encoder")]
+             ("open_clip:ViT-B-32", "an architecture name such as open_clip:ViT-B-32 alone names no weights"), ("nope", "unknown encoder")]
     for spec, needle in cases:
         with pytest.raises(ValueError, match="^model: ") as err:
             encoders.get_encoder(spec, "text")

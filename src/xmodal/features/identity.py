@@ -214,18 +214,21 @@ def run_encoders(run: str | os.PathLike, where: str = "--run") -> dict:
 
 
 def portable(record: dict | None) -> dict | None:
-    """A record to hand on (an export's config.json): an ``hf:`` spec names the folder by its hub id or
+    """A record to hand on (an export's config.json): an ``hf:`` / ``open_clip:`` spec names the folder by its hub id or
     its base name instead of this machine's absolute path (the hashes still identify it).
 
     >>> portable({"spec": "hf:/home/me/models/clip-b32", "kind": "text", "hub_name": None})["spec"]
     'hf:clip-b32'
+    >>> portable({"spec": "open_clip:/home/me/oc/vit-b32", "kind": "text", "hub_name": None})["spec"]
+    'open_clip:vit-b32'
     """
     if _record_or_none(record, "record") is None:
         return None
     out = dict(record)
     spec = str(out.get("spec", ""))
-    if spec.startswith("hf:"):
-        out["spec"] = "hf:" + (out.get("hub_name") or Path(spec[3:]).name or "model")
+    for prefix in ("hf:", "open_clip:"):
+        if spec.startswith(prefix):
+            out["spec"] = prefix + (out.get("hub_name") or Path(spec[len(prefix):]).name or "model")
     return out
 
 

@@ -23,6 +23,7 @@ typed and bounded, weights complete, of one floating dtype and finite, ``.bin`` 
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -150,8 +151,9 @@ def _check(part: Any, allowed: dict, where: str, path: Path, spec: str) -> None:
                 raise ValueError(f"model: {spec}: {path}: {name} is {str(value)[:60]}, expected 3 finite numbers"
                                  f"{' above 0' if key == 'std' else ''}")
         elif value not in rule:
-            raise ValueError(f"model: {spec}: {path}: {name} is {str(value)[:40]!r}; open_clip:DIR maps the plain "
-                             f"ViT CLIP only ({', '.join(map(repr, rule))})")
+            expected = ", ".join("null" if r is None else json.dumps(r) for r in rule)
+            raise ValueError(f"model: {spec}: {path}: {name} is {json.dumps(value)[:40]}, which is not part of the plain "
+                             f"ViT CLIP that open_clip:DIR maps onto transformers' CLIPModel (expected {expected}); refused")
 
 
 def hf_config(cfg: dict):
