@@ -125,8 +125,11 @@ def test_serve_uses_the_recorded_encoders(world):
     app = create_app(world["index"], upload_frames=2)
     client = TestClient(app)
     body = client.get("/api/search", params={"q": "clip 12 caption 0 blue", "k": 3}).json()
-    assert body["text_encoder"] == {"spec": spec, "status": "recorded", "reason": None}
-    assert f"text encoder {spec}" in client.get("/").text
+    shown = f"hf:clipA (sha256 {sha(world['a'] / 'model.safetensors')[:12]})"  # the folder's name, never its path
+    assert body["text_encoder"] == {"spec": shown, "status": "recorded", "reason": None}
+    page = client.get("/").text
+    assert f"text encoder {shown}" in page
+    assert str(world["root"]) not in page and str(world["root"]) not in json.dumps(body)
     assert app.state.upload["image_encoder"] == spec and app.state.upload["available"]
     # an uploaded gallery video, encoded by the recorded hf: encoder with the gallery's sampling, finds itself
     clip = world["vids"] / "v12.avi"
@@ -148,10 +151,51 @@ def test_an_export_names_a_portable_spec_and_a_local_copy_is_checked(world, caps
     assert main(["query", "--index", str(idx2), "--captions", "a dog"]) == 2
     one_line_error(capsys, "query", "the recorded text encoder hf:clipA is not usable here")
     assert main(["query", "--index", str(idx2), "--captions", "a dog", "--text-encoder", f"hf:{world['a']}"]) == 0
-    assert f"text encoder hf:{world['a']} (recorded)" in capsys.readouterr().out
+    out = capsys.readouterr().out  # a copy named by the user is stated (checked by its hashes), not "recorded"
+    assert f"text encoder hf:{world['a']} (stated)" in out and "(recorded)" not in out
     assert main(["index", "--run", str(world["export"]), "--data", str(world["data"]), "--split", "test",
                  "--out", str(idx3), "--text-encoder", f"hf:{world['a']}", "--quiet"]) == 0
     assert json.loads((idx3 / "meta.json").read_text())["text_encoder"] == f"hf:{world['a']}"
+    assert json.loads((idx3 / "meta.json").read_text())["text_encoder_source"] == "stated"
+
+
+def test_posted_features_name_their_encoder_by_any_spelling_or_copy(world, tmp_path, monkeypatch):
+    """?encoder= is compared by hashes: a relative path to the recorded folder, or a byte-identical copy
+    of it, is the recorded encoder; another CLIP of the same size is not (issue 42)."""
+    import io
+
+    from starlette.testclient import TestClient
+
+    from xmodal.serve import create_app
+
+    buf = io.BytesIO()
+    np.save(buf, np.load(world["text"])[:2])
+    client = TestClient(create_app(world["index"], warm_up=False))
+    copy = shutil.copytree(world["a"], tmp_path / "copy-of-A")
+    monkeypatch.chdir(world["root"])
+    for spelling in ("hf:clipA", "hf:./clipA/", f"hf:{copy}"):
+        res = client.post("/api/search?k=2&encoder=" + spelling, content=buf.getvalue())
+        assert res.status_code == 200, (spelling, res.text)
+    res = client.post("/api/search?k=2&encoder=hf:clipB", content=buf.getvalue())
+    assert res.status_code == 400 and res.json()["error"].startswith("encoder: hf:clipB")
+    assert str(world["root"]) not in res.text  # no path of the server in the answer
+
+
+def test_text_encoder_none_and_no_uploads_are_said_as_they_are(world, tmp_path, capsys):
+    from starlette.testclient import TestClient
+
+    from xmodal.serve import create_app
+
+    out = tmp_path / "idx"
+    assert main(["index", "--run", str(world["run"]), "--data", str(world["data"]), "--split", "test", "--out",
+                 str(out), "--text-encoder", "none", "--quiet"]) == 0
+    assert "--text-encoder none" in capsys.readouterr().out
+    page = TestClient(create_app(out, warm_up=False, uploads=False)).get("/").text
+    assert "Text search is off: the index was built with --text-encoder none" in page
+    assert "no text encoder is recorded" not in page
+    assert "or a video file" not in page and 'id="upload"' not in page  # no upload form: none offered
+    page = TestClient(create_app(out, warm_up=False)).get("/").text
+    assert "or a video file" in page and 'id="upload"' in page
 
 
 def test_another_encoder_is_refused_at_each_consumer(world, capsys, tmp_path):

@@ -232,6 +232,23 @@ def portable(record: dict | None) -> dict | None:
     return out
 
 
+def shown_spec(spec: str | None, record: dict | None = None) -> str | None:
+    """A spec as a page, an API answer or a card shows it: an ``hf:`` / ``open_clip:`` folder by its hub
+    id or folder name (never this machine's path), with the first 12 hex digits of its weights' SHA-256
+    where a record has them.
+
+    >>> shown_spec("hf:/srv/models/clipA", {"weights_sha256": "ab" * 32, "hub_name": None})
+    'hf:clipA (sha256 abababababab)'
+    >>> shown_spec("minilm")
+    'minilm'
+    """
+    if spec is None:
+        return None
+    name = portable({"spec": spec, "kind": "text", "hub_name": (record or {}).get("hub_name")})["spec"]
+    digest = (record or {}).get("weights_sha256")
+    return f"{name} (sha256 {digest[:12]})" if name != spec and isinstance(digest, str) else name
+
+
 def spec_of(record: dict | None) -> str | None:
     """The spec string of a record (None for None)."""
     return None if record is None else record.get("spec")
@@ -354,13 +371,17 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
         why = mismatch(recorded, mine)
         if why is not None:
             raise ValueError(f"{flag}: {why}; the features were made by {recorded['spec']}")
+        if mine["spec"] != recorded["spec"]:  # another folder with the recorded hashes: stated, and checked
+            return {"spec": mine["spec"], "status": "stated", "record": recorded,
+                    "reason": f"{flag} {shown_spec(mine['spec'])}: a copy of the recorded {what} "
+                              f"{shown_spec(recorded['spec'], recorded)} (the same weights and preprocessing)"}
         return {"spec": mine["spec"], "status": "recorded", "reason": None, "record": recorded}
     if recorded is not None:
         try:
             here = _as_tokens(stated(recorded["spec"], kind, dim, what), tokens)
         except ValueError as exc:
             return {"spec": None, "status": "off", "record": recorded,
-                    "reason": f"the recorded {what} {recorded['spec']} is not usable here "
+                    "reason": f"the recorded {what} {shown_spec(recorded['spec'], recorded)} is not usable here "
                               f"({str(exc).removeprefix(what + ': ')}); name its copy with {flag} SPEC"}
         why = mismatch(recorded, here)
         if why is not None:
@@ -396,19 +417,22 @@ def recorded_video(meta: dict) -> dict | None:
 
 def index_encoders(run: str | os.PathLike, given: str | None, text_dim: int | None) -> dict:
     """The ``meta.json`` keys of an index built from ``run``: ``text_encoder`` (the spec, or None when
-    unknown), ``text_encoder_source`` (``recorded`` / ``stated`` / None) and ``encoders`` (``{"text",
+    unknown), ``text_encoder_source`` (``recorded``; ``stated``: named with ``--text-encoder``, a copy of
+    the recorded one or where none is recorded; ``none``: ``--text-encoder none``; None) and ``encoders`` (``{"text",
     "video"}`` records). ``given`` (``--text-encoder``) states the encoder of a run that records none,
     or names a local copy of the recorded one (refused when it is another encoder)."""
     recs = run_encoders(run)
     text, source = recs["text"], ("recorded" if recs["text"] is not None else None)
-    if given == "none":
-        text, source = None, None
+    if given == "none":  # stated as none: a consumer says so, not "nothing recorded"
+        text, source = None, "none"
     elif given is not None:
         mine = stated(given, "text", text_dim, "--text-encoder")
         if text is not None:
             why = mismatch(text, mine)
             if why is not None:
                 raise ValueError(f"--text-encoder: {why}; the run's features were made by {text['spec']}")
+            if mine["spec"] != text["spec"]:
+                source = "stated"  # a copy, checked by its hashes
             text = {**text, "spec": mine["spec"]}
         else:
             text, source = mine, "stated"

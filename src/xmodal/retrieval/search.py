@@ -86,7 +86,13 @@ class SearchIndex:
 
         key = given
         if key not in self._text_choices:
-            self._text_choices[key] = resolve_text(recorded_text(self.meta), _text_dim(self.model), given)
+            if given is None and self.meta.get("text_encoder_source") == "none":
+                self._text_choices[key] = {
+                    "spec": None, "status": "off", "record": None,
+                    "reason": "the index was built with --text-encoder none (name an encoder with --text-encoder SPEC "
+                              "to search by text)"}
+            else:
+                self._text_choices[key] = resolve_text(recorded_text(self.meta), _text_dim(self.model), given)
         return self._text_choices[key]
 
     @property
