@@ -554,12 +554,24 @@ def dn_per_seed(cfg: Config, test_time: TestTime, model: TwoTower, splits: dict,
                                                   seeds=tc.dn_seeds, seed=0)
     out: dict[str, Any] = {"lam": tc.dn_lam, "num_samples": tc.dn_num_samples, "seeds": list(range(tc.dn_seeds)),
                            "source": "val", "std": "sample standard deviation over the seeds (ddof 1)"}
+    n = tc.dn_num_samples
+    held = {"text": int(val_text.shape[0]), "video": int(val_video.shape[0])}
+    out["num_samples_used"] = {k: v if n is None else min(int(n), v) for k, v in held.items()}
+    # every seed draws all rows of both sides: the seeds are one fit, and a spread of 0 would be no measurement
+    one_fit = n is None or all(int(n) >= v for v in held.values())
+    if one_fit:
+        out["seeds_identical"] = True
+        out["std"] = None
+        out["note"] = (f"the val split holds {held['text']} texts and {held['video']} videos, no more than "
+                       f"dn_num_samples {n}: every seed takes all of them, so the {tc.dn_seeds} seeds are one fit "
+                       f"and there is no spread to report (lower dn_num_samples or use a larger val split)")
     for s in evaluated:
         runs = [evaluate_normalizers(["dn"], dataclasses.replace(test_time, dn=f.state_dict()), model, splits[s],
                                      bs)["dn"] for f in fits]
         mean = {d: {m: float(np.mean([r[d][m] for r in runs])) for m in runs[0][d] if _number(runs[0][d][m])}
                 for d in runs[0] if isinstance(runs[0][d], dict)}
-        std = {d: {m: float(np.std([r[d][m] for r in runs], ddof=1)) for m in mean[d]} for d in mean}
+        std = {d: {m: None if one_fit else float(np.std([r[d][m] for r in runs], ddof=1)) for m in mean[d]}
+               for d in mean}
         out[s] = {"per_seed": runs, "mean": mean, "std": std}
     return out
 
