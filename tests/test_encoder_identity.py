@@ -252,3 +252,23 @@ def test_another_encoder_is_refused_at_each_consumer(world, capsys, tmp_path):
     assert res.status_code == 400 and res.json()["error"].startswith("encoder: ")
     res = client.post("/api/search?k=2&encoder=" + f"hf:{world['a']}", content=buf.getvalue())
     assert res.status_code == 200 and res.json()["queries"] == 2 and len(res.json()["answers"][0]["results"]) == 2
+
+
+def test_a_zero_shot_run_on_two_encoders_is_refused(world, tmp_path, capsys):
+    """clipA's video features and clipB's captions have the same size but live in two embedding spaces:
+    a zero-shot (identity) run over them is refused in one line naming both; clipA on both sides runs."""
+    text_b, data_b = tmp_path / "tb.npy", tmp_path / "data_b"
+    assert main(["encode", "text", "--captions", str(world["root"] / "caps.txt"), "--out", str(text_b), "--model",
+                 f"hf:{world['b']}", "--quiet"]) == 0
+    assert main(["data", "import", str(world["root"] / "pairs.csv"), "--features", str(world["feats"]),
+                 "--text-features", str(text_b), "--out", str(data_b)]) == 0
+    zero_shot = ["model.kind=identity", "model.standardize=false", "train.epochs=0", "data.val_split=val",
+                 "test_time.normalizers=[none]", "--quiet", "--no-plots"]
+    capsys.readouterr()
+    assert main(["train", str(ROOT / "configs/synthetic.yaml"), "--out", str(tmp_path / "run_b"), "data.name=paired",
+                 f"data.root={data_b}", *zero_shot]) == 2
+    err = one_line_error(capsys, "train", "model.kind: identity compares text and video features directly")
+    assert "hf:clipB" in err and "hf:clipA" in err
+    assert not (tmp_path / "run_b" / "metrics.json").exists()
+    assert main(["train", str(ROOT / "configs/synthetic.yaml"), "--out", str(tmp_path / "run_a"), "data.name=paired",
+                 f"data.root={world['data']}", *zero_shot]) == 0

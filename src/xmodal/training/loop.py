@@ -318,6 +318,8 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     loss_fn = build(cfg, video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1]).to(device)
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     zero_shot = tc.epochs == 0  # model.kind identity: nothing to train, the test-time pipeline only
+    if zero_shot and not in_memory and cfg.data.name != "synthetic":
+        _check_one_embedding(cfg)
     optimizer = None if zero_shot else make_optimizer(cfg, params)
     plateau = None if zero_shot else make_plateau(cfg, optimizer)
     ema = make_ema(cfg, model)  # optim.ema: the weights validated and kept are the moving average
@@ -578,6 +580,26 @@ def dn_per_seed(cfg: Config, test_time: TestTime, model: TwoTower, splits: dict,
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_one_embedding(cfg: Config) -> None:
+    """A zero-shot run compares text and video features as they are, so both must come from one
+    encoder's two towers (CLIP, Radford et al. 2021 Sec. 2.3: one joint embedding space): where
+    ``DATA/encoders.json`` records two encoders with other weights (or, without hashes, other specs),
+    the run is refused before anything is written, whatever their sizes."""
+    from xmodal.features.identity import read_encoders, shown_spec
+
+    records = read_encoders(cfg.data.root, "data.root") or {}
+    text, video = records.get("text"), records.get("video")
+    if not text or not video:
+        return
+    a, b = text.get("weights_sha256"), video.get("weights_sha256")
+    same = a == b if (a and b) else text.get("spec") == video.get("spec")
+    if not same:
+        raise ValueError(f"model.kind: identity compares text and video features directly, but "
+                         f"{cfg.data.root}/encoders.json records text from {shown_spec(text.get('spec'), text)} and "
+                         f"video from {shown_spec(video.get('spec'), video)}: two encoders, two embedding spaces "
+                         f"(encode both with one CLIP-family model, or train a model that maps one onto the other)")
 
 
 def _record_encoders(cfg: Config, out: Path, in_memory: bool) -> None:
