@@ -83,3 +83,20 @@ def test_cuda_features_equal_the_cpus(clip):
     b = encoders.encode_text(CAPTIONS, model=f"hf:{clip}", batch_size=5, progress=False, device="cuda")
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-4)
     assert encoders.identity_of(f"hf:{clip}", "text", device="auto")["runtime"]["device"] == "cuda"
+
+
+def test_a_videos_folder_states_its_precision(clip, tmp_path):
+    pytest.importorskip("av")
+    vids = tmp_path / "vids"
+    vids.mkdir()
+    rng = np.random.default_rng(0)
+    hf_tiny.write_video(vids / "a.avi", rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8))
+    for out, extra in ((tmp_path / "f32", []), (tmp_path / "bf16", ["--precision", "bfloat16"])):
+        assert main(["encode", "videos", str(vids), "--out", str(out), "--model", f"hf:{clip}", "--frames", "3",
+                     "--device", "cpu", "--batch-size", "8", "--quiet", *extra]) == 0
+    a, b = np.load(tmp_path / "f32" / "a.npy"), np.load(tmp_path / "bf16" / "a.npy")
+    run = json.loads((tmp_path / "bf16" / "encoder.json").read_text())["runtime"]
+    assert run["precision"] == "bfloat16"
+    diff = float(np.abs(a - b).max())
+    assert diff > 0 and run["max_abs_diff_vs_float32"] == pytest.approx(diff, rel=1e-6, abs=1e-7)
+    assert "runtime" not in json.loads((tmp_path / "f32" / "encoder.json").read_text())

@@ -137,9 +137,8 @@ OTHER_ARGS = {
     "data synthetic": {"--seed", "--threads"},
     "data import": {"--split", "--text-model", "--max-frames", "--threads", "--dtype"},
     "demo": {"--losses", "--normalizers", "--seed", "--epochs", "--num-train", "--num-eval", "--threads"},
-    # --weights: open_clip's weights file, never read here (open_clip:ARCH is refused on this torch: issue 33)
     "encode": {"kind", "--frames", "--fps", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels",
-               "--weights", "--workers", "--shard"},
+               "--workers", "--shard", "--device", "--precision"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search", "--store", "--select-split"},

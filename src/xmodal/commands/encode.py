@@ -140,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "mask_out", None):
         _check_out(args.mask_out, "--mask-out")
     mask = None
+    if args.model:  # the difference to float32 stated is this run's first batch's
+        encoders.reset_runtime(args.model, "text" if args.kind == "text" else "image", device=args.device,
+                               precision=args.precision)
     try:
         if args.kind == "text":
             if not args.captions:

@@ -249,6 +249,16 @@ def _hf_encoder(spec: str, kind: str, device: str, precision: str) -> Encoder:
     return Encoder(full, kind, fn, identity, frames, runtime)
 
 
+def reset_runtime(spec: str, kind: str, *, device: str | None = None, precision: str | None = None) -> None:
+    """Forget the measured difference to float32 of ``spec`` on ``device`` in ``precision``: the next
+    batch encoded is measured again (each ``xmodal encode`` run states its own first batch's)."""
+    if not spec.startswith(("hf:", "open_clip:")):
+        return
+    enc = get_encoder(spec, kind, device=device, precision=precision)
+    for key in [k for k in enc.runtime if k not in ("device", "precision")]:
+        del enc.runtime[key]
+
+
 def placed(module, spec: str, device: str, precision: str, keep: bool = True):
     """The loaded model of ``spec`` (``hf`` or ``openclip`` module) on ``device`` in ``precision``: the
     float32 CPU copy the module caches, or a copy moved there (kept for later batches unless ``keep`` is
@@ -576,7 +586,8 @@ def _encode_one(v: "_Video", events, buf: list, bs: int, flush, ready, truncated
 
 def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None, fps: float | None = None,
                   model: str = "efficientnet-lite0", batch_size: int = 32,
-                  max_side: int | None = ENCODE_MAX_SIDE) -> list[np.ndarray]:
+                  max_side: int | None = ENCODE_MAX_SIDE, device: str | None = None,
+                  precision: str | None = None) -> list[np.ndarray]:
     """Encode video files: sampled RGB frames through the image encoder, streamed, batched across videos.
 
     Args:
@@ -586,6 +597,7 @@ def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = No
         model: a registered image encoder.
         batch_size: frames per forward pass.
         max_side: frames longer than this are converted at reduced size first (:data:`ENCODE_MAX_SIDE`).
+        device, precision: where an hf: / open_clip: model runs (:func:`get_encoder`).
 
     Returns:
         one float32 array per video (a truncated file's frames are kept, with a ``UserWarning``).
@@ -604,7 +616,7 @@ def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = No
         raise ValueError("paths: empty")
     out: list[np.ndarray] = []
     for _, result in iter_encode_videos(paths, frames=frames, fps=fps, model=model, batch_size=batch_size,
-                                        max_side=max_side):
+                                        max_side=max_side, device=device, precision=precision):
         if isinstance(result, Exception):
             raise result
         out.append(result)

@@ -229,6 +229,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                              f"would write {vid}.npy; rename one")
         by_id[vid] = p
     out.mkdir(parents=True, exist_ok=True)
+    encoders.reset_runtime(model, "video", device=device, precision=precision)  # this run's first batch
     record = _folder_identity(out, model, frames, fps, on_error, device, precision)
     mine = scan.videos if shard is None else [(vid, p) for vid, p in scan.videos if shards_module.in_shard(vid, shard)]
     redone = [vid for vid, _ in mine if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]
