@@ -85,13 +85,20 @@ def one_line_error(capsys, cmd: str, needle: str) -> str:
 def test_one_encoder_named_everywhere(world, capsys):
     a, spec = world["a"], f"hf:{world['a']}"
     weights = sha(a / "model.safetensors")
-    side_v = json.loads((world["feats"] / "encoder.json").read_text())
-    side_t = json.loads(Path(str(world["text"]) + ".encoder.json").read_text())
+    from xmodal.features.identity import read_encoders, read_sidecar
+
+    files = {"feats": world["feats"] / "encoder.json", "text": Path(str(world["text"]) + ".encoder.json"),
+             "data": world["data"] / "encoders.json", "run": world["run"] / "encoders.json",
+             "index": world["index"] / "meta.json"}
+    for name, path in files.items():  # each file names the folder relative to itself, never by this machine's path
+        raw = path.read_text()
+        assert str(world["root"]) not in raw and '"spec_relative_to": "file"' in raw, name
+    assert '"spec": "hf:../clipA"' in files["feats"].read_text() and '"spec": "hf:clipA"' in files["text"].read_text()
+    side_v, side_t = read_sidecar(world["feats"]), read_sidecar(world["text"])  # read back: the folder itself
     assert (side_v["spec"], side_v["kind"], side_v["level"], side_v["dim"]) == (spec, "image", "frame", 24)
     assert side_v["sampling"] == {"frames": 2, "fps": None} and side_v["weights_sha256"] == weights
     assert (side_t["spec"], side_t["kind"], side_t["dim"], side_t["normalized"]) == (spec, "text", 24, False)
-    layout = json.loads((world["data"] / "encoders.json").read_text())
-    run = json.loads((world["run"] / "encoders.json").read_text())
+    layout, run = read_encoders(world["data"]), read_encoders(world["run"])
     assert layout == run and layout["text"]["spec"] == layout["video"]["spec"] == spec
     assert layout["video"]["weights_sha256"] == layout["text"]["weights_sha256"] == weights
     config = json.loads((world["export"] / "config.json").read_text())["encoders"]
@@ -100,8 +107,8 @@ def test_one_encoder_named_everywhere(world, capsys):
         assert config[side]["weights_sha256"] == weights and config[side]["dim"] == 24
         assert str(world["root"]) not in json.dumps(config[side])
     meta = json.loads((world["index"] / "meta.json").read_text())
-    assert meta["text_encoder"] == spec and meta["text_encoder_source"] == "recorded"
-    assert meta["encoders"]["video"]["spec"] == spec
+    assert meta["text_encoder"] == "hf:../clipA" and meta["text_encoder_source"] == "recorded"
+    assert meta["encoders"]["video"]["spec"] == "hf:../clipA" and meta["run"] == "../run"
     capsys.readouterr()
     assert main(["query", "--index", str(world["index"]), "--captions", "clip 12 caption 0 blue", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -155,7 +162,7 @@ def test_an_export_names_a_portable_spec_and_a_local_copy_is_checked(world, caps
     assert f"text encoder hf:{world['a']} (stated)" in out and "(recorded)" not in out
     assert main(["index", "--run", str(world["export"]), "--data", str(world["data"]), "--split", "test",
                  "--out", str(idx3), "--text-encoder", f"hf:{world['a']}", "--quiet"]) == 0
-    assert json.loads((idx3 / "meta.json").read_text())["text_encoder"] == f"hf:{world['a']}"
+    assert json.loads((idx3 / "meta.json").read_text())["text_encoder"] == "hf:../clipA"
     assert json.loads((idx3 / "meta.json").read_text())["text_encoder_source"] == "stated"
 
 

@@ -177,7 +177,13 @@ def test_cli_writes_features_and_their_identity(folders, tmp_path, capsys):
     assert main(["encode", "text", "--captions", str(caps), "--out", str(out), "--model", f"hf:{folders['siglip']}",
                  "--quiet"]) == 0
     side = json.loads((tmp_path / "t.npy.encoder.json").read_text())
-    assert side["format"] == "xmodal-encoder" and side["spec"] == f"hf:{folders['siglip'].resolve()}"
+    import os
+
+    rel = os.path.relpath(folders["siglip"].resolve(), tmp_path.resolve())  # relative to the sidecar's folder
+    assert side["format"] == "xmodal-encoder" and side["spec"] == f"hf:{rel}" and side["spec_relative_to"] == "file"
+    from xmodal.features.identity import read_sidecar
+
+    assert read_sidecar(out)["spec"] == f"hf:{folders['siglip'].resolve()}"
     assert side["dim"] == np.load(out).shape[1] == hf_tiny.DIMS["siglip"] and side["dtype"] == "float32"
     capsys.readouterr()
     for argv, needle in [(["text", "--captions", str(caps), "--out", str(out), "--model", f"hf:{tmp_path / 'x'}"],

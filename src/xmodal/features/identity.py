@@ -50,7 +50,10 @@ LEVELS = ("sentence", "tokens", "image", "frame", "clip")
 BUILTIN_DIMS = {"text": {"minilm": 384}, "image": {"efficientnet-lite0": 1280}}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FIELDS = {"spec", "kind", "level", "family", "hub_name", "weights_sha256", "preprocessing_sha256", "preprocessing",
-           "dim", "normalized", "dtype", "sampling", "source", "runtime"}
+           "dim", "normalized", "dtype", "sampling", "source", "runtime", "spec_relative_to"}
+#: Folder specs (``hf:``, ``open_clip:``) are written relative to the file that holds them (marked by
+#: ``"spec_relative_to": "file"``) and read back as absolute paths: no file names a server's absolute path.
+FOLDER_PREFIXES = ("hf:", "open_clip:")
 
 
 def sidecar_path(out: str | os.PathLike) -> Path:
@@ -104,6 +107,8 @@ def check_record(record: Any, where: str) -> dict | None:
         value = record.get(key)
         if value is not None and (not isinstance(value, str) or len(value) > 4096):
             raise ValueError(f"{where}: {key!r} must be text or null")
+    if record.get("spec_relative_to") not in (None, "file"):
+        raise ValueError(f"{where}: 'spec_relative_to' must be \"file\" or null")
     runtime = record.get("runtime")
     if runtime is not None and (not isinstance(runtime, dict) or len(runtime) > 16 or not all(
             isinstance(v, (str, int, float, type(None))) and not isinstance(v, bool) for v in runtime.values())):
@@ -130,6 +135,34 @@ def _read_json(path: Path, where: str) -> Any:
         raise ValueError(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
 
 
+def spec_to_file(record: dict | None, folder: str | os.PathLike) -> dict | None:
+    """``record`` as a file in ``folder`` stores it: an absolute ``hf:`` / ``open_clip:`` folder written
+    relative to ``folder`` (and marked so).
+
+    >>> spec_to_file({"spec": "hf:/w/models/clipA", "kind": "text"}, "/w/data/feats")["spec"]
+    'hf:../../models/clipA'
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
+        return record
+    for prefix in FOLDER_PREFIXES:
+        path = record["spec"][len(prefix):]
+        if record["spec"].startswith(prefix) and os.path.isabs(path):
+            rel = os.path.relpath(path, os.path.abspath(os.fspath(folder)))
+            return {**record, "spec": prefix + rel, "spec_relative_to": "file"}
+    return record
+
+
+def spec_from_file(record: dict | None, folder: str | os.PathLike) -> dict | None:
+    """The inverse of :func:`spec_to_file`: a marked relative folder spec made absolute again."""
+    if not isinstance(record, dict) or record.get("spec_relative_to") is None:
+        return record
+    out = {k: v for k, v in record.items() if k != "spec_relative_to"}
+    for prefix in FOLDER_PREFIXES:
+        if str(out.get("spec", "")).startswith(prefix) and not os.path.isabs(out["spec"][len(prefix):]):
+            out["spec"] = prefix + str((Path(os.path.abspath(os.fspath(folder))) / out["spec"][len(prefix):]).resolve())
+    return out
+
+
 def read_sidecar(features: str | os.PathLike, where: str = "features") -> dict | None:
     """The identity record beside a features file or in a features folder (:func:`sidecar_path`), or
     None when there is none; ValueError naming ``where`` when the file is not one."""
@@ -139,7 +172,8 @@ def read_sidecar(features: str | os.PathLike, where: str = "features") -> dict |
     body = _read_json(path, where)
     if not isinstance(body, dict) or body.get("format") != SIDECAR_FORMAT:
         raise ValueError(f"{where}: {path} was not written by 'xmodal encode' (no \"format\": \"{SIDECAR_FORMAT}\")")
-    return check_record({k: v for k, v in body.items() if k not in ("format", "version")}, f"{where}: {path}")
+    record = check_record({k: v for k, v in body.items() if k not in ("format", "version")}, f"{where}: {path}")
+    return spec_from_file(record, path.parent)
 
 
 def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
@@ -148,8 +182,8 @@ def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
 
     if not isinstance(record, dict):
         raise TypeError(f"record: expected an encoder record (dict), got {type(record).__name__}")
-    record = check_record(record, "record")
     path = sidecar_path(features)
+    record = spec_to_file(check_record(record, "record"), path.parent)
     atomic_write_text(path, json.dumps({"format": SIDECAR_FORMAT, "version": VERSION, **record}, indent=1) + "\n")
     return path
 
@@ -166,9 +200,11 @@ def read_encoders(folder: str | os.PathLike, where: str = "data") -> dict | None
     experts = body.get("experts") or {}
     if not isinstance(experts, dict) or len(experts) > 256:
         raise ValueError(f"{where}: {path}: 'experts' must map at most 256 expert names to records")
-    return {"text": check_record(body.get("text"), f"{where}: {path}: text"),
-            "video": check_record(body.get("video"), f"{where}: {path}: video"),
-            "experts": {str(k): check_record(v, f"{where}: {path}: experts[{k!r}]") for k, v in experts.items()}}
+    base = path.parent
+    return {"text": spec_from_file(check_record(body.get("text"), f"{where}: {path}: text"), base),
+            "video": spec_from_file(check_record(body.get("video"), f"{where}: {path}: video"), base),
+            "experts": {str(k): spec_from_file(check_record(v, f"{where}: {path}: experts[{k!r}]"), base)
+                        for k, v in experts.items()}}
 
 
 def write_encoders(folder: str | os.PathLike, encoders: dict) -> Path:
@@ -180,9 +216,9 @@ def write_encoders(folder: str | os.PathLike, encoders: dict) -> Path:
     if not isinstance(encoders.get("experts") or {}, dict):
         raise TypeError("encoders['experts']: expected a dict of expert name -> record")
     body = {"format": ENCODERS_FORMAT, "version": VERSION,
-            "text": check_record(encoders.get("text"), "encoders['text']"),
-            "video": check_record(encoders.get("video"), "encoders['video']"),
-            "experts": {k: check_record(v, f"encoders['experts'][{k!r}]")
+            "text": spec_to_file(check_record(encoders.get("text"), "encoders['text']"), folder),
+            "video": spec_to_file(check_record(encoders.get("video"), "encoders['video']"), folder),
+            "experts": {k: spec_to_file(check_record(v, f"encoders['experts'][{k!r}]"), folder)
                         for k, v in (encoders.get("experts") or {}).items()}}
     path = Path(folder) / ENCODERS_NAME
     atomic_write_text(path, json.dumps(body, indent=1) + "\n")

@@ -32,6 +32,10 @@ class SearchIndex:
             raise ValueError(f"--index: {meta_path} is not valid JSON ({exc})") from None
         if not isinstance(self.meta, dict) or self.meta.get("format") != FORMAT:
             raise ValueError(f"--index: {meta_path} was not written by 'xmodal index'")
+        if isinstance(self.meta.get("encoders"), dict):  # folder specs are stored relative to the index
+            from xmodal.features.identity import spec_from_file
+
+            self.meta["encoders"] = {k: spec_from_file(v, self.path) for k, v in self.meta["encoders"].items()}
         dim = self.meta.get("dim")
         try:
             self.index = BiasedIndex.load(self.path / "index.faiss", dim=dim if isinstance(dim, int) else None)
