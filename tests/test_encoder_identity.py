@@ -279,3 +279,18 @@ def test_a_zero_shot_run_on_two_encoders_is_refused(world, tmp_path, capsys):
     assert not (tmp_path / "run_b" / "metrics.json").exists()
     assert main(["train", str(ROOT / "configs/synthetic.yaml"), "--out", str(tmp_path / "run_a"), "data.name=paired",
                  f"data.root={world['data']}", *zero_shot]) == 0
+
+
+def test_a_moved_index_says_why_without_server_paths(world, tmp_path):
+    """An index copied away from the encoder folder it names (relative to itself): text search is off, and
+    the reason on the page and in /api/search names the folder, not the server's paths."""
+    from starlette.testclient import TestClient
+
+    from xmodal.serve import create_app
+
+    moved = shutil.copytree(world["index"], tmp_path / "deep" / "moved")
+    client = TestClient(create_app(moved, warm_up=False, uploads=False))
+    page, body = client.get("/").text, client.get("/api/search", params={"q": "a"}).text
+    assert "is not usable here" in page and "no such folder" in page
+    for text in (page, body):
+        assert str(tmp_path) not in text and str(world["root"]) not in text

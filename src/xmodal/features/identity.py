@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from xmodal._files.paths import elide_paths
 from xmodal.features.hashing import file_sha256, files_sha256  # noqa: F401  (used by the encoders)
 
 __all__ = ["sidecar_path", "read_sidecar", "write_sidecar", "check_record", "read_encoders", "write_encoders",
@@ -418,11 +419,11 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
         except ValueError as exc:
             return {"spec": None, "status": "off", "record": recorded,
                     "reason": f"the recorded {what} {shown_spec(recorded['spec'], recorded)} is not usable here "
-                              f"({str(exc).removeprefix(what + ': ')}); name its copy with {flag} SPEC"}
+                              f"({elide_paths(str(exc).removeprefix(what + ': '))}); name its copy with {flag} SPEC"}
         why = mismatch(recorded, here)
         if why is not None:
             return {"spec": None, "status": "off", "record": recorded,
-                    "reason": f"the recorded {what} changed since the features were made ({why})"}
+                    "reason": f"the recorded {what} changed since the features were made ({elide_paths(why)})"}
         return {"spec": here["spec"], "status": "recorded", "reason": None, "record": recorded}
     builtin = "text" if kind == "text" else "image"
     guess = assumed_builtin(dim, builtin) if isinstance(dim, int) and not isinstance(dim, bool) else None
