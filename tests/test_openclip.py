@@ -117,8 +117,10 @@ def test_encode_commands_write_features_and_identity(tiny, tmp_path, capsys):
     assert main(["encode", "text", "--captions", str(caps), "--out", str(out), "--model", f"open_clip:{tiny}",
                  "--device", "cpu", "--no-progress"]) == 0
     np.testing.assert_allclose(np.load(out), want["text"], rtol=0, atol=1e-5)
-    side = json.loads(out.with_name("t.npy.encoder.json").read_text())
-    record = side.get("encoder", side)
+    from xmodal.features.identity import read_sidecar
+
+    assert str(tiny.parent) not in out.with_name("t.npy.encoder.json").read_text()  # relative to the sidecar
+    record = read_sidecar(out)
     assert record["spec"] == f"open_clip:{tiny.resolve()}" and record["family"] == "open_clip"
     assert record["weights_sha256"] == hashlib.sha256((tiny / "open_clip_model.safetensors").read_bytes()).hexdigest()
     assert record["dim"] == 24 and record["kind"] == "text"
