@@ -2,7 +2,11 @@
 
     OMP_NUM_THREADS=1 python bench/albums.py --data ../shared/data/flickr8k --out runs/albums \\
         [--seeds 0 1 2] [--epochs 15] [--albums related unrelated fixed] [--models coot hier flat] \\
-        [--controls] [--write docs/results/albums_related.md]
+        [--controls] [--write docs/results/data/albums_fixed.json]
+
+The docs render ``docs/results/data/albums_fixed.json`` (``--albums fixed --models coot flat --controls``)
+and ``albums_related.json`` (``--albums related --losses infonce --models coot flat --controls``); their
+``command`` keys hold the exact command lines.
 
 An album is a "video" whose images are its clips (in album order); one of each image's 5 captions
 (drawn at random) is the clip's sentence, so an album's paragraph is its captions in image order.
@@ -76,6 +80,9 @@ import torch
 
 from xmodal.config import from_dict
 from xmodal.data import PairedSplit, load_paired_split
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from resultfile import provenance, summary, write_json  # noqa: E402  (bench/ is not a package)
 
 LOSSES = {"infonce": {"name": "infonce", "temperature": 0.05},
           "crossclr": {"name": "crossclr", "temperature": 0.03,
@@ -334,33 +341,142 @@ def run_seed(args, kind: str, seed: int) -> dict:
                   f"(best epoch {summary['best_epoch']})", flush=True)
             if args.controls:
                 for name, row in evaluate_rows(args, kind, loss, model, seed, run, root).items():
-                    rows[(kind, loss, _label(args, name))] = row
+                    rows[(kind, loss, name)] = {**row, "label": _label(args, name)}
                 continue
-            rows[(kind, loss, _label(args, model))] = metrics
+            rows[(kind, loss, model)] = {**metrics, "label": _label(args, model)}
             if "p2v_flat" in metrics:  # the hierarchical run's own local embeddings, mean-pooled
-                rows[(kind, loss, _label(args, f"{model}-flatref"))] = {
-                    **metrics, "p2v": metrics["p2v_flat"], "v2p": metrics["v2p_flat"]}
+                rows[(kind, loss, f"{model}-flatref")] = {
+                    **metrics, "p2v": metrics["p2v_flat"], "v2p": metrics["v2p_flat"],
+                    "label": _label(args, f"{model}-flatref")}
     return rows
 
 
-def table(per_seed: dict[int, dict], command: str, sizes: dict[str, int]) -> str:
+METRICS = {"p2v_r1": ("p2v", "R@1"), "same_r1": ("same", "R@1"), "v2p_r1": ("v2p", "R@1"),
+           "p2v_r5": ("p2v", "R@5"), "t2v_r1": ("t2v", "R@1")}
+COLUMNS = {"p2v_r1": "p2v R@1", "same_r1": "p2v R@1 among same-length albums", "v2p_r1": "v2p R@1",
+           "p2v_r5": "p2v R@5", "t2v_r1": "clip t2v R@1"}
+#: Paired tests (``xmodal compare``'s) on the fixed albums, whose test gallery is the same for every seed:
+#: (A, B) rows of ``--controls``, B - A on p2v R@1.
+TESTS = (("flat", "coot"), ("coot-flatref", "coot"), ("flat", "hier"), ("flat", "untrained"),
+         ("untrained-nopos", "untrained"), ("coot-nopos", "coot"))
+
+
+def results(per_seed: dict[int, dict]) -> tuple[list[dict], dict, dict]:
+    """Per-seed rows, ``{kind: {loss: {row: summaries}}}`` and ``{kind: table}`` from the runs' rows."""
     seeds = sorted(per_seed)
-    keys = list(per_seed[seeds[0]])
-    same = any("same" in per_seed[seeds[0]][k] for k in keys)
-    lines = [f"### Flickr8k albums: test = dev images ({', '.join(f'{k}: {n} albums' for k, n in sizes.items())}), "
-             f"mean ± std over {len(seeds)} seeds", "",
-             f"Command: `{command}`", "",
-             "| albums | loss (each level) | model | p2v R@1 | " + ("p2v R@1 among same-length albums | " if same else "")
-             + "v2p R@1 | p2v R@5 | clip t2v R@1 | p2v R@1 per seed | best epochs |",
-             "|---|---|---|---:|" + ("---:|" if same else "") + "---:|---:|---:|---|---|"]
-    for key in keys:
-        get = lambda d, k: np.array([per_seed[s][key][d][k] for s in seeds])  # noqa: E731
-        ms = lambda a: f"{a.mean():.1f} ± {a.std(ddof=1) if len(a) > 1 else 0:.1f}"  # noqa: E731
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {ms(get('p2v', 'R@1'))} | "
-                     + (f"{ms(get('same', 'R@1'))} | " if same else "")
-                     + f"{ms(get('v2p', 'R@1'))} | {ms(get('p2v', 'R@5'))} | {ms(get('t2v', 'R@1'))} | "
-                     f"{', '.join(f'{x:.1f}' for x in get('p2v', 'R@1'))} | "
-                     f"{', '.join(str(per_seed[s][key]['best_epoch']) for s in seeds)} |")
+    rows, nested, tables = [], {}, {}
+    for key in per_seed[seeds[0]]:
+        kind, loss, name = key
+        cells = {m: [per_seed[s][key][d][k] for s in seeds] for m, (d, k) in METRICS.items()
+                 if d in per_seed[seeds[0]][key]}
+        epochs = [per_seed[s][key]["best_epoch"] for s in seeds]
+        for i, s in enumerate(seeds):
+            rows.append({"albums": kind, "loss": loss, "row": name, "seed": s,
+                         **{m: v[i] for m, v in cells.items()}, "best_epoch": epochs[i]})
+        entry = {"label": per_seed[seeds[0]][key]["label"], **{m: summary(v) for m, v in cells.items()},
+                 "best_epochs": epochs}
+        nested.setdefault(kind, {}).setdefault(loss, {})[name] = entry
+        t = tables.setdefault(kind, {"columns": ["loss (each level)", "model"]
+                                     + [COLUMNS[m] for m in cells] + ["p2v R@1 per seed", "best epochs"],
+                                     "align": ["---", "---"] + ["---:"] * len(cells) + ["---", "---"], "rows": []})
+        t["rows"].append([loss, entry["label"], *(entry[m] for m in cells), entry["p2v_r1"]["per_seed"], epochs])
+    return rows, nested, tables
+
+
+def seed_counts(nested: dict) -> dict:
+    """For each pair of :data:`TESTS` on every kind and loss: on how many seeds B is above / below A
+    (p2v R@1, and among same-length albums), so a page's "on every seed" is read from the file."""
+    out: dict = {}
+    for kind, losses in nested.items():
+        for loss, rows in losses.items():
+            for a, b in TESTS:
+                if a not in rows or b not in rows:
+                    continue
+                counts = {}
+                for m in ("p2v_r1", "same_r1"):
+                    if m in rows[a] and m in rows[b]:
+                        pairs = list(zip(rows[a][m]["per_seed"], rows[b][m]["per_seed"]))
+                        counts[m] = {"higher": sum(y > x for x, y in pairs), "lower": sum(y < x for x, y in pairs),
+                                     "seeds": len(pairs)}
+                out.setdefault(kind, {}).setdefault(loss, {})[f"{b}-vs-{a}"] = counts
+    return out
+
+
+#: Pairs of :data:`TESTS` read from the same trained run per seed (its own clips, positions zeroed, the flat
+#: run's towers under untrained global towers): 3 paired runs, not 3 + 3 seeds.
+SAME_RUN = {("coot-flatref", "coot"), ("untrained-nopos", "untrained"), ("coot-nopos", "coot"), ("flat", "untrained")}
+
+
+def _paired_runs(folder: Path, a: str, b: str, seeds: list[int]) -> dict:
+    """:func:`xmodal.metrics.paired_test` with run ``i`` of A and B the same trained run (the sign flip over
+    the paired runs); the per-query files of one seed list the same test split, so queries pair by position."""
+    from xmodal.metrics import paired_test
+    from xmodal.retrieval.perquery_read import read_per_query
+
+    ranks = {name: [read_per_query(folder / name / f"seed{s}.npz")[0]["test"]["none"]["p2v"]["rank"] for s in seeds]
+             for name in (a, b)}
+    r = paired_test(ranks[a], ranks[b], metric="R@1", paired_seeds=True)
+    decided = r["p_value"] < 0.05
+    r["verdict"] = (f"cannot be decided with {len(seeds)} paired runs" if r["p_value_min"] >= 0.05 else
+                    "B better" if decided and r["ci_low"] > 0 else "A better" if decided and r["ci_high"] < 0
+                    else "no clear difference")
+    return r
+
+
+def paired_tests(args, kinds: list[str], nested: dict) -> dict:
+    """``xmodal compare``'s seed-level test of each pair in :data:`TESTS` on the fixed albums (p2v R@1); for
+    the pairs of one trained run (:data:`SAME_RUN`) the sign flip over the paired runs."""
+    from xmodal.reporting.compare import compare, load_result
+
+    out: dict = {}
+    if "fixed" not in kinds or not args.controls:
+        return out
+    for loss in args.losses:
+        folder = Path(args.out) / "perquery" / "fixed" / loss
+        for a, b in TESTS:
+            if not {a, b} <= set(nested["fixed"].get(loss, {})):  # rows of this invocation only
+                continue
+            if (a, b) in SAME_RUN:
+                r = _paired_runs(folder, a, b, args.seeds)
+                res = {"pairing": "position within each paired run (one run's per-query files of one test split)"}
+            else:
+                sides = [[load_result(folder / name / f"seed{s}.npz") for s in args.seeds] for name in (a, b)]
+                res = compare(*sides, split="test", normalizer="none", metrics=["R@1"], directions=["p2v"])
+                r = res["rows"][0]
+            out.setdefault(loss, {})[f"{b}-vs-{a}"] = {
+                "a": a, "b": b, "direction": "p2v", "metric": "R@1",
+                **{k: r[k] for k in ("a", "b", "diff", "ci_low", "ci_high", "p_value", "p_value_min", "p_holm",
+                                     "p_value_queries", "verdict", "seeds_a", "seeds_b", "num_queries")
+                   if k in r},
+                "a_row": a, "b_row": b, "pairing": res["pairing"], "paired_runs": (a, b) in SAME_RUN,
+                "command": None if (a, b) in SAME_RUN else
+                f"xmodal compare --a '{folder / a}/seed*.npz' --b '{folder / b}/seed*.npz' "
+                "--split test --normalizer none --directions p2v --metrics R@1"}
+    return out
+
+
+def test_table(tests: dict, nested: dict) -> dict:
+    """The paired tests as a table (B − A and its interval to two decimals, as ``xmodal compare`` prints)."""
+    rows = []
+    for loss, pairs in tests.items():
+        for t in pairs.values():
+            label = lambda name: nested["fixed"][loss][name]["label"]  # noqa: E731
+            rows.append([loss, label(t["a_row"]), label(t["b_row"]), t["a"], t["b"], f"{t['diff']:+.2f}",
+                         f"[{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]", f"{t['p_value']:.2f}",
+                         f"{t['p_value_min']:.2f}", t["verdict"]])
+    return {"columns": ["loss", "A", "B", "A p2v R@1", "B p2v R@1", "B − A", "95% CI", "p (runs)",
+                        "lowest p possible", "verdict"], "align": ["---"] * 3 + ["---:"] * 6 + ["---"], "rows": rows}
+
+
+def table(per_seed: dict[int, dict], command: str, sizes: dict[str, int]) -> str:
+    """The printed summary (mean ± std over seeds); the result file holds the same and every seed."""
+    seeds = sorted(per_seed)
+    lines = [f"Flickr8k albums: test = dev images ({', '.join(f'{k}: {n} albums' for k, n in sizes.items())}), "
+             f"mean ± std over {len(seeds)} seeds; command: {command}", ""]
+    for key, row in per_seed[seeds[0]].items():
+        got = {m: summary([per_seed[s][key][d][k] for s in seeds]) for m, (d, k) in METRICS.items() if d in row}
+        lines.append(f"{key[0]:9s} {key[1]:8s} {key[2]:22s} " + "  ".join(
+            f"{m} {v['mean']:.1f} ± {v['std']:.1f}" for m, v in got.items()))
     return "\n".join(lines) + "\n"
 
 
@@ -384,17 +500,21 @@ def prune_share(root: Path, seed: int, batch: int, batches: int = 200) -> float:
     return float(np.mean(shares))
 
 
-def diagnose(args) -> None:
-    """Per run: global / local loss and val p2v R@1 per epoch; CrossCLR's global pruning share."""
+def diagnose(args) -> dict:
+    """Per run: global / local loss and val p2v R@1 per epoch; CrossCLR's global pruning share. Printed, and
+    returned as ``{kind: {"seed S": {"prune_share": {batch: share}, LOSS-MODEL: {"epochs": [...], "train": {...}}}}}``."""
     from xmodal.models import load_model
     from xmodal.retrieval.evaluate import group_metrics
 
+    out: dict = {}
     for kind in args.albums:
         for seed in args.seeds:
             root = Path(args.out) / "data" / kind / f"seed{seed}"
+            here = out.setdefault(kind, {}).setdefault(f"seed{seed}", {"prune_share": {}})
             for batch in (16, 64):
-                print(f"{kind} seed {seed}: CrossCLR prunes {100 * prune_share(root, seed, batch):.0f}% of a "
-                      f"{batch}-album batch (video side)")
+                share = 100 * prune_share(root, seed, batch)
+                here["prune_share"][f"batch{batch}"] = share
+                print(f"{kind} seed {seed}: CrossCLR prunes {share:.0f}% of a {batch}-album batch (video side)")
             for loss in args.losses:
                 for model in args.models:
                     run = _run_dir(args, kind, loss, model, seed)
@@ -414,6 +534,17 @@ def diagnose(args) -> None:
                     fit = group_metrics(load_model(run), load_paired_split(root, "train"))  # the fitted albums
                     print(f"{kind} seed {seed} {loss} {model}: TRAIN albums p2v R@1 {fit['p2v']['R@1']:.1f}"
                           + (f" (flat reference {fit['p2v_flat']['R@1']:.1f})" if "p2v_flat" in fit else ""))
+                    here[f"{loss}-{model}"] = {
+                        "epochs": [{"epoch": r["epoch"], **({"L_g": r["loss_terms"]["global"],
+                                                             "L_l": r["loss_terms"]["local"]}
+                                                            if "global" in r.get("loss_terms", {})
+                                                            else {"L": r["train_loss"]}),
+                                    "val_p2v_r1": r["val"]["p2v"]["R@1"],
+                                    **({"val_flat_r1": r["val"]["p2v_flat"]["R@1"]} if "p2v_flat" in r["val"] else {})}
+                                   for r in recs],
+                        "train_p2v_r1": fit["p2v"]["R@1"],
+                        **({"train_flat_r1": fit["p2v_flat"]["R@1"]} if "p2v_flat" in fit else {})}
+    return out
 
 
 def main(argv=None) -> int:
@@ -432,10 +563,14 @@ def main(argv=None) -> int:
     p.add_argument("--diagnose", action="store_true", help="print loss curves and CrossCLR's pruning share")
     p.add_argument("--controls", action="store_true", help="re-evaluate every run on the test albums with the "
                    "same-length column, add the length-only control rows, write per-query ranks to OUT/perquery")
-    p.add_argument("--write", default=None, help="also write the table to this markdown file")
+    p.add_argument("--write", default=None, help="also write the results (every seed, the summaries, the paired "
+                   "tests, --diagnose's curves) with their command, commit, date and machine to this JSON file, "
+                   "which the docs render (docs/results/data/albums*.json)")
     args = p.parse_args(argv)
     if json.loads(args.keys) and not args.tag:
         p.error("--keys: give the variant a --tag (its runs must not mix with the plain ones)")
+    if args.write and not args.write.endswith(".json"):
+        p.error(f"--write: {args.write} is not a .json file (the bench writes data; the docs pages render it)")
     if not Path(args.data).is_dir():
         print(f"--data: {args.data} not found", file=sys.stderr)
         return 2
@@ -444,15 +579,21 @@ def main(argv=None) -> int:
     for kind in args.albums:
         for s in args.seeds:
             per_seed[s].update(run_seed(args, kind, s))
-    if args.diagnose:
-        diagnose(args)
+    curves = diagnose(args) if args.diagnose else None
     sizes = {k: load_paired_split(Path(args.out) / "data" / k / f"seed{args.seeds[0]}", "test").num_groups
              for k in args.albums}
-    command = "OMP_NUM_THREADS=1 python bench/albums.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = table(per_seed, command, sizes)
-    print(text)
+    data = provenance("bench/albums.py", argv, "bench/albums.py --write (this file is its output)")
+    print(table(per_seed, data["command"], sizes))
     if args.write:
-        Path(args.write).write_text(text)
+        rows, nested, tables = results(per_seed)
+        data.update({"seeds": args.seeds, "epochs": args.epochs, "batch": args.batch, "test_albums": sizes,
+                     "setup": {"losses": LOSSES, "models": MODELS, "fixed_size": FIXED, "val_albums": VAL_ALBUMS,
+                               "variant": {"tag": args.tag, "keys": json.loads(args.keys)} if args.tag else None},
+                     "results": nested, "tables": tables, "tests": paired_tests(args, args.albums, nested),
+                     "seed_counts": seed_counts(nested),
+                     "diagnose": curves, "rows": rows})
+        data["test_table"] = test_table(data["tests"], nested)
+        write_json(args.write, data)
     return 0
 
 

@@ -7,8 +7,8 @@ on the dev queries: t2i (t2v) R@1 difference B - A, its 95 % bootstrap interval 
 resampled, each side's seeds resampled as clusters), and the seed-level p-value the verdict rests
 on: the exact permutation of the run labels (the recipe as the unit; 0.10 is the smallest 3 + 3
 seeds allow), or for two normalisers of the same runs the sign flip over the paired runs (0.25 for
-3 runs); Holm over the claims shown; the verdict says "cannot be decided with N + M seeds" when
-that floor cannot pass Holm. Beside it, the sign-flip p-value of the seed-averaged per-query ranks
+3 runs); Holm over the claims shown; the verdict says "cannot be decided with N + M seeds" (or "with
+N paired runs" for the same runs under two normalisers) when that floor cannot pass Holm. Beside it, the sign-flip p-value of the seed-averaged per-query ranks
 (these runs held fixed: are these runs different on these queries?). The same numbers as
 
     xmodal compare --a 'RUNS/A_s*' --b 'RUNS/B_s*' --normalizer NA --normalizer-b NB --split val \\
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         res = compare(a, b, split="val", normalizer=na, normalizer_b=nb, metrics=["R@1"], directions=["t2v"],
                       n_boot=args.n_boot, force="oracle" in na + nb)
         r = res["rows"][0]
-        out[name] = {**r, "claim": words, "side_a": f"{va} ({na})", "side_b": f"{vb} ({nb})",
+        out[name] = {**r, "paired_seeds": res["paired_seeds"], "claim": words, "side_a": f"{va} ({na})", "side_b": f"{vb} ({nb})",
                      "protocol_differences": res["protocol_differences"]}
         rows.append(name)
     adjusted = holm([out[n]["p_value"] for n in rows]) if rows else []
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         r["p_holm"] = q
         gain, lo, hi = r["diff"], r["ci_low"], r["ci_high"]
         if r["unit"] == "seeds" and (not reachable or r["p_value_min"] > alpha):
-            r["verdict"] = f"cannot be decided with {r['seeds_a']} + {r['seeds_b']} seeds"
+            r["verdict"] = (f"cannot be decided with {r['seeds_a']} paired runs" if r["paired_seeds"]  # same runs
+                            else f"cannot be decided with {r['seeds_a']} + {r['seeds_b']} seeds")
         else:
             r["verdict"] = ("B better" if q < alpha and lo > 0 and gain > 0 else
                             "A better" if q < alpha and hi < 0 and gain < 0 else "no clear difference")

@@ -39,7 +39,11 @@ Usage (from the repository root; runs trained with e.g. ``xmodal train configs/f
 
     python bench/paper_evals.py --data ../shared/data/flickr8k \\
         --runs infonce=runs/a,runs/b,runs/c --runs calince=runs/d,runs/e \\
-        --compare infonce:calince --out docs/results/paper_evals.md
+        --compare infonce:calince --out docs/results/paper_evals.md \\
+        --write docs/results/data/paper_evals.json
+
+``--write`` stores the tables with their command, commit, date and machine as the result file
+``docs/results/paper_evals.md`` and the pages that quote it render (``docs/hooks/numbers.py``).
 
 Budget: about 5-15 s per run on one CPU thread (the linear probe dominates).
 """
@@ -200,7 +204,7 @@ def paired_section(results: dict[str, list[dict]], pairs: list[tuple[str, str]],
     tests = []
 
     def add(what: str, metric: str, a: list, b: list, paired: bool = False) -> None:
-        tests.append((what, metric, paired_test(a, b, metric=metric, paired_seeds=paired)))
+        tests.append((what, metric, {**paired_test(a, b, metric=metric, paired_seeds=paired), "paired": paired}))
 
     for la, lb in pairs:
         ra, rb = results[la], results[lb]
@@ -222,7 +226,8 @@ def paired_section(results: dict[str, list[dict]], pairs: list[tuple[str, str]],
     rows = []
     for (what, metric, t), q in zip(tests, adjusted):
         if t["unit"] == "seeds" and (not reachable or t["p_value_min"] > 0.05):
-            verdict = f"cannot be decided with {t['seeds_a']} + {t['seeds_b']} seeds"
+            verdict = (f"cannot be decided with {t['seeds_a']} paired runs" if t["paired"]  # one run, two scorings
+                       else f"cannot be decided with {t['seeds_a']} + {t['seeds_b']} seeds")
         else:
             verdict = ("B better" if q < 0.05 and t["ci_low"] > 0 else "A better" if q < 0.05 and t["ci_high"] < 0
                        else "no clear difference")
@@ -343,9 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-baseline", action="store_true", help="skip the input-feature reference row")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default=None, help="also write the Markdown here")
+    ap.add_argument("--write", default=None, metavar="FILE.json",
+                    help="also write the tables as a result file the docs pages render (bench/resultfile.py: "
+                         "provenance + every table, parsed from the Markdown above and checked to print the same)")
     ap.add_argument("--compare", action="append", default=[], metavar="A:B",
                     help="paired tests of label B against label A on the same dev queries (repeatable)")
     args = ap.parse_args(argv)
+    if args.write is not None and not args.write.endswith(".json"):
+        ap.error(f"--write: {args.write} is not a .json file (the bench writes data; the docs pages render it)")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _run(args)
     except (ValueError, FileNotFoundError) as exc:
@@ -386,7 +397,21 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
+    if args.write:
+        write_result(args.write, text, args.argv)
     return 0
+
+
+def write_result(path: str, text: str, argv: list[str]) -> None:
+    """The Markdown ``text`` as a result file (``bench/resultfile.py``): its tables, parsed and checked to print
+    exactly as above, with the command, commit, date and machine of this run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import resultfile
+
+    tables = resultfile.markdown_tables(text)
+    resultfile.check_round_trip(text, tables)
+    data = resultfile.provenance("bench/paper_evals.py", argv, "bench/paper_evals.py --write (this file is its output)")
+    resultfile.write_json(path, {**data, "tables": tables})
 
 
 if __name__ == "__main__":

@@ -28,15 +28,19 @@ def tokenizer(max_length: int = 16):
     return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
 
 
-def save_clip(folder: Path, seed: int = 0, *, image_size: int = 32) -> Path:
+def save_clip(folder: Path, seed: int = 0, *, image_size: int = 32, projection_dim: int | None = None) -> Path:
+    """A tiny CLIP folder; ``projection_dim`` 32 (the text width) lets CLIP4Clip's seqTransf reuse its text blocks
+    (whose feed-forward is then OpenAI's 4 x width)."""
+    small = _SMALL if projection_dim is None else {**_SMALL, "intermediate_size": 4 * _SMALL["hidden_size"]}
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
     tok = tokenizer()
     torch.manual_seed(seed)
     cfg = CLIPConfig(text_config=dict(vocab_size=len(tok), max_position_embeddings=16, bos_token_id=0,
-                                      eos_token_id=1, pad_token_id=1, **_SMALL),
-                     vision_config=dict(image_size=image_size, patch_size=8, **_SMALL), projection_dim=DIMS["clip"])
+                                      eos_token_id=1, pad_token_id=1, **small),
+                     vision_config=dict(image_size=image_size, patch_size=8, **small),
+                     projection_dim=projection_dim or DIMS["clip"])
     CLIPModel(cfg).eval().save_pretrained(folder)
     CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
                                                      crop_size={"height": image_size, "width": image_size}),

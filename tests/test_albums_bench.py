@@ -126,3 +126,44 @@ def test_control_rows_store_each_albums_query_id_so_compare_pairs_them_by_identi
     assert main(["compare", str(folder / "flat" / "seed0.npz"), str(folder / "untrained" / "seed0.npz"),
                  "--n-boot", "100", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["pairing"] == "query ids (p2v, v2p)"
+
+
+def test_the_result_file_holds_every_seed_and_the_summaries_the_pages_print(albums, tmp_path):
+    """Issue 45.1: the JSON the docs render: per-seed rows, mean / sample std (numpy's, ddof 1) and the table."""
+    rng = np.random.default_rng(3)
+    per_seed = {}
+    for s in (0, 1, 2):
+        per_seed[s] = {}
+        for kind, loss, name in (("fixed", "infonce", "coot"), ("fixed", "infonce", "flat")):
+            v = rng.uniform(20, 60, size=5).round(2)
+            per_seed[s][(kind, loss, name)] = {"p2v": {"R@1": v[0], "R@5": v[1]}, "v2p": {"R@1": v[2]},
+                                               "same": {"R@1": v[3]}, "t2v": {"R@1": v[4]}, "best_epoch": s + 4,
+                                               "label": f"label of {name}"}
+    rows, nested, tables = albums.results(per_seed)
+    assert len(rows) == 6 and rows[1] == {"albums": "fixed", "loss": "infonce", "row": "coot", "seed": 1,
+                                          "p2v_r1": per_seed[1]["fixed", "infonce", "coot"]["p2v"]["R@1"],
+                                          "same_r1": per_seed[1]["fixed", "infonce", "coot"]["same"]["R@1"],
+                                          "v2p_r1": per_seed[1]["fixed", "infonce", "coot"]["v2p"]["R@1"],
+                                          "p2v_r5": per_seed[1]["fixed", "infonce", "coot"]["p2v"]["R@5"],
+                                          "t2v_r1": per_seed[1]["fixed", "infonce", "coot"]["t2v"]["R@1"],
+                                          "best_epoch": 5}
+    got = nested["fixed"]["infonce"]["flat"]
+    ref = np.array([per_seed[s]["fixed", "infonce", "flat"]["p2v"]["R@1"] for s in (0, 1, 2)])
+    assert got["p2v_r1"]["per_seed"] == ref.tolist() and got["best_epochs"] == [4, 5, 6]
+    assert got["p2v_r1"]["mean"] == pytest.approx(ref.mean()) and got["p2v_r1"]["std"] == pytest.approx(ref.std(ddof=1))
+    table = tables["fixed"]
+    assert len(table["columns"]) == len(table["align"]) == len(table["rows"][0]) == 9
+    assert table["rows"][1][:2] == ["infonce", "label of flat"] and table["rows"][1][-2:] == [ref.tolist(), [4, 5, 6]]
+
+
+def test_write_takes_a_json_file(albums, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        albums.main(["--data", str(tmp_path), "--write", "docs/results/albums.md"])
+    assert "is not a .json file" in capsys.readouterr().err
+
+
+def test_seed_counts_say_on_how_many_seeds_b_beats_a(albums):
+    nested = {"fixed": {"infonce": {"flat": {"p2v_r1": {"per_seed": [40.0, 42.0, 44.0]}},
+                                    "coot": {"p2v_r1": {"per_seed": [35.0, 43.0, 44.0]}}}}}
+    got = albums.seed_counts(nested)["fixed"]["infonce"]["coot-vs-flat"]
+    assert got == {"p2v_r1": {"higher": 1, "lower": 1, "seeds": 3}}  # a tie is neither

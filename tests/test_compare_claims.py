@@ -144,6 +144,20 @@ def test_seed_groups_are_judged_over_seeds_and_say_when_they_cannot_be_decided(t
     assert r["verdict"] == "B better" and r["p_value"] == pytest.approx(2 / 252)
 
 
+def test_the_same_runs_under_two_normalisers_are_paired_runs_not_two_seed_groups(tmp_path, capsys):
+    """Issue 45.3: a normaliser's gain on 3 runs is 3 paired runs (sign flip, floor 0.25), not 3 + 3 seeds."""
+    for s in range(3):
+        a = _ranks(s)
+        _run(tmp_path, f"x_s{s}", {"none": a, "sinkhorn": (np.maximum(1, a[0] - 3), np.maximum(1, a[1] - 3))})
+    code, out, err = _cli(capsys, "compare", "--a", str(tmp_path / "x_s*"), "--b", str(tmp_path / "x_s*"),
+                          "--normalizer", "none", "--normalizer-b", "sinkhorn", "--json", "--n-boot", "300",
+                          "--metrics", "R@1", "--directions", "t2v")
+    assert code == 0, err
+    r = json.loads(out)["rows"][0]
+    assert r["p_value_min"] == pytest.approx(0.25)  # 2 of the 2^3 sign patterns
+    assert r["verdict"] == "cannot be decided with 3 paired runs"
+
+
 # ----------------------------------------------------------------------------- 35.2 what is compared
 def test_default_shows_heads_alone_and_each_run_as_deployed_naming_mixed_normalisers(tmp_path, capsys):
     for s, sel in enumerate(("sinkhorn", "ncl", "ncl")):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import importlib.util
+import json
 import os
 import pkgutil
 import re
@@ -141,16 +143,68 @@ def test_every_page_is_in_the_nav_and_every_link_in_the_readme_resolves():
 
 # ----------------------------------------------------------------------------- the site
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def _make_docs_command() -> list[str]:
+    """The Makefile's ``docs`` recipe as an argument list (``$(BIN)/`` is the venv this test runs in)."""
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^docs:.*\n\t(.+)$", make, flags=re.M).group(1)
+    words = shlex.split(recipe.replace("$(BIN)/", str(Path(sys.executable).parent) + "/"))
+    env = [w for w in words if re.fullmatch(r"[A-Z_0-9]+=.*", w)]
+    assert env == ["NO_MKDOCS_2_WARNING=1"], recipe
+    return words[len(env):]
+
+
+def _build(cwd: Path, out: Path) -> subprocess.CompletedProcess:
+    """``make docs``'s command, run as it is (no ``-q``: quiet mode drops the warnings strict mode counts),
+    into ``out``."""
     if shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("mkdocs is not installed (extra [docs]; `make test` installs it)")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([*_make_docs_command(), "-d", str(out)], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_the_docs_command_is_strict_and_not_quiet():
+    cmd = _make_docs_command()
+    assert cmd[1:] == ["build", "--strict"] and Path(cmd[0]).name == "mkdocs", cmd
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    res = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-q", "-d", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    res = _build(ROOT, out)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "WARNING" not in res.stdout + res.stderr, res.stdout + res.stderr
     return out
+
+
+def test_a_broken_anchor_link_or_number_fails_the_build(tmp_path):
+    """The same command on a copy of the docs with one broken anchor, one link to a missing page, one
+    placeholder naming a missing key and a typed number on a page whose numbers come from data: the
+    build fails and names each."""
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    (tmp_path / "src").symlink_to(ROOT / "src")
+    shutil.copytree(DOCS, tmp_path / "docs")
+    broken = tmp_path / "docs" / "results" / "index.md"
+    broken.write_text(broken.read_text() + "\n\nSee [the tables](paper_evals.md#no-such-heading), "
+                      "[a page](no_such_page.md) and {{ albums_fixed:no.such.key }}.\n")
+    typed = tmp_path / "docs" / "results" / "albums_related.md"
+    text = typed.read_text()
+    assert text.startswith("---\nnumbers: data\n---\n"), "the albums page renders its numbers from data files"
+    typed.write_text(text + "\nA typed result: 49.6 vs 42.7.\n")
+    part = tmp_path / "docs" / "data.md"
+    text = part.read_text()
+    assert "<!-- end numbers from data -->" in text, "data.md's albums part renders its numbers from data files"
+    part.write_text(text.replace("<!-- end numbers from data -->", "Typed: 45.1 ± 1.1.\n<!-- end numbers from data -->"))
+    res = _build(tmp_path, tmp_path / "site")
+    log = res.stdout + res.stderr
+    assert res.returncode != 0, log
+    assert "Aborted with" in log and "strict mode" in log, log
+    assert ("contains a link 'paper_evals.md#no-such-heading', but the doc 'results/paper_evals.md' does not "
+            "contain an anchor") in log, log
+    assert "no_such_page.md" in log, log
+    assert "{{ albums_fixed:no.such.key }}: no key 'no'" in log, log
+    assert "'49.6' in: A typed result" in log and "'42.7'" in log, log
+    assert "data.md: a typed number where numbers come from data files: '45.1' in: Typed" in log, log
 
 
 def test_site_builds_strict(site):
@@ -158,6 +212,56 @@ def test_site_builds_strict(site):
                  "papers/ncl/index.html", "results/index.html", "search/index.html"):
         assert (site / page).is_file(), page
     assert "search_index.json" in {p.name for p in (site / "search").iterdir()}
+
+
+def _hook():
+    spec = importlib.util.spec_from_file_location("numbers_hook", DOCS / "hooks" / "numbers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_placeholders_render_the_data_files_values(tmp_path):
+    """Issue 45.1: a page's numbers are read from a bench's JSON; a missing file, key or provenance is named."""
+    hook = _hook()
+    data = tmp_path / "results" / "data"
+    data.mkdir(parents=True)
+    prov = {"command": "python bench/x.py", "commit": "abc", "date": "2026-11-28T00:00:00Z", "machine": "m",
+            "source": "bench/x.py --write"}
+    (data / "x.json").write_text(json.dumps({**prov, "r": {"a": {"mean": 49.61, "std": 4.55, "per_seed": [47.64,
+                                             46.3, 54.81]}, "d": -8.84, "n": 3, "t": {"columns": ["k", "v"],
+                                             "rows": [["one", 1.25], ["two", {"mean": 2.0, "std": 0.5}]]}}}))
+    (data / "bare.json").write_text(json.dumps({"r": 1}))
+    page = ("R@1 {{ x:r.a }} (seeds {{ x:r.a.per_seed }}), B − A {{ x:r.d|+.2f }}, {{ x:r.n }} seeds, "
+            "`{{ x:command }}`\n\n{{ table x:r.t }}\n")
+    out, errors = hook.render(page, tmp_path, "p.md")
+    assert not errors, errors
+    assert out == ("R@1 49.6 ± 4.5 (seeds 47.6, 46.3, 54.8), B − A -8.84, 3 seeds, `python bench/x.py`\n\n"
+                   "| k | v |\n|---|---|\n| one | 1.2 |\n| two | 2.0 ± 0.5 |\n")
+    _, errors = hook.render("{{ x:r.zz }} {{ nofile:a }} {{ bare:r }} {{ table x:r.a }}", tmp_path, "p.md")
+    assert len(errors) == 4, errors
+    assert "no key 'zz'" in errors[0] and "no data file" in errors[1] and "lacks its provenance" in errors[2]
+    assert "not a table" in errors[3]
+
+
+def test_every_result_file_says_how_it_was_made_and_is_quoted():
+    """Each bench result file under docs/results/data carries its provenance and a page renders it."""
+    hook = _hook()
+    pages = "\n".join(p.read_text() for p in DOCS.rglob("*.md"))
+    files = sorted((DOCS / "results" / "data").glob("*.json"))
+    assert files
+    for f in files:
+        data = json.loads(f.read_text())
+        assert all(data.get(k) for k in hook.PROVENANCE), (f.name, {k: data.get(k) for k in hook.PROVENANCE})
+        assert re.search(r"\{\{\s*(?:table\s+)?" + re.escape(f.stem) + ":", pages), f"no page quotes {f.name}"
+
+
+def test_typed_numbers_are_found_in_prose_but_not_in_code_citations_or_placeholders():
+    hook = _hook()
+    text = ("DN sec. 4.3 and eqs. 6 and 8, Table 7, `tau 0.05`, [a](x.md#sec-4.4), {{ x:r.a|.2f }}, 95 % CI,\n"
+            "```\n0.5\n```\nbut 49.6 ± 4.6 and 57 % are typed\n")
+    hits = hook.typed_numbers(text)
+    assert [h.split(" in:")[0] for h in hits] == ["'49.6'", "'4.6'", "'57 %'"], hits
 
 
 def _contract_names() -> dict[str, str]:

@@ -307,6 +307,43 @@ def test_card_front_matter_parses_with_huggingface_hub(trained, tmp_path):
     assert "no licence was stated at export" in card.text
 
 
+def _leaves(node, path=()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, path + (str(k),))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, path + (str(i),))
+    else:
+        yield path, node
+
+
+def test_card_values_read_back_as_text_under_yaml_1_2(trained, tmp_path):
+    """Issue 44 item 9: ``--license 1e5`` / ``--dataset 0o17`` went out bare; a YAML 1.2 reader (ruamel.yaml)
+    read them back as numbers. Every text value must read back as the same text under 1.2 and 1.1."""
+    ruamel = pytest.importorskip("ruamel.yaml", reason="ruamel.yaml (YAML 1.2; the dev extra) not installed")
+    import yaml
+
+    stated = ["0o17", "0x1F", "1e3", "123", "1.5", "true", "null", "Yes", "my-features"]
+    assert main(["export", str(trained / "run"), "--out", str(tmp_path / "ex"), "--license", "1e5",
+                 *[a for d in stated for a in ("--dataset", d)]]) == 0
+    text = (tmp_path / "ex" / "README.md").read_text()
+    head = text.split("---\n")[1]
+    v12 = ruamel.YAML(typ="safe", pure=True).load(head)
+    v11 = yaml.safe_load(head)
+    assert v12["license"] == "1e5" and v12["datasets"] == stated
+    assert v12["model-index"][0]["results"][0]["dataset"]["type"] == "0o17"
+    numbers = 0
+    for (path, a), (path11, b) in zip(_leaves(v12), _leaves(v11), strict=True):
+        assert path == path11 and type(a) is type(b) and a == b, (path, a, b)  # one meaning for both readers
+        if path[0] != "model-index" or path[-2] == "dataset" or path[-1] in ("type", "name", "normalizer",
+                                                                             "interval"):
+            assert isinstance(a, str), (path, a)  # every text value, compared as text
+        else:
+            numbers += isinstance(a, float)
+    assert numbers > 0  # the metric values themselves stay numbers
+
+
 def test_base_model_names_the_hub_encoders(tmp_path):
     hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub (comes with transformers) not installed")
     m = _with_test_time(_randomize(build_model(video_dim=1280, text_dim=384, dim=4)))

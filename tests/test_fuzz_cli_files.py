@@ -121,12 +121,18 @@ FILE_ARGS: dict[tuple[str, str], str] = {
     ("compare", "--a"): "per-query run",
     ("compare", "--b"): "per-query run",
     ("report", "--compare"): "per-query",
+    ("data import", "--ids"): "folder or list",
+    ("data import", "--images"): "folder",
+    ("classify", "--data"): "labelled data folder",
+    ("classify", "--classes"): "text",
+    ("classify", "--templates"): "text",
 }
 #: Outputs (checked to be left untouched by a refused command) and arguments that name no file.
 OUTPUT_ARGS = {("bench", "--out"), ("demo", "--out"), ("train", "--out"), ("data import", "--out"),
                ("data synthetic", "--out"),
                ("encode", "--out"), ("encode", "--mask-out"), ("index", "--out"), ("normalize", "--save-bias"),
-               ("query", "--out"), ("report", "--out"), ("export", "--out"), ("eval", "--per-query")}
+               ("query", "--out"), ("report", "--out"), ("export", "--out"), ("eval", "--per-query"),
+               ("classify", "--out")}
 OTHER_ARGS = {
     "compare": {"--split", "--normalizer", "--normalizer-b", "--metrics", "--directions", "--n-boot", "--seed",
                 "--level"},
@@ -135,10 +141,12 @@ OTHER_ARGS = {
     "config": {"--set"},
     "data check": {"--split", "--threads"},
     "data synthetic": {"--seed", "--threads"},
-    "data import": {"--split", "--text-model", "--max-frames", "--threads", "--dtype"},
+    "data import": {"--split", "--text-model", "--max-frames", "--threads", "--dtype", "--format", "--model"},
+    "classify": {"--split", "--text-model", "--dn-split", "--dn-lam", "--dn-num-samples", "--dn-seeds", "--dn-seed",
+                 "--threads"},
     "demo": {"--losses", "--normalizers", "--seed", "--epochs", "--num-train", "--num-eval", "--threads"},
-    "encode": {"kind", "--frames", "--fps", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels",
-               "--workers", "--shard", "--device", "--precision"},
+    "encode": {"kind", "--frames", "--fps", "--size", "--model", "--batch-size", "--threads", "--truncated",
+               "--max-pixels", "--workers", "--shard", "--device", "--precision"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search", "--store", "--select-split"},
@@ -253,6 +261,8 @@ JUNK: dict[str, tuple[str, ...]] = {
               "index: junk query_shift.npy", "index: names.txt a directory"),
     "data folder": ("missing", "empty", "random bytes", "an empty directory", "layout: optional file a directory",
                     "layout: names not UTF-8", "layout: junk required file"),
+    "labelled data folder": ("missing", "empty", "random bytes", "an empty directory", "labelled: junk labels",
+                             "labelled: junk features", "labelled: labels a directory"),
 }
 
 
@@ -365,6 +375,23 @@ def world(tmp_path_factory):
     def text48(inputs, *, batch_size, progress):  # the tiny run's text width (index --texts)
         return np.ones((len(inputs), 48), np.float32)
 
+    save("img.npy", rng.standard_normal((6, 8)).astype(np.float32))  # encode images' one array (data import --ids)
+    (root / "img_list.txt").write_text("".join(f"v{i}.jpg\n" for i in range(6)))
+    w["img_list.txt"] = root / "img_list.txt"
+    (root / "img_pairs.csv").write_text("image,caption\n0,a zero\n1,a one\n2,a two\n2,two again\n")
+    w["img_pairs.csv"] = root / "img_pairs.csv"
+    save("img_pairs_t.npy", rng.standard_normal((4, 16)).astype(np.float32))
+    cdata = root / "cdata"  # a labelled layout (classify): 8-d features, the width of fuzz-text
+    cdata.mkdir()
+    for split, n in (("test", 12), ("val", 9)):
+        np.save(cdata / f"{split}_video_features.npy", rng.standard_normal((n, 8)).astype(np.float32))
+        np.save(cdata / f"{split}_video_labels.npy", np.arange(n) % 3)
+    w["cdata"] = cdata
+    (root / "classes.txt").write_text("dog\ncat\nboat\n")
+    w["classes.txt"] = root / "classes.txt"
+    (root / "templates.txt").write_text("a photo of a {}.\nthe {}\n")
+    w["templates.txt"] = root / "templates.txt"
+
     encoders.register_encoder("fuzz-text", text, kind="text")
     encoders.register_encoder("fuzz-text48", text48, kind="text")
     encoders.register_encoder("fuzz-image", text, kind="image")
@@ -442,7 +469,16 @@ def _base(cmd: str, arg: str, w: dict, out: Path) -> list[str]:
         return ["config", s["config"]]
     if cmd == "data check":
         return ["data", "check", s["data"], "--split", "test", "--config", s["check.yaml"]]
+    if cmd == "classify":
+        return ["classify", "--data", s["cdata"], "--classes", s["classes.txt"], "--text-model", "fuzz-text",
+                "--templates", s["templates.txt"], "--out", str(out)]
     if cmd == "data import":
+        if arg == "--images":  # the table's images encoded here (fuzz-image never opens them)
+            return ["data", "import", s["img_pairs.csv"], "--images", s["images"], "--model", "fuzz-image",
+                    "--text-features", s["img_pairs_t.npy"], "--out", str(out)]
+        if arg == "--ids":
+            return ["data", "import", s["pairs.csv"], "--features", s["img.npy"], "--ids", s["img_list.txt"],
+                    "--text-features", s["pairs_t.npy"], "--out", str(out)]
         return ["data", "import", s["pairs.csv"], "--features", s["feats"], "--text-features", s["pairs_t.npy"],
                 "--out", str(out), "--expert", f"audio={s['audio']}"]
     if cmd == "encode":
@@ -501,6 +537,15 @@ def _junk(kind: str, where: Path, w: dict, suffix: str = ".npy") -> tuple[Path, 
             culprit.write_bytes(b"v\xe9\n" * 40)
         else:
             culprit = p / "test_text_to_video.npy"
+            culprit.write_bytes(rng.bytes(200))
+    elif kind.startswith("labelled: "):  # classify's layout: features and labels are what it reads
+        p = where / "cdata"
+        shutil.copytree(w["cdata"], p)
+        culprit = p / ("test_video_features.npy" if kind == "labelled: junk features" else "test_video_labels.npy")
+        if kind == "labelled: labels a directory":
+            culprit.unlink()
+            culprit.mkdir()
+        else:
             culprit.write_bytes(rng.bytes(200))
     elif kind.startswith("index: "):
         p = where / "idx"
@@ -573,7 +618,7 @@ GOOD = [("eval", "--queries"), ("eval", "--text"), ("eval", "--sim"), ("eval", "
         ("index", "--texts"), ("index", "--select-data"),
         ("query", "--index"), ("query", "--text-mask"), ("config", "items"), ("data import", "pairs"),
         ("encode", "--captions"), ("encode", "--dir"), ("data check", "root"), ("export", "run"), ("compare", "A"),
-        ("compare", "--a")]
+        ("compare", "--a"), ("data import", "--ids"), ("data import", "--images"), ("classify", "--data")]
 
 
 @pytest.mark.parametrize("cmd, arg", GOOD, ids=[f"{c}|{a}" for c, a in GOOD])
@@ -591,7 +636,7 @@ OUTPUTS = {("encode", "--out", "--captions"): "file", ("encode", "--out", "--dir
            ("query", "--out", "--index"): "file", ("report", "--out", "path"): "file",
            ("index", "--out", "--run"): "folder", ("eval", "--per-query", "--per-query"): "file",
            ("data import", "--out", "pairs"): "folder", ("train", "--out", "config"): "folder",
-           ("export", "--out", "run"): "folder"}
+           ("export", "--out", "run"): "folder", ("classify", "--out", "--data"): "folder"}
 
 
 def test_every_output_is_fuzzed():

@@ -195,3 +195,13 @@ def test_round6_cases_name_junk():
                                    text_to_video=np.arange(5), rank=float("inf")), match="batches:")
     _one_line(lambda: batch_loader(None, workers=EMPTY), match="dataset:")
     _one_line(lambda: to_device(None, None, "no-such-device"), match="device:")
+
+
+def test_deep_seed_20261128_findings(tmp_path):
+    """Issue 44 item 10: a tensor as ``dtype`` was numpy's multi-line "Could not convert tensor(...)"."""
+    from xmodal.retrieval.build import write_rows_npy
+
+    _one_line(lambda: write_rows_npy(tmp_path / "x.npy", ARRAY, dtype=torch.tensor([[4], [2]])), match="dtype:")
+    _one_line(lambda: write_rows_npy(tmp_path / "x.npy", ARRAY, dtype="no-such-dtype"), match="dtype:")
+    write_rows_npy(tmp_path / "x.npy", ARRAY, dtype=np.float16)  # a real dtype still writes
+    assert np.load(tmp_path / "x.npy").tolist() == ARRAY.astype(np.float16).tolist()

@@ -57,7 +57,7 @@ def test_sidecars_are_read_bounded_and_checked(tmp_path):
     assert identity.read_sidecar(npy) is None
     path = identity.write_sidecar(npy, rec(dim=3))
     assert path.name == "f.npy.encoder.json" and identity.read_sidecar(npy)["dim"] == 3
-    cases = [("[" * 100_000 + "]" * 100_000, "not valid JSON"), ('{"format": "other"}', "was not written by"),
+    cases = [("[" * 100_000 + "]" * 100_000, "levels deep"), ('{"format": "other"}', "was not written by"),
              (json.dumps({"format": "xmodal-encoder", **rec(dim=-1)}), "'dim' must be"),
              (json.dumps({"format": "xmodal-encoder", **rec(weights_sha256="xyz")}), "'weights_sha256'"),
              (json.dumps({"format": "xmodal-encoder", **rec(kind="audio")}), "'kind' must be"),
@@ -74,3 +74,58 @@ def test_an_export_names_a_portable_spec():
     assert out["spec"] == "hf:clip-b32" and out["weights_sha256"] == HEX_A
     assert identity.portable(rec(hub_name="openai/clip-vit-base-patch32"))["spec"] == "hf:openai/clip-vit-base-patch32"
     assert identity.portable({"spec": "minilm", "kind": "text"})["spec"] == "minilm"
+
+
+def nested(depth: int) -> dict:
+    value: dict = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"x": value}
+    return value
+
+
+def test_a_deep_layout_record_is_refused_at_train_so_no_run_holds_one(tmp_path, capsys):
+    """Issue 44 item 7: a 6 KB DATA/encoders.json nested 900 deep trained, and the run's RUN/encoders.json
+    (824 KB with its indentation) was then refused by index and export. Now the layout's file is refused
+    by train in one line, and nothing written by the producers can exceed what their readers take."""
+    from xmodal.cli import main
+    from xmodal.data import write_synthetic
+
+    data = tmp_path / "data"
+    write_synthetic(data, seed=0, num_train=40, num_val=20, num_test=20, num_concepts=4)
+    body = {"format": "xmodal-encoders", "version": 1, "text": rec(preprocessing=nested(900)), "video": None,
+            "experts": {}}
+    text = json.dumps(body)
+    assert len(text) < 16_000 and len(json.dumps(body, indent=1)) > identity.MAX_BYTES  # the finding's shape
+    (data / "encoders.json").write_text(text)
+    with pytest.raises(ValueError, match=r"^data: .*encoders.json is JSON nested 90\d levels deep") as err:
+        identity.read_encoders(data)
+    assert "\n" not in str(err.value)
+    rc = main(["train", "configs/synthetic.yaml", "--out", str(tmp_path / "run"), "--quiet", "data.name=paired",
+               f"data.root={data}", "train.epochs=1", "train.batch_size=16", "model.dim=8",
+               "test_time.bank_size=20"])
+    err_text = capsys.readouterr().err.strip()
+    assert rc != 0 and "levels deep" in err_text and len(err_text.splitlines()) == 1, err_text
+    assert not (tmp_path / "run" / "encoders.json").exists()
+
+
+@pytest.mark.parametrize("record", [rec(preprocessing=nested(5)), rec(preprocessing=nested(3000)),
+                                    rec(sampling={"k": [[[[[1]]]]]})])
+def test_records_nested_past_the_bound_are_refused_by_the_producers(tmp_path, record):
+    for write in (lambda: identity.write_encoders(tmp_path, {"text": record, "video": None, "experts": {}}),
+                  lambda: identity.write_sidecar(tmp_path / "f.npy", record)):
+        with pytest.raises(ValueError, match="nested more than 4 levels") as err:
+            write()
+        assert "\n" not in str(err.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_what_the_producers_write_their_readers_take(tmp_path):
+    """A record at the depth bound, and one as large as a record may be: written, then read back."""
+    deep = rec(preprocessing=nested(4))
+    path = identity.write_encoders(tmp_path, {"text": deep, "video": deep, "experts": {f"e{i}": deep for i in range(3)}})
+    assert identity.read_encoders(tmp_path)["experts"]["e2"]["preprocessing"] == nested(4)
+    wide = rec(preprocessing={f"k{i}": "v" * 200 for i in range(2000)})  # 400 KB: more than a file holds
+    with pytest.raises(ValueError, match="more than an identity file holds") as err:
+        identity.write_encoders(tmp_path, {"text": wide, "video": None, "experts": {}})
+    assert "\n" not in str(err.value) and identity.read_encoders(tmp_path)["text"] == deep  # the last good file kept
+    assert path.stat().st_size <= identity.MAX_BYTES

@@ -77,6 +77,46 @@ def test_choose_fold_keeps_a_fold_only_when_it_is_clear_of_none():
         assert rec["fold"]["R@10"] == pytest.approx(100 * np.mean(b <= 10))
 
 
+def naive_sign_flip_p(d: np.ndarray) -> float:
+    """Two-sided exact sign-flip p-value of ``sum(d)``, every sign pattern enumerated by a loop."""
+    nz = [x for x in d if x != 0]
+    hits = 0
+    for pattern in range(2 ** len(nz)):
+        s = sum(x if (pattern >> i) & 1 else -x for i, x in enumerate(nz))
+        hits += abs(s) >= abs(sum(nz)) - 1e-9
+    return hits / 2 ** len(nz) if nz else 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 8])
+def test_a_fold_is_clear_only_from_enough_captions(n):
+    """Issue 44 item 8: one caption (p = 1.0, a zero-width interval above 0) was called clear. Every
+    caption here gains (its own video from last to first), so the smallest p the paired test can give
+    is reached; the fold is clear exactly where that p is below 0.05 (n >= 6)."""
+    from xmodal.retrieval.foldcheck import MIN_FOLD_QUERIES, describe_choice
+
+    rng = np.random.default_rng(n)
+    gallery = unit(rng.standard_normal((12, 4)))
+    own = np.arange(n) % 12
+    queries = torch.tensor(unit(-gallery[own] + 0.01 * rng.standard_normal((n, 4))), dtype=torch.float32)
+    bias = np.zeros(12, np.float32)
+    bias[own] = 10.0  # far above any cosine: the n own videos lead with the fold
+    folded = {"normalizer": "sinkhorn", "bias": torch.from_numpy(bias), "query_shift": None}
+    rec = choose_fold(torch.tensor(gallery, dtype=torch.float32), folded, queries, own, n_boot=2000)
+    a, b = fold_ranks(torch.tensor(gallery, dtype=torch.float32), folded, queries, own)
+    assert (b <= 10).all() and (a > 10).all()  # every caption gains
+    hits = lambda r: 100.0 * sum((r <= k).astype(np.float64) for k in (1, 5, 10))  # noqa: E731
+    p = naive_sign_flip_p(hits(b) - hits(a))
+    assert rec["test"]["p_value"] == pytest.approx(p)
+    assert rec["test"]["ci_low"] > 0  # the interval alone would call every n clear
+    assert (p < 0.05) == (n >= MIN_FOLD_QUERIES) == rec["test"]["clear"] == (rec["chosen"] == "sinkhorn")
+    line = describe_choice({**rec, "source": "captions"})
+    assert "\n" not in line
+    if n < MIN_FOLD_QUERIES:
+        assert f"fewer than the {MIN_FOLD_QUERIES} the paired rule needs" in line and "none folded" in line
+    else:
+        assert "sinkhorn is clear of none, folded" in line
+
+
 def test_the_bank_note_names_a_bank_much_smaller_than_the_gallery():
     assert "2,000 stored train queries against 1,000,000 videos (500 videos a query)" in \
         bank_note("sinkhorn", 2000, 1_000_000)

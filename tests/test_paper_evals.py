@@ -53,6 +53,8 @@ def test_script_writes_every_table(setup, capsys):
     for title in ("Linear probe", "Zero-shot classification", "Head / tail", "FN / FP rate by retrieval mass"):
         assert title in text
     assert "| a | 2 |" in text and "| b | 1 |" in text and "| input image features | 1 |" in text
+    dn_row = next(line for line in text.splitlines() if line.startswith("| a: zero-shot, DN − no DN"))
+    assert dn_row.endswith("| cannot be decided with 2 paired runs |"), dn_row  # one run, two scorings: paired
     assert _module().main(["--data", str(tmp), "--runs", f"a={tmp / 'nothing'}"]) == 2
     assert "not a finished run directory" in capsys.readouterr().err
 

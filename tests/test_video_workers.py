@@ -179,11 +179,47 @@ def test_torchrun_rank_picks_the_shard(folder, tmp_path, capsys, batch_aware, mo
 @pytest.mark.parametrize("flags, message", [
     (["--shard", "0/3"], "--shard: K must lie in 1..N"), (["--shard", "4/3"], "--shard: K must lie in 1..N"),
     (["--shard", "x"], "--shard: expected K/N"), (["--workers", "0"], "--workers: expected a positive integer"),
+    (["--workers", "65"], "--workers: expected a positive integer, at most 64"),
+    (["--shard", "1/300000000"], "--shard: at most 100,000 shards"),
+    (["--shard", "9/9"], "9 shards of a collection of 8 videos: N must be at most the number of videos"),
 ])
 def test_bad_worker_and_shard_flags_are_one_line(folder, tmp_path, capsys, flags, message):
     assert _encode(folder, tmp_path / "o", *flags) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "o").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("size, message", [("300000000", "WORLD_SIZE: at most 100,000"),
+                                           ("100000000000000000000", "RANK/WORLD_SIZE: expected integers"),
+                                           ("1e20", "RANK/WORLD_SIZE: expected integers"),
+                                           ("9", "9 shards of a collection of 8 videos")])
+def test_a_world_size_past_the_bounds_is_one_line(folder, tmp_path, capsys, monkeypatch, size, message):
+    """Issue 44 item 6: --shard 1/300000000 (or such a WORLD_SIZE) encoded its share, then built a list of
+    every missing shard (5.7 GB) and ran out of memory."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", size)
+    assert _encode(folder, tmp_path / "o") != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_deeply_nested_summary_is_named_not_a_recursion_error(tmp_path, capsys):
+    from xmodal.features.shards import read_summaries, write_summary
+
+    summary = {"written": 2, "skipped": 0, "failed": 0, "truncated": 0, "refused": 0, "frames": 6}
+    write_summary(tmp_path, (1, 2), summary, collection=["a", "b", "c"], seconds=1.0, failed_names=[])
+    deep = tmp_path / ".encode-shards" / "shard-2-of-2.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    found, problems = read_summaries(tmp_path, 2)
+    assert list(found) == [1] and len(problems) == 1 and "nested 100000 levels deep" in problems[0]
+    rc = main(["encode", "videos", "--out", str(tmp_path), "--summary"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "shard-2-of-2.json: unreadable shard summary" in out and "shards: 1 of 2 finished" in out
+    for name in ("shard-1-of-999999999.json", "shard-0-of-2.json"):  # past the bounds: not a summary at all
+        (tmp_path / ".encode-shards" / name).write_text("{}")
+    assert read_summaries(tmp_path, 2)[0].keys() == {1}
 
 
 def test_summary_without_shards_is_one_line(tmp_path, capsys):

@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="metrics compared (default R@1,R@5,R@10,MdR,MnR,mAP; mAP only where the split has a "
                              "relevancy); any R@K, MdR, MnR, mAP, nDCG")
     parser.add_argument("--directions", default=None, metavar="D,D",
-                        help="t2v, v2t, p2v, v2p (default: every one all runs have)")
+                        help="t2v, v2t, p2v, v2p, v2c (default: every one all runs have)")
     parser.add_argument("--n-boot", type=int, default=10000, help="bootstrap resamples and random sign patterns "
                         f"or labellings (default 10000, at most {MAX_N_BOOT})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the resampling (default 0)")

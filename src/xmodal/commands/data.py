@@ -9,6 +9,9 @@ HELP = "import a table of (video, caption) pairs into the data layout, or check 
 DESCRIPTION = """Your own data in the layout xmodal train reads (docs/data.md, "Your data"):
 
   xmodal data import pairs.csv --features feats/ --out mydata [--split train] [--text-features T.npy]
+  xmodal data import --format msrvtt msrvtt_data/ --features feats/ --out msrvtt    (a benchmark's own files)
+  xmodal data import pairs.csv --features img.npy --ids images.txt --out mydata     (encode images' array)
+  xmodal data import --format coco dataset_coco.json --images coco/ --model hf:DIR --text-model hf:DIR --out coco
                      [--expert audio=audio_feats/ --expert flow='flow/*.npy' ...] [--max-frames N]
   xmodal data check mydata [--split train ...] [--config CONFIG]
   xmodal data synthetic --out synth [--seed 0]
@@ -32,6 +35,9 @@ rows of videos without one. --dtype float16 stores the features as float16. Feat
 streamed one video at a time into the split's arrays. Built in a temporary folder and renamed to --out at the end: a failure leaves
 nothing, a re-import replaces every file of the previous one; an --out holding other files
 is refused.
+--format NAME reads a benchmark's own files (coco, flickr30k: Karpathy's split JSON; msrvtt, msvd,
+didemo, activitynet, lsmdc: the files CLIP4Clip and Collaborative Experts distribute) into the same
+rows a pairs table gives, with the benchmark's standard splits; what a file lacks is named in one line.
 check: lists every problem at once, naming file, row and video (missing files, shapes,
 dtypes, NaN, ids out of range, videos without captions, padding without a mask, relevancy
 outside [0, 1], feature sizes or experts that differ between splits, videos in two splits,
@@ -54,8 +60,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     imp = sub.add_parser("import", help="pairs table + per-video feature files -> data layout")
-    imp.add_argument("pairs", help=".csv (header row) or .jsonl of (video_id, caption[, split])")
-    imp.add_argument("--features", required=True, help="directory of <video_id>.npy/.npz, or a glob")
+    imp.add_argument("pairs", metavar="PAIRS_OR_SOURCE",
+                     help=".csv (header row) or .jsonl of (video_id, caption[, split]); with --format, the "
+                          "benchmark's folder (coco / flickr30k: also the Karpathy JSON itself)")
+    from xmodal.data.formats import FORMATS
+
+    imp.add_argument("--format", default=None, choices=tuple(FORMATS), metavar="NAME",
+                     help=f"read a benchmark's own files instead of a table: {', '.join(FORMATS)} (their "
+                          "standard splits; docs/data.md, 'Benchmark formats')")
+    imp.add_argument("--features", default=None,
+                     help="directory of <video_id>.npy/.npz, a glob, or one [N, D] .npy ('encode images' output; "
+                          "its rows named by --ids)")
+    imp.add_argument("--images", default=None, metavar="DIR",
+                     help="instead of --features: encode the table's images found in DIR with --model (COCO's "
+                          "filepath/filename, else DIR/<id>.jpg|png|...), then import them")
+    imp.add_argument("--model", default=None, metavar="SPEC",
+                     help="with --images: the image encoder (efficientnet-lite0 by default, hf:DIR, a registered "
+                          "name); its record goes into DATA/encoders.json")
+    imp.add_argument("--ids", default=None, metavar="LIST_OR_DIR",
+                     help="with --features FILE.npy: the --list file (or the --dir folder) 'encode images' read, "
+                          "naming the array's rows in order (an id is the image's file stem)")
     imp.add_argument("--out", required=True, help="output data directory")
     imp.add_argument("--split", default="train", help="split of rows without a split column (default: train)")
     imp.add_argument("--text-features", default=None,
@@ -96,6 +120,31 @@ def summarize(arrays: dict) -> list[str]:
     return _summarize(arrays)
 
 
+def _import(rows: list[dict], hints: dict, kind: str | None, args: argparse.Namespace, options: dict) -> dict:
+    """:func:`xmodal.data.importer.import_rows` of ``rows``; with ``--images``, the table's images are
+    first encoded into one array in a scratch folder beside ``--out`` (removed at the end)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from xmodal.data.importer import import_rows
+
+    if args.images is None:
+        return import_rows(rows, **options, kind=kind)
+    from xmodal.data.imagedir import encode_collection, image_files
+
+    ids = list(dict.fromkeys(r["video"] for r in rows))
+    files = image_files(args.images, ids, hints, allow_missing=args.skip_missing)
+    out = Path(args.out)
+    scratch = out.parent / f".{out.name}.images-{os.getpid()}"
+    try:
+        array, listing = encode_collection(files, model=args.model or "efficientnet-lite0", scratch=scratch,
+                                           progress=options["progress"])
+        return import_rows(rows, **{**options, "features": str(array), "ids": str(listing)}, kind="images")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _configured(path: str | None) -> tuple[str, ...] | None:
     if path is None:
         return None
@@ -132,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
               f"data.name=paired data.root={args.out})")
         return 0
     if args.action == "import":
-        from xmodal.data.importer import import_pairs, parse_experts
+        from xmodal.data.importer import parse_experts
 
         encode, records = None, None
         if args.text_features is None:
@@ -153,15 +202,39 @@ def run(args: argparse.Namespace) -> int:
         experts = parse_experts(args.expert)
         from xmodal.commands import progress_choice
 
-        summary = import_pairs(args.pairs, features=args.features, out=args.out, split=args.split,
-                               text_features=args.text_features, encode=encode, experts=experts,
-                               max_frames=args.max_frames, skip_missing=args.skip_missing, dtype=args.dtype,
-                               progress=progress_choice(args), encoders=records)
+        options = {"features": args.features, "out": args.out, "split": args.split,
+                   "text_features": args.text_features, "encode": encode, "experts": experts,
+                   "max_frames": args.max_frames, "skip_missing": args.skip_missing, "dtype": args.dtype,
+                   "progress": progress_choice(args), "encoders": records, "ids": args.ids}
+        if (args.features is None) == (args.images is None):
+            raise ValueError("--features / --images: give one (per-item features, one array with --ids, or a "
+                             "folder of images to encode)")
+        if args.model is not None and args.images is None:
+            raise ValueError("--model: only with --images (the encoder of the images encoded here)")
+        if args.images is not None and args.ids is not None:
+            raise ValueError("--ids: not with --images (the rows of the encoded images are named here)")
+        where = {}
+        if args.format is not None:
+            from xmodal.data.formats import read_format
+
+            found = read_format(args.format, args.pairs)
+            where = found.splits
+            for note in found.notes:
+                print(f"{args.format}: {note}")
+            rows, hints, kind = found.rows, found.files, found.kind
+        else:
+            from xmodal.data.importer import read_pairs
+
+            rows, hints, kind = read_pairs(args.pairs), {}, None
+        summary = _import(rows, hints, kind, args, options)
+        kind = next(iter(summary.values()))["kind"]
         notes = []
         first = next(iter(summary.values()))
         if first.get("missing"):
             missing = first["missing"]
-            print(f"skipped {len(missing)} video(s) without a feature file in {args.features} "
+            lacking = "a row" if args.ids is not None else "a feature file"
+            lacking = "an image file" if args.images is not None else lacking
+            print(f"skipped {len(missing)} {kind[:-1]}(s) without {lacking} in {args.features or args.images} "
                   f"({first['dropped_rows']} row(s) dropped): {', '.join(missing[:10])}"
                   f"{' ...' if len(missing) > 10 else ''}")
         for split, s in summary.items():
@@ -169,7 +242,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{split}: {s['videos']} clips in {s['groups']} groups (long videos), {s['texts']} texts, "
                       f"up to {s['max_frames']} frames per clip")
             else:
-                print(f"{split}: {s['videos']} videos, {s['texts']} texts, up to {s['max_frames']} frames per video")
+                frames = f", up to {s['max_frames']} frames per video" if kind == "videos" else ""
+                source = f" ({where[split]})" if split in where else ""
+                print(f"{split}: {s['videos']} {kind}, {s['texts']} texts{frames}{source}")
             for expert, n in s["experts"].items():
                 print(f"  expert {expert}: {n} of {s['videos']} videos")
             if s.get("frames_note"):

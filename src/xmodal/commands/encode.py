@@ -18,6 +18,7 @@ DESCRIPTION = """Encode raw data with frozen encoders, offline (extra [encoders]
   xmodal encode images --dir dev_images --list dev_images.txt --out dev_image_features.npy
   xmodal encode videos my_videos/ --out feats/ --frames 16
   xmodal encode images --dir dev_images --out img.npy --model hf:clip-vit-b32/
+  xmodal encode frames my_videos/ --out frames/ --size 224
 
 --model takes an encoder spec: minilm (text, default), efficientnet-lite0 (images and video
 frames, default), hf:DIR (a transformers CLIPModel or SiglipModel saved with save_pretrained:
@@ -60,11 +61,17 @@ bit for bit; N = the cores is a good start). --shard K/N encodes shard K of N (a
 hash of its id): N jobs with the same DIR and --out split the collection; each writes
 FEATS/.encode-shards/shard-K-of-N.json, and each end (or --summary, which encodes nothing) adds up
 the shards found. Under torchrun (RANK, WORLD_SIZE) each process takes shard RANK+1 of WORLD_SIZE.
+frames (extra [video]): a frame store for training the encoder itself (model.kind clip4clip,
+docs/finetune.md): as videos, but each FRAMES/<video id>.npy holds the sampled frames themselves,
+uint8 [F, S*S*3] (short side S, bicubic, centre crop: CLIPImageProcessor's resize and crop;
+default 1 frame per second, S 224); FRAMES/encoder.json names S and the sampling. 'data import
+--features FRAMES' makes a layout of them.
 Other encoders registered with xmodal.features.encoders.register_encoder are selected with --model."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("kind", choices=("text", "images", "videos"), help="what to encode")
+    parser.add_argument("kind", choices=("text", "images", "videos", "frames"),
+                        help="what to encode (frames: a frame store of uint8 frames for model.kind clip4clip)")
     parser.add_argument("source", nargs="?", metavar="DIR_OR_LIST",
                         help="videos: a directory of video files or a file listing them, one per line")
     parser.add_argument("--captions", help="captions file (.tsv with header, or .txt one per line)")
@@ -79,15 +86,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--all-frames", action="store_true",
                           help="videos: every frame (often 25-60 per second of video: slow and large)")
     parser.add_argument("--recursive", action="store_true", help="videos: read the subfolders of DIR too")
+    parser.add_argument("--size", type=int, default=None, metavar="S",
+                        help="frames: short side resized to S (bicubic), centre crop S x S (default 224; the CLIP's "
+                             "image_size)")
     parser.add_argument("--truncated", choices=("keep", "skip"), default="keep",
                         help="videos: a file whose decoded frames fall short of its declared length is named "
                              "and kept (default) or skipped")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="videos: decode in N processes feeding one encoder (default 1: in this process); "
-                             "the features are the same")
+                        help="videos: decode in N processes feeding one encoder (default 1: in this process; "
+                             "at most 64); the features are the same")
     parser.add_argument("--shard", default=None, metavar="K/N",
-                        help="videos: encode shard K of N of the collection (1 <= K <= N; default: all, or "
-                             "RANK+1/WORLD_SIZE under torchrun)")
+                        help="videos: encode shard K of N of the collection (1 <= K <= N, N at most the "
+                             "videos found and 100000; default: all, or RANK+1/WORLD_SIZE under torchrun)")
     parser.add_argument("--summary", action="store_true",
                         help="videos: encode nothing; add up the shard summaries in --out")
     parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
@@ -122,6 +132,15 @@ def run(args: argparse.Namespace) -> int:
     progress = progress_enabled(args)
     start = time.perf_counter()
     _check_model(args)
+    if args.kind == "frames":  # a frame store: encode videos with the frames:S "encoder" (xmodal.features.frames)
+        if args.model is not None:
+            raise ValueError("--model: 'xmodal encode frames' keeps the frames themselves; set their size with --size")
+        from xmodal.features.frames import DEFAULT_SIZE
+
+        args.model = f"frames:{DEFAULT_SIZE if args.size is None else args.size}"
+        return _run_videos(args, progress_choice(args), bool(getattr(args, "quiet", False)))
+    if args.size is not None:
+        raise ValueError("--size: only for 'xmodal encode frames'")
     if args.kind == "videos":
         return _run_videos(args, progress_choice(args), bool(getattr(args, "quiet", False)))
     if args.source is not None:
@@ -310,8 +329,10 @@ def token_mask_path(out: Path) -> Path:
 
 
 def _check_video_flags(args: argparse.Namespace) -> None:
-    if args.workers < 1:
-        raise ValueError(f"--workers: expected a positive integer, got {args.workers}")
+    from xmodal.features.folder import MAX_WORKERS
+
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers: expected a positive integer, at most {MAX_WORKERS}, got {args.workers}")
     if not args.source:
         raise ValueError("DIR_OR_LIST: required for 'xmodal encode videos' (a folder of videos or a list file)")
     for flag in ("captions", "dir", "list"):

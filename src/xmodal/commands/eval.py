@@ -213,8 +213,10 @@ def _evaluate_run(args: argparse.Namespace, mode: str, ks: tuple[int, ...]) -> t
             raise ValueError(f"--data: the directory holds the token mask ({args.split}_text_mask.npy); drop --text-mask")
         from xmodal.data import load_paired_split
 
+        from xmodal.models.clip4clip import tokenized_text
+
         split = load_paired_split(args.data, args.split)
-        (tf, tmask), t2v = split.text_input(), split.text_to_video
+        (tf, tmask), t2v = tokenized_text(model, split, args.run), split.text_to_video
         vf, vmask = _video_inputs.from_split(split, model)
         relevancy = split.mir_relevancy()
     else:

@@ -25,6 +25,9 @@ DIR/README.md           the model card: Hugging Face metadata (license, datasets
                         pipeline_tag, model-index results with 95% intervals), install line,
                         intended use, the data's provenance (file hashes), the protocol and
                         metrics per split, the normaliser, limitations, licence, citation
+DIR/encoder/            (a model.kind clip4clip run) the fine-tuned CLIP as a transformers
+                        save_pretrained folder with its processor: usable as hf:DIR/encoder by
+                        every encode command (its identity is the fine-tuned weights' hash)
 DIR/video_tower.onnx    (--onnx) the towers as ONNX graphs: inputs features [batch, frames, dim]
 DIR/text_tower.onnx     and mask [batch, frames] (a sentence-feature text tower: features
                         [batch, dim] only), dynamic axes, metadata_props (opset, dims,
@@ -223,6 +226,14 @@ def export_encoders(model, run: str | Path, text_encoder: str | None = None, vid
     state, else what the feature sizes suggest (:func:`encoder_record`)."""
     from xmodal.features.identity import portable, run_encoders
 
+    if "clip4clip" in model.architecture():  # the encoder itself was trained: it is the export's encoder/ folder
+        if text_encoder is not None or video_encoder is not None:
+            raise ValueError("--text-encoder/--video-encoder: a clip4clip run's encoder is its own fine-tuned CLIP "
+                             "(written to DIR/encoder)")
+        base = Path(model.spec.encoder[3:]).name if model.spec.encoder.startswith("hf:") else model.spec.encoder
+        rec = {"name": f"{base} (fine-tuned)", "spec": "hf:encoder", "base_model": base,
+               "source": "fine-tuned end to end by this run (model.kind clip4clip); DIR/encoder holds it"}
+        return {"text": dict(rec), "video": dict(rec)}
     sizes = model.architecture()
     recorded = run_encoders(run, "RUN")
     encoders = {"text": encoder_record(text_encoder, "text", sizes["text"]["in_dim"], "--text-encoder",
@@ -272,6 +283,11 @@ def write_export(model, run: str | Path, folder: Path, *, card: dict | None = No
         config["onnx_check"] = {"max_abs_diff": diffs, "inputs": "random features, ragged masks, 1e6 in the "
                                 "padded frames", "runtime": "onnxruntime CPU"}
         note = "; onnxruntime vs torch max abs diff " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items())
+    if getattr(model, "clip_model", None) is not None:  # a fine-tuned encoder: also a folder usable as hf:DIR
+        from xmodal.models.clip4clip import ENCODER_FOLDER, save_encoder
+
+        save_encoder(model, folder / ENCODER_FOLDER)
+        config["encoder_folder"] = ENCODER_FOLDER
     files = {WEIGHTS_NAME: sha256(folder / WEIGHTS_NAME),
              **{name: sha256(folder / name) for name in ONNX_FILES if (folder / name).is_file()}}
     atomic_write_text(folder / "README.md", model_card(config, records, files))

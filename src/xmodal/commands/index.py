@@ -47,8 +47,9 @@ foldable ones (metrics.json "index_normalizer"), only where it serves text -> vi
 gallery. The build fits it on the gallery and ranks the run's held-out train captions (no
 normaliser was fitted on them; their videos added to the gallery as if it held them) with
 and without it; it is folded only when clear of none by the paired rule (the lower end of
-the 95% paired bootstrap interval of t2v R@1+R@5+R@10, fold minus none, above 0), else none
-is. Both measurements are printed and written to meta.json ("normalizer_choice"). A bias
+the 95% paired bootstrap interval of t2v R@1+R@5+R@10, fold minus none, above 0), and on 6
+captions or more (with fewer even a gain on every caption cannot reach p < 0.05: the paired
+sign-flip test's smallest p is 2/2^n), else none is. Both measurements are printed and written to meta.json ("normalizer_choice"). A bias
 fitted from a few thousand train queries against a gallery of millions can hurt text ->
 video (1M videos: Sinkhorn R@1 32.25 vs none 45.00); runs trained before this check fold
 none unless told (--normalizer selected: the run's own choice, as 'xmodal eval' uses it;

@@ -203,13 +203,19 @@ class DataConfig:
     noise: float = key(0.0, "fraction of training pairs whose text is shuffled to a wrong video (Cali-NCE Table 7)")
     max_train_texts: int = key(0, "train on a seeded random subset of this many texts; 0 = all")
     val_from_train: int = key(0, "hold this many seeded training videos out as the validation split (val_split is then not read)")
+    max_frames: int = key(12, "model.kind clip4clip: frames per video fed to the encoder (CLIP4Clip --max_frames)")
+    max_words: int = key(32, "model.kind clip4clip: caption tokens incl. start and end (CLIP4Clip --max_words)")
+    frame_pos: str = key("head", "model.kind clip4clip: which frames a longer video keeps: head | tail | uniform "
+                                 "(CLIP4Clip --slice_framepos 0 | 1 | 2)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     kind: str = key("linear", "video tower: linear | mlp | meanp (CLIP4Clip mean pooling) | transformer | identity "
                             "(zero-shot: no parameters, the features of an aligned encoder such as CLIP are the "
-                            "embeddings; needs train.epochs: 0 and model.standardize: false)")
+                            "embeddings; needs train.epochs: 0 and model.standardize: false) | clip4clip (the "
+                            "encoder itself trained end to end from frames and captions: model.encoder, "
+                            "docs/finetune.md)")
     text_kind: str = key("", "text tower kind; '' = same as kind (linear for frame-pooling kinds); with token "
                              "features [T, L, Dt] + S_text_mask.npy, transformer (COOT's word level) or meanp "
                              "pools the tokens (linear / mlp average them first)")
@@ -244,6 +250,17 @@ class ModelConfig:
     global_context: bool = key(True, "COOT's context branch: the global towers cross-attend from the local "
                                      "embedding of the whole video (paragraph) to its clips (sentences) and "
                                      "concatenate the result (release block: embeddings of 2 x dim)")
+    encoder: str = key("", "model.kind clip4clip: the CLIP to fine-tune, hf:DIR (a local transformers CLIPModel "
+                           "folder with its processor)")
+    sim_header: str = key("meanP", "model.kind clip4clip: meanP (mean of the frame embeddings) | seqTransf "
+                                   "(frame positions + a temporal transformer with a residual, from CLIP's text "
+                                   "blocks; CLIP4Clip Sec. 3.3)")
+    temporal_layers: int = key(4, "seqTransf: temporal transformer blocks, the first ones of CLIP's text transformer "
+                                  "(CLIP4Clip --cross_num_hidden_layers)")
+    freeze_layers: int = key(-1, "model.kind clip4clip: freeze CLIP's embeddings and its first N blocks in both "
+                                 "encoders (CLIP4Clip --freeze_layer_num); -1 = nothing frozen")
+    gradient_checkpointing: bool = key(False, "model.kind clip4clip: recompute CLIP's blocks in backward "
+                                              "(transformers' gradient_checkpointing_enable): less memory, more time")
 
 
 @dataclass(frozen=True)
@@ -273,6 +290,10 @@ class OptimConfig:
     eps: float = key(1e-8, "Adam epsilon (the CrossCLR / COOT release: 1.5e-9)")
     grad_clip: float = key(1.0, "clip the gradient norm to this value; 0 disables clipping")
     warmup_epochs: float = key(1.0, "linear LR warm-up over this many epochs, then cosine decay")
+    warmup_proportion: float = key(0.0, "> 0: the warm-up as this share of all steps instead of warmup_epochs "
+                                        "(CLIP4Clip / NCL: 0.1)")
+    encoder_lr_scale: float = key(1e-3, "model.kind clip4clip: CLIP's own parameters train at lr x this (CLIP4Clip "
+                                        "--coef_lr); the temporal head and the loss at lr")
     warmup_unit: str = key("step", "how the warm-up rises: step (the LR grows every step) | epoch (one LR per "
                                    "epoch, lr * (e + 1) / warmup_epochs in epoch e = 0, 1, ...: the CrossCLR / "
                                    "COOT release's ReduceLROnPlateauWarmup; needs whole warmup_epochs)")
@@ -380,7 +401,12 @@ class TrainConfig:
     keep: str = key("best", "weights kept in model.pt: best (the epoch with the best val metric) | last (the final "
                             "epoch: a fixed schedule, e.g. a refit on all training data; needs patience 0)")
     device: str = key("auto", "auto | cpu | cuda")
-    amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU")
+    amp: bool = key(True, "bfloat16 mixed precision, only ever used on GPU (with precision: fp32)")
+    precision: str = key("fp32", "forward precision: fp32 (train.amp decides on GPU) | bf16 | fp16 (autocast on the "
+                                 "training device; fp16 with a gradient scaler)")
+    chunk_size: int = key(0, "> 0: gradient caching (Gao et al. 2021): the batch is embedded without a graph, "
+                             "the loss's gradient taken at the embeddings, then chunks of this many rows re-run "
+                             "with a graph; the same gradients in the memory of one chunk. 0 = off")
     progress: bool = key(True, "progress bars on a terminal (never in a log file)")
     eval_batch_size: int = key(8192, "rows per batch when embedding a split for evaluation")
     workers: int = key(0, "DataLoader worker processes gathering the next batches from the (memory-mapped) "
@@ -593,6 +619,36 @@ def _check_identity(cfg: "Config") -> None:
     if m.hierarchy:
         raise ValueError("model.hierarchy: not with model.kind identity")
 
+def _check_clip4clip(cfg: "Config") -> None:
+    """``model.kind: clip4clip`` (an encoder trained end to end) and the keys that go with it."""
+    m, d, o, tr = cfg.model, cfg.data, cfg.optim, cfg.train
+    _one_of(m.sim_header, "model.sim_header", ("meanP", "seqTransf"))
+    _one_of(d.frame_pos, "data.frame_pos", ("head", "tail", "uniform"))
+    _one_of(tr.precision, "train.precision", ("fp32", "bf16", "fp16"))
+    for name, value, low in (("data.max_frames", d.max_frames, 1), ("data.max_words", d.max_words, 2),
+                             ("model.temporal_layers", m.temporal_layers, 0), ("model.freeze_layers", m.freeze_layers, -1),
+                             ("train.chunk_size", tr.chunk_size, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or value > 1 << 20:
+            raise ValueError(f"{name}: expected an integer in [{low}, {1 << 20}], got {_short(value)}")
+    if not 0 < o.encoder_lr_scale <= 1e3:
+        raise ValueError(f"optim.encoder_lr_scale: must lie in (0, 1000], got {o.encoder_lr_scale}")
+    if not 0 <= o.warmup_proportion < 1:
+        raise ValueError(f"optim.warmup_proportion: must lie in [0, 1), got {o.warmup_proportion}")
+    if tr.chunk_size and m.hierarchy:
+        raise ValueError("train.chunk_size: gradient caching chunks flat batches; not with model.hierarchy")
+    if m.kind != "clip4clip":
+        if m.encoder:
+            raise ValueError(f"model.encoder: only read by model.kind clip4clip, got model.kind {m.kind}")
+        return
+    if not m.encoder.startswith("hf:"):
+        raise ValueError(f"model.encoder: model.kind clip4clip needs hf:DIR (a local CLIPModel folder), got "
+                         f"{_short(m.encoder or '(empty)')}")
+    if m.text_kind not in ("", "clip4clip"):
+        raise ValueError(f"model.text_kind: a clip4clip model trains CLIP's own text tower, got {m.text_kind}")
+    if m.hierarchy:
+        raise ValueError("model.hierarchy: not with model.kind clip4clip")
+
+
 def validate(cfg: Config) -> None:
     """Raise a one-line ``ValueError`` naming the first bad field."""
     _check_config(cfg)
@@ -624,9 +680,9 @@ def validate(cfg: Config) -> None:
             if missing:
                 raise ValueError(f"data.{split_field}: missing file(s) in {root}: {'; '.join(missing)}")
     m = cfg.model
-    _one_of(m.kind, "model.kind", ("linear", "mlp", "meanp", "transformer", "identity"))
+    _one_of(m.kind, "model.kind", ("linear", "mlp", "meanp", "transformer", "identity", "clip4clip"))
     _one_of(m.fusion, "model.fusion", ("concat", "gated"))
-    if m.text_kind:
+    if m.text_kind and m.kind != "clip4clip":
         _one_of(m.text_kind, "model.text_kind", ("linear", "mlp", "meanp", "transformer", "identity"))
     _check_identity(cfg)
     for name in ("dim", "width", "depth", "layers", "heads", "hidden"):
@@ -668,6 +724,7 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"model.{name}: must be positive, got {getattr(m, name)}")
     if m.hierarchy and m.dim % m.global_heads:
         raise ValueError(f"model.global_heads: must divide model.dim ({m.dim}), got {m.global_heads}")
+    _check_clip4clip(cfg)
     lo = cfg.loss
     _one_of(lo.name, "loss.name", known_losses())
     if lo.temperature is not None:

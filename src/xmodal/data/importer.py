@@ -52,7 +52,7 @@ IMPORT_ROLES = ("video", "video_mask", "text", "text_to_video", "video_names", "
 #: or group name is one line of ``S_videos.txt`` / ``S_groups.txt`` / an index's ``names.txt``.
 _BAD_ID = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
-__all__ = ["import_pairs", "read_pairs", "check_video_id", "check_group_name", "feature_files", "sample_frames", "read_features",
+__all__ = ["import_pairs", "import_rows", "read_pairs", "check_video_id", "check_group_name", "feature_files", "sample_frames", "read_features",
            "pad_frames", "pad_expert", "parse_experts", "import_owns"]
 
 
@@ -240,11 +240,17 @@ def sample_frames(arr: np.ndarray, max_frames: int | None) -> np.ndarray:
 
 
 def read_features(path: Path, max_frames: int | None = None) -> np.ndarray:
-    """One video's features, float32 ``[F, D]`` (a ``[D]`` vector becomes one frame);
-    ``max_frames``: see :func:`sample_frames`."""
-    arr = load_array(path, npz="features")
+    """One video's features, float32 ``[F, D]`` (a ``[D]`` vector becomes one frame), or a frame
+    store's uint8 frames ``[F, S*S*3]`` as they are (``xmodal encode frames``);
+    ``max_frames``: see :func:`sample_frames`. ``path`` may be a row of one array
+    (:class:`xmodal.data.arrayrows.ArrayRow`)."""
+    from xmodal.data.arrayrows import ArrayRow
+
+    arr = path.read() if isinstance(path, ArrayRow) else load_array(path, npz="features")
     if arr.ndim == 1:
         arr = arr[None]
+    if arr.ndim == 2 and 0 not in arr.shape and arr.dtype == np.uint8:
+        return sample_frames(arr, max_frames)
     if arr.ndim != 2 or 0 in arr.shape or not np.issubdtype(arr.dtype, np.floating):
         raise ValueError(f"{path}: expected float features [D] or [F, D], got shape {arr.shape} dtype {arr.dtype}")
     bad = np.flatnonzero(~np.isfinite(arr).all(1))
@@ -417,9 +423,12 @@ class _RowWriter:
 
 def _feature_shape(path: Path, max_frames: int | None) -> tuple[int, int]:
     """``(frames after max_frames, dim)`` of one video's feature file, from its header alone for a ``.npy``
-    (an ``.npz`` is read, one at a time)."""
+    (an ``.npz`` is read, one at a time); a row of one array is one frame."""
+    from xmodal.data.arrayrows import ArrayRow
     from xmodal.data.npyfile import array_header
 
+    if isinstance(path, ArrayRow):
+        return 1, path.dim
     if path.suffix.lower() == ".npy":
         try:
             shape, dtype = array_header(path)
@@ -433,10 +442,21 @@ def _feature_shape(path: Path, max_frames: int | None) -> tuple[int, int]:
         del arr
     if len(shape) == 1:
         shape = (1,) + tuple(shape)
-    if len(shape) != 2 or 0 in shape or not np.issubdtype(dtype, np.floating):
+    if len(shape) != 2 or 0 in shape or not (np.issubdtype(dtype, np.floating) or np.dtype(dtype) == np.uint8):
         raise ValueError(f"{path}: expected float features [D] or [F, D], got shape {tuple(shape)} dtype {dtype}")
     frames = shape[0] if max_frames is None else min(shape[0], int(max_frames))
     return int(frames), int(shape[1])
+
+
+def _holds_frames(files: list[Path | None]) -> bool:
+    """Whether the videos' files are a frame store's uint8 frames (all of them, or a clear error)."""
+    from xmodal.data.npyfile import array_header
+
+    kinds = {np.dtype(array_header(f)[1]) == np.uint8 if f.suffix.lower() == ".npy" else False
+             for f in files if f is not None}
+    if len(kinds) > 1:
+        raise ValueError("--features: mixes a frame store's uint8 frames with float features; import one kind")
+    return kinds == {True}
 
 
 def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths: list[int], dim: int, dtype,
@@ -445,6 +465,8 @@ def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths
     ``[N, max F, D]`` zero-padded; returns (and writes to ``mask_path``) the mask :func:`pad_expert`
     would give: None, bool ``[N]`` (present) or bool ``[N, max F]`` (real frames)."""
     n, longest = len(files), max(lengths)
+    if _holds_frames(files):  # a frame store: uint8 frames stay uint8 (model.kind clip4clip)
+        dtype = np.uint8
     writer = _RowWriter(path, (n, dim) if longest == 1 else (n, longest, dim), dtype)
     for f, length in zip(files, lengths):
         if f is None:
@@ -452,7 +474,7 @@ def _write_padded(path: Path, mask_path: Path, files: list[Path | None], lengths
         else:
             a = read_features(f, max_frames)
             if longest > 1 and length < longest:
-                a = np.concatenate([a, np.zeros((longest - length, dim), np.float32)])
+                a = np.concatenate([a, np.zeros((longest - length, dim), a.dtype)])
             writer.write(a[None] if longest > 1 else a)
         if bar is not None:
             bar.update(1)
@@ -540,12 +562,28 @@ def _publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _check_options(max_frames: Any, dtype: Any) -> int | None:
+    """``max_frames`` (a positive whole number or None) and ``dtype`` (a key of :data:`DTYPES`), checked."""
+    if max_frames is not None:
+        whole = not isinstance(max_frames, (bool, np.bool_)) and (
+            isinstance(max_frames, (int, np.integer)) or (isinstance(max_frames, (float, np.floating))
+                                                         and np.isfinite(max_frames) and float(max_frames).is_integer()))
+        # inf / 2.5 / True: refused
+        if not whole or max_frames < 1:
+            raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
+        max_frames = int(max_frames)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {short_repr(dtype)}")
+    return max_frames
+
+
 def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: str | os.PathLike,
                  split: str = "train", text_features: str | os.PathLike | None = None,
                  encode: Callable[[list[str]], np.ndarray] | None = None,
                  experts: dict[str, str | os.PathLike] | None = None,
                  max_frames: int | None = None, skip_missing: bool = False, dtype: str = "float32",
-                 progress: bool | None = False, encoders: dict | None = None) -> dict[str, dict[str, Any]]:
+                 progress: bool | None = False, encoders: dict | None = None,
+                 ids: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """Write the layout of :mod:`xmodal.data.layout` under ``out``, one split per
     ``split`` value of the table (rows without one go to ``split``).
 
@@ -556,7 +594,9 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         pairs: the ``.csv`` / ``.jsonl`` table (CSV: UTF-8 with or without a BOM, delimiter
             ``,``, ``;`` or tab).
         features: directory or glob of per-video ``.npy`` / ``.npz`` files (ids name files
-            inside the directory: no absolute path or ``..``; a video id is its file's stem).
+            inside the directory: no absolute path or ``..``; a video id is its file's stem), or
+            one ``[N, D]`` ``.npy`` whose rows ``ids`` names (``xmodal encode images``' output;
+            :mod:`xmodal.data.arrayrows`).
         out: output directory; built in a temporary folder beside it and renamed at the end,
             replacing an earlier import's folder entirely. A folder holding other files is refused.
         split: split name of rows with no ``split`` column value.
@@ -577,30 +617,61 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
             features (:mod:`xmodal.features.identity`; None: ``--features`` folders' ``encoder.json``
             and ``--text-features``' sidecar are read), written as ``out/encoders.json`` with each
             size checked against the features (a record of another size is refused).
+        ids: with ``features`` one array: the ``--list`` file (or the ``--dir`` folder) it was encoded
+            from, naming its rows in order.
 
     Returns:
-        ``{split: {"videos", "texts", "max_frames", "frames_note": str or None, "groups": int or None,
+        ``{split: {"videos", "texts", "kind", "max_frames", "frames_note": str or None, "groups": int or None,
         "experts": {name: videos with it}, "notes": [...], "missing": [...], "dropped_rows": int}}``
+        (``kind``: ``"images"`` or ``"videos"``, see :func:`import_rows`)
         (``notes``: split names the default config does not read, videos in several splits;
         ``missing`` / ``dropped_rows``: what ``skip_missing`` left out; the same for every split).
     """
-    if max_frames is not None:
-        whole = not isinstance(max_frames, (bool, np.bool_)) and (
-            isinstance(max_frames, (int, np.integer)) or (isinstance(max_frames, (float, np.floating))
-                                                         and np.isfinite(max_frames) and float(max_frames).is_integer()))
-        # inf / 2.5 / True: refused
-        if not whole or max_frames < 1:
-            raise ValueError(f"--max-frames: expected a positive integer, got {short_repr(max_frames)}")
-        max_frames = int(max_frames)
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {short_repr(dtype)}")
-    rows = read_pairs(pairs)
+    _check_options(max_frames, dtype)
+    return import_rows(read_pairs(pairs), features=features, out=out, split=split, text_features=text_features,
+                       encode=encode, experts=experts, max_frames=max_frames, skip_missing=skip_missing,
+                       dtype=dtype, progress=progress, encoders=encoders, ids=ids)
+
+
+def import_rows(rows: list[dict[str, str]], *, features: str | os.PathLike, out: str | os.PathLike,
+                split: str = "train", text_features: str | os.PathLike | None = None,
+                encode: Callable[[list[str]], np.ndarray] | None = None,
+                experts: dict[str, str | os.PathLike] | None = None,
+                max_frames: int | None = None, skip_missing: bool = False, dtype: str = "float32",
+                progress: bool | None = False, encoders: dict | None = None,
+                ids: str | os.PathLike | None = None, kind: str | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`import_pairs` on rows already read: ``[{"video", "caption", "split"?}, ...]`` as
+    :func:`read_pairs` returns them (or a benchmark format's reader, :mod:`xmodal.data.formats`).
+    ``kind``: ``"images"`` or ``"videos"``, the collection's word in ``S_texts.tsv``'s header and the
+    summary (None: images for one array or an image encoder's record beside ``features``, else
+    videos). Every other argument and the result are :func:`import_pairs`'."""
+    if kind not in (None, "images", "videos"):
+        raise ValueError(f"kind: expected images or videos, got {short_repr(kind)}")
+    max_frames = _check_options(max_frames, dtype)
+    if not isinstance(rows, list) or not rows or not all(
+            isinstance(r, dict) and isinstance(r.get("video"), str) and isinstance(r.get("caption"), str)
+            for r in rows):
+        raise TypeError(f"rows: expected a non-empty list of {{'video', 'caption'[, 'split']}} dicts, "
+                        f"got {short_repr(rows)}")
     table_rows = len(rows)
     texts = None
     if text_features is not None:
         texts = _open_text_features(text_features, table_rows)
     all_videos = list(dict.fromkeys(r["video"] for r in rows))
-    files = feature_files(features, all_videos, allow_missing=skip_missing)  # before any caption is encoded
+    from xmodal.data.arrayrows import array_rows, is_array_file
+
+    if is_array_file(features):  # one array for the collection (encode images): rows named by --ids
+        files = array_rows(features, ids, all_videos, allow_missing=skip_missing)
+        kind = kind or "images"
+        # one spelling per item: "im03.jpg" and "im03" are the same image, named by its stem
+        canon = {v: (f.name if f is not None else v) for v, f in files.items()}
+        rows = [{**r, "video": canon[r["video"]]} for r in rows]
+        files = {canon[v]: f for v, f in files.items()}
+        all_videos = list(dict.fromkeys(canon[v] for v in all_videos))
+    else:
+        if ids is not None:
+            raise ValueError(f"--ids: only with --features FILE.npy (one array); {features} is not one")
+        files = feature_files(features, all_videos, allow_missing=skip_missing)  # before any caption is encoded
     missing = [v for v in all_videos if files[v] is None]
     keep = np.array([files[r["video"]] is not None for r in rows])
     if missing:
@@ -638,8 +709,9 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
         try:
             if texts is None:
                 texts = _encode_captions(tmp, rows, encode, progress)
-            summary = _write_splits(tmp, rows, plans, texts, files, max_frames, DTYPES[dtype], progress)
-            _write_encoders(tmp, encoders, plans, texts.dim, features, text_features, experts)
+            recorded = _write_encoders(tmp, encoders, plans, texts.dim, features, text_features, experts)
+            kind = kind or ("images" if (recorded.get("video") or {}).get("level") == "image" else "videos")
+            summary = _write_splits(tmp, rows, plans, texts, files, max_frames, DTYPES[dtype], progress, kind)
             texts.close()
         except OSError as exc:  # name the file under --out, not the private temporary folder
             if exc.errno != errno.ENOSPC:
@@ -674,13 +746,15 @@ def import_pairs(pairs: str | os.PathLike, *, features: str | os.PathLike, out: 
 
 
 def _write_encoders(tmp: Path, given: dict | None, plans: dict, text_dim: int, features: Any, text_features: Any,
-                    experts: dict | None) -> None:
+                    experts: dict | None) -> dict:
     """``encoders.json`` of the layout: the records given, else those found beside the inputs, each
-    checked against the size of the features it describes."""
+    checked against the size of the features it describes; returns the records."""
     from xmodal.features import identity
 
     def beside(source: Any, flag: str) -> dict | None:
         p = Path(source)
+        if p.is_file() and p.suffix.lower() == ".npy":  # one array: its OUT.encoder.json (encode images)
+            return identity.read_sidecar(p, flag)
         folder = p if p.is_dir() else p.parent if any(c in str(source) for c in "*?[") else None
         return identity.read_sidecar(folder, flag) if folder is not None and folder.is_dir() else None
 
@@ -702,6 +776,7 @@ def _write_encoders(tmp: Path, given: dict | None, plans: dict, text_dim: int, f
             raise ValueError(f"{flags.get(key, f'--expert {key}')}: its encoder record ({record['spec']}) says "
                              f"{record['dim']}-d features, but the files hold {dims[key]}-d ones")
     identity.write_encoders(tmp, records)
+    return records
 
 
 def _open_text_features(path: str | os.PathLike, table_rows: int) -> "_TableText":
@@ -806,7 +881,8 @@ def _plan_splits(rows: list[dict], by_split: dict[str, list[int]], files: dict[s
 
 
 def _write_splits(out: Path, rows: list[dict], plans: dict[str, dict], texts: _TableText, files: dict[str, Path],
-                  max_frames: int | None, dtype, progress: bool | None = False) -> dict[str, dict[str, Any]]:
+                  max_frames: int | None, dtype, progress: bool | None = False,
+                  kind: str = "videos") -> dict[str, dict[str, Any]]:
     from xmodal.progress import progress as progress_bar
 
     summary = {}
@@ -831,9 +907,10 @@ def _write_splits(out: Path, rows: list[dict], plans: dict[str, dict], texts: _T
         else:
             for role in ("video_to_group", "group_names"):
                 p(role).unlink(missing_ok=True)  # stale groups of an earlier import would not match
-        p("text_names").write_text("video_index\tvideo\ttext\n" + "".join(
+        item = kind[:-1]  # the collection's word: video / image (the text stays the last column)
+        p("text_names").write_text(f"{item}_index\t{item}\ttext\n" + "".join(
             f"{row_of[rows[i]['video']]}\t{rows[i]['video']}\t{rows[i]['caption']}\n" for i in idx), encoding="utf-8")
-        summary[name] = {"videos": len(videos), "texts": len(idx),
+        summary[name] = {"videos": len(videos), "texts": len(idx), "kind": kind,
                          "max_frames": 1 if mask is None else int(mask.shape[1]),
                          "frames_note": frames_note(lengths, videos), "experts": {},
                          "groups": None if plan["groups"] is None else len(plan["groups"])}

@@ -83,12 +83,19 @@ def nonfinite_rows(x: np.ndarray, real: np.ndarray | None = None) -> tuple[int, 
 
 
 def _feature_problems(x: Any, label: str, n: int | None, mask: Any, mask_label: str,
-                      frame_mask_only: bool, names: list[str] | None = None) -> list[str]:
-    """Problems of one video feature array and its mask (``n``: expected rows)."""
+                      frame_mask_only: bool, names: list[str] | None = None, raw: str = "") -> list[str]:
+    """Problems of one video feature array and its mask (``n``: expected rows). ``raw``: the
+    non-float input this role may also hold: ``"frames"`` (uint8 ``[N, F, S*S*3]``, a frame store's
+    RGB frames) or ``"ids"`` (integer token ids ``[T, L]``); both are what ``model.kind: clip4clip``
+    trains on (:mod:`xmodal.models.clip4clip`)."""
     if not isinstance(x, np.ndarray) or x.ndim not in (2, 3):
         return [f"{label}: expected an array [N, D] or [N, F, D], got {_shape(x)}"]
     out = []
-    if not np.issubdtype(x.dtype, np.floating):
+    if raw == "frames" and x.dtype == np.uint8 and x.ndim == 3:
+        pass
+    elif raw == "ids" and x.ndim == 2 and np.issubdtype(x.dtype, np.integer):
+        pass
+    elif not np.issubdtype(x.dtype, np.floating):
         out.append(f"{label}: expected floating features, got dtype {x.dtype}")
     if 0 in x.shape:
         out.append(f"{label}: empty array, shape {x.shape}")
@@ -135,7 +142,7 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
     experts, expert_masks = experts or {}, expert_masks or {}
     # None (a file that is missing, reported elsewhere): the checks needing it are skipped.
     out = [] if video is None else _feature_problems(video, lab("video"), None, video_mask, lab("video_mask"), True,
-                                                     video_names)
+                                                     video_names, raw="frames")
     n = video.shape[0] if isinstance(video, np.ndarray) and video.ndim in (2, 3) else None
     for name, feats in experts.items():
         try:
@@ -172,7 +179,7 @@ def split_problems(video: Any, text: Any, text_to_video: Any, *, video_mask: Any
         t = None
     else:
         t = text.shape[0]
-        problems = _feature_problems(text, lab("text"), None, text_mask, lab("text_mask"), True)
+        problems = _feature_problems(text, lab("text"), None, text_mask, lab("text_mask"), True, raw="ids")
         out += [p.replace(" in real frames", " in real tokens")
                 .replace("(features have no frames)", "(sentence features [T, Dt] have no tokens)") for p in problems]
         if text_mask is not None and usable(text, text_mask, True) and text.ndim == 3:

@@ -56,6 +56,7 @@ class Encoder:
     fn: Callable[..., np.ndarray]
     identity: Callable[[], dict] | None = None
     frames: int | None = None  # a "video" encoder's clip length
+    dtype: str = "float32"  # what it yields: float32 features, or uint8 frames (frames:S, a frame store)
     runtime: dict | None = None  # hf: / open_clip: device, precision and the measured difference to float32
 
 
@@ -119,6 +120,12 @@ def get_encoder(spec: str, kind: str, *, device: str | None = None, precision: s
     if device not in (None, "auto") or precision not in (None, "float32"):
         raise ValueError(f"model: {spec[:200]}: --device / --precision place hf:DIR and open_clip:DIR models only "
                          f"(the built-in and registered encoders run as they are built)")
+    if spec.startswith("frames:"):  # a frame store's uint8 frames (xmodal.features.frames)
+        from xmodal.features import frames
+
+        if kind == "text":
+            raise ValueError(f"model: {spec[:60]!r} keeps video frames; it encodes no text")
+        return frames.encoder(spec)
     enc = ENCODERS.get(spec)
     if enc is None:
         raise ValueError(f"model: unknown encoder {spec[:200]!r}; expected hf:DIR or a registered name: "
@@ -246,7 +253,7 @@ def _hf_encoder(spec: str, kind: str, device: str, precision: str) -> Encoder:
     frames = None
     if kind == "video":
         frames = int(hf.identity(full, "video")["preprocessing"]["num_frames"])
-    return Encoder(full, kind, fn, identity, frames, runtime)
+    return Encoder(full, kind, fn, identity, frames, runtime=runtime)
 
 
 def reset_runtime(spec: str, kind: str, *, device: str | None = None, precision: str | None = None) -> None:
@@ -491,7 +498,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
             return
         try:
             out = np.asarray(enc.fn([im for im, _, _ in live], batch_size=len(live), progress=False),
-                             dtype=np.float32)
+                             dtype=np.dtype(enc.dtype))
         except (ImportError, KeyboardInterrupt):  # a missing extra: the run's problem, not a file's
             raise
         except Exception as exc:  # noqa: BLE001 - a frame the encoder cannot take fails its videos only
@@ -514,7 +521,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                 continue
             if v.note:
                 note(v.note)
-            yield v.index, np.stack(v.rows).astype(np.float32, copy=False)
+            yield v.index, np.stack(v.rows).astype(np.dtype(enc.dtype), copy=False)
 
     from xmodal.features.decoders import Decoders, video_events
 

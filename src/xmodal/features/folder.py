@@ -39,6 +39,9 @@ SPECIAL, BROKEN, IMAGE, NOT_VIDEO, EMPTY = ("not a regular file (FIFO, socket or
                                             "image", "not a video", "empty file")
 #: Skips named one per line on stderr (what a user most likely did not mean); the others are counted.
 NAMED = (SPECIAL, BROKEN, LINKED_FOLDER)
+#: Most decoding processes of ``--workers`` (each holds a decoder and its queued frames; one encoder
+#: takes what they decode, so more processes than cores only add memory).
+MAX_WORKERS = 64
 
 
 @dataclass
@@ -141,7 +144,8 @@ def scan_videos(source: str | os.PathLike, *, recursive: bool = False,
 
 def feature_file_ok(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a finished features file: a ``.npy`` whose header declares a float ``[F, D]``
-    array with ``F, D >= 1`` and whose size matches it (a 0-byte or cut-off file is not, and is redone)."""
+    array (or a frame store's uint8 frames, ``encode frames``) with ``F, D >= 1`` and whose size matches it
+    (a 0-byte or cut-off file is not, and is redone)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -154,7 +158,7 @@ def feature_file_ok(path: str | os.PathLike) -> bool:
         size = path.stat().st_size
     except (OSError, ValueError, SyntaxError, TypeError):
         return False
-    return (len(shape) == 2 and min(shape) >= 1 and dtype.kind == "f" and not dtype.hasobject
+    return (len(shape) == 2 and min(shape) >= 1 and (dtype.kind == "f" or dtype == np.uint8) and not dtype.hasobject
             and size == offset + int(np.prod(shape)) * dtype.itemsize)
 
 
@@ -209,6 +213,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
 
     started = time.perf_counter()
     workers = whole_number(workers, "workers", minimum=1)
+    if workers > MAX_WORKERS:
+        raise ValueError(f"--workers: at most {MAX_WORKERS} decoding processes, got {workers:,}")
     if shard is not None:
         shard = shards_module._check(shard)
     from xmodal.features import encoders
@@ -222,6 +228,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
     if not scan.videos:
         found = "; ".join(f"{len(v)} {r}" for r, v in scan.skipped.items())
         raise ValueError(f"{source}: no video files" + (f" (looked at {scan.looked_at}: {found})" if found else ""))
+    shards_module.check_shard_count(shard, len(scan.videos))  # before any work
     by_id: dict[str, Path] = {}
     for vid, p in scan.videos:
         if vid in by_id:

@@ -45,6 +45,11 @@ ENCODERS_NAME = "encoders.json"
 SIDECAR_FORMAT, ENCODERS_FORMAT, VERSION = "xmodal-encoder", "xmodal-encoders", 1
 #: Largest identity file read (a record is a few hundred bytes; the preprocessing summary a few KB).
 MAX_BYTES = 256 * 1024
+#: Deepest nesting of an identity file (``encoders.json``: the file, ``experts``, a record, then
+#: :data:`MAX_VALUE_DEPTH` levels of its ``preprocessing`` / ``sampling``).
+MAX_DEPTH = 8
+#: Deepest nesting inside a record's ``preprocessing`` / ``sampling`` (what xmodal writes holds 2).
+MAX_VALUE_DEPTH = 4
 KINDS = ("text", "image", "video")
 LEVELS = ("sentence", "tokens", "image", "frame", "clip")
 #: Feature sizes of the built-in encoders, by kind (what an unrecorded size is matched against).
@@ -117,23 +122,54 @@ def check_record(record: Any, where: str) -> dict | None:
     for key in ("preprocessing", "sampling"):
         if record.get(key) is not None and not isinstance(record[key], (dict, str)):
             raise ValueError(f"{where}: {key!r} must be an object, text or null")
+        if _deeper_than(record.get(key), MAX_VALUE_DEPTH):
+            raise ValueError(f"{where}: {key!r} is nested more than {MAX_VALUE_DEPTH} levels deep")
     return {k: v for k, v in record.items() if k in _FIELDS}
 
 
-def _read_json(path: Path, where: str) -> Any:
+def _deeper_than(value: Any, limit: int, max_items: int = 1 << 16) -> bool:
+    """Whether ``value`` nests dicts / lists more than ``limit`` levels deep (or holds more than
+    ``max_items`` of them): walked with a stack, so no depth is a RecursionError."""
+    stack, seen = [(value, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list, tuple)):
+            seen += 1
+            if depth + 1 > limit or seen > max_items:
+                return True
+            stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def _read_json(path: Path, where: str, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    """A JSON file through the shared bounded reader (:func:`xmodal._files.jsonfile.read_json_file`)."""
+    from xmodal._files.jsonfile import read_json_file
+
     try:
         size = path.stat().st_size
+        if size > max_bytes:
+            raise ValueError(f"{where}: {path} is {size:,} bytes, more than an encoder record ({max_bytes:,} at most)")
+        return read_json_file(path, f"{where}: {path}", max_bytes=max_bytes, max_depth=max_depth)
+    except FileNotFoundError:
+        raise ValueError(f"{where}: {path} does not exist") from None
     except OSError as exc:
         raise ValueError(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
+
+
+def _bounded_text(body: dict, what: str) -> str:
+    """The JSON text of an identity file, refused (one line) when its readers would refuse it: the
+    producer's bound, so nothing a command writes is later refused by another."""
+    from xmodal._files.jsonfile import json_shape
+
+    text = json.dumps(body, indent=1) + "\n"
+    size, (depth, _) = len(text.encode("utf-8")), json_shape(text.encode("utf-8"))
     if size > MAX_BYTES:
-        raise ValueError(f"{where}: {path} is {size:,} bytes, more than an encoder record ({MAX_BYTES:,} at most)")
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        text = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise ValueError(f"{where}: {path} is not valid JSON ({text})") from None
-    except OSError as exc:
-        raise ValueError(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
+        raise ValueError(f"{what}: the encoder records would take {size:,} bytes, more than an identity file "
+                         f"holds ({MAX_BYTES:,} at most)")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{what}: the encoder records would nest {depth} levels deep, more than an identity "
+                         f"file holds ({MAX_DEPTH} at most)")
+    return text
 
 
 def spec_to_file(record: dict | None, folder: str | os.PathLike) -> dict | None:
@@ -185,7 +221,7 @@ def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
         raise TypeError(f"record: expected an encoder record (dict), got {type(record).__name__}")
     path = sidecar_path(features)
     record = spec_to_file(check_record(record, "record"), path.parent)
-    atomic_write_text(path, json.dumps({"format": SIDECAR_FORMAT, "version": VERSION, **record}, indent=1) + "\n")
+    atomic_write_text(path, _bounded_text({"format": SIDECAR_FORMAT, "version": VERSION, **record}, "record"))
     return path
 
 
@@ -221,8 +257,10 @@ def write_encoders(folder: str | os.PathLike, encoders: dict) -> Path:
             "video": spec_to_file(check_record(encoders.get("video"), "encoders['video']"), folder),
             "experts": {k: spec_to_file(check_record(v, f"encoders['experts'][{k!r}]"), folder)
                         for k, v in (encoders.get("experts") or {}).items()}}
+    if len(body["experts"]) > 256:
+        raise ValueError(f"encoders['experts']: at most 256 expert records, got {len(body['experts'])}")
     path = Path(folder) / ENCODERS_NAME
-    atomic_write_text(path, json.dumps(body, indent=1) + "\n")
+    atomic_write_text(path, _bounded_text(body, "encoders"))
     return path
 
 
@@ -234,7 +272,8 @@ def run_encoders(run: str | os.PathLike, where: str = "--run") -> dict:
     folder = p if p.is_dir() else p.parent
     empty = {"text": None, "video": None, "experts": {}}
     if (folder / "config.json").is_file() and not (folder / ENCODERS_NAME).is_file():
-        body = _read_json(folder / "config.json", where) if (folder / "config.json").stat().st_size <= 64 << 20 else {}
+        body = _read_json(folder / "config.json", where, max_bytes=64 << 20, max_depth=32) \
+            if (folder / "config.json").stat().st_size <= 64 << 20 else {}
         enc = body.get("encoders") if isinstance(body, dict) else None
         if not isinstance(enc, dict):
             return empty

@@ -9,6 +9,8 @@ shards ``1/N`` .. ``N/N`` encode disjoint shares that together cover the collect
   takes the same videos (finished ones are skipped as always);
 - under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` in the environment, ``WORLD_SIZE`` > 1) and without
   ``--shard``, process ``RANK`` takes shard ``RANK + 1`` of ``WORLD_SIZE``;
+- ``N`` is at most :data:`MAX_SHARDS` and at most the number of videos of the collection (more shards
+  than videos leave shards empty), checked before any video is encoded;
 - each shard writes what it did to ``FEATS/.encode-shards/shard-K-of-N.json`` when it ends (videos of its
   share, encoded, already there, failed with their names, truncated, frames, seconds, host, and a hash of
   the collection's video ids, so shards that saw different collections are told apart); any shard's end,
@@ -27,7 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["parse_shard", "shard_from_env", "in_shard", "read_summaries", "combine", "SUMMARY_DIR"]
+from xmodal._files.jsonfile import loads_bounded
+
+__all__ = ["parse_shard", "shard_from_env", "in_shard", "read_summaries", "combine", "check_shard_count",
+           "SUMMARY_DIR", "MAX_SHARDS"]
 
 #: The folder inside ``FEATS`` that holds one summary per shard (hidden: not a video's features).
 SUMMARY_DIR = ".encode-shards"
@@ -35,6 +40,12 @@ SUMMARY_DIR = ".encode-shards"
 MAX_NAMES = 1000
 #: Largest shard summary file read back (bytes).
 MAX_SUMMARY_BYTES = 4 << 20
+#: Deepest JSON nesting of a shard summary read back (what :func:`write_summary` writes holds 2).
+MAX_SUMMARY_DEPTH = 4
+#: Most shards a collection is split into (``N`` of ``--shard K/N`` and ``WORLD_SIZE``): the summaries
+#: list every shard not finished, so ``N`` bounds their memory. An encode run also needs ``N`` at most
+#: the videos of its collection (:func:`check_shard_count`): more shards than videos leaves shards empty.
+MAX_SHARDS = 100_000
 _COUNTS = ("videos", "written", "skipped", "failed", "truncated", "refused", "frames", "collection")
 
 
@@ -54,7 +65,25 @@ def parse_shard(text: Any, flag: str = "--shard") -> tuple[int, int]:
     k, n = int(m[1]), int(m[2])
     if not 1 <= k <= n:
         raise ValueError(f"{flag}: K must lie in 1..N, got {k}/{n}")
+    if n > MAX_SHARDS:
+        raise ValueError(f"{flag}: at most {MAX_SHARDS:,} shards, got N = {n:,}")
     return k, n
+
+
+def check_shard_count(shard: tuple[int, int] | None, videos: int) -> None:
+    """A one-line ValueError when ``shard``'s ``N`` is more than the ``videos`` of the collection.
+
+    >>> check_shard_count((1, 300), 8)
+    Traceback (most recent call last):
+    ...
+    ValueError: --shard / WORLD_SIZE: 300 shards of a collection of 8 videos: N must be at most the number of videos
+    """
+    from xmodal._validate import whole_number
+
+    videos = whole_number(videos, "videos")
+    if shard is not None and _check(shard)[1] > max(1, videos):
+        raise ValueError(f"--shard / WORLD_SIZE: {shard[1]:,} shards of a collection of {videos:,} video"
+                         f"{'s' if videos != 1 else ''}: N must be at most the number of videos")
 
 
 def shard_from_env(env: Any = None) -> tuple[int, int] | None:
@@ -70,6 +99,8 @@ def shard_from_env(env: Any = None) -> tuple[int, int] | None:
     if size is None or rank is None:
         return None
     try:
+        if len(str(size)) > 12 or len(str(rank)) > 12:
+            raise ValueError
         size, rank = int(size), int(rank)
     except ValueError:
         from xmodal._validate import short_repr
@@ -77,6 +108,8 @@ def shard_from_env(env: Any = None) -> tuple[int, int] | None:
         raise ValueError(f"RANK/WORLD_SIZE: expected integers, got {short_repr(rank)}/{short_repr(size)}") from None
     if size <= 1:
         return None
+    if size > MAX_SHARDS:
+        raise ValueError(f"WORLD_SIZE: at most {MAX_SHARDS:,} processes (shards), got {size:,}")
     if not 0 <= rank < size:
         raise ValueError(f"RANK: must lie in 0..WORLD_SIZE-1, got {rank} of {size}")
     return rank + 1, size
@@ -84,10 +117,11 @@ def shard_from_env(env: Any = None) -> tuple[int, int] | None:
 
 def _check(shard: Any) -> tuple[int, int]:
     if not (isinstance(shard, tuple) and len(shard) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                   for x in shard) and 1 <= shard[0] <= shard[1]):
+                                                                   for x in shard) and 1 <= shard[0] <= shard[1]
+            and shard[1] <= MAX_SHARDS):
         from xmodal._validate import short_repr
 
-        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N, got {short_repr(shard)}")
+        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N <= {MAX_SHARDS:,}, got {short_repr(shard)}")
     return shard
 
 
@@ -142,7 +176,7 @@ def read_summaries(out: str | os.PathLike, n: int | None = None) -> tuple[dict[i
     if folder.is_dir():
         for p in folder.iterdir():
             m = re.fullmatch(r"shard-(\d{1,9})-of-(\d{1,9})\.json", p.name)
-            if m and p.is_file() and not p.is_symlink():
+            if m and p.is_file() and not p.is_symlink() and 1 <= int(m[1]) <= int(m[2]) <= MAX_SHARDS:
                 found.setdefault(int(m[2]), {})[int(m[1])] = p
     if n is None:
         if not found:
@@ -153,7 +187,11 @@ def read_summaries(out: str | os.PathLike, n: int | None = None) -> tuple[dict[i
         try:
             if p.stat().st_size > MAX_SUMMARY_BYTES:
                 raise ValueError(f"larger than {MAX_SUMMARY_BYTES} bytes")
-            record = json.loads(p.read_text(encoding="utf-8"))
+            with open(p, "rb") as f:
+                data = f.read(MAX_SUMMARY_BYTES + 1)
+            if len(data) > MAX_SUMMARY_BYTES:
+                raise ValueError(f"larger than {MAX_SUMMARY_BYTES} bytes")
+            record = loads_bounded(data, "the file", max_depth=MAX_SUMMARY_DEPTH)
             out_[k] = _checked(record, k, n)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             problems.append(f"{p}: unreadable shard summary ({str(exc)[:120]})")
@@ -187,10 +225,10 @@ def combine(summaries: dict[int, dict], n: int) -> dict:
     if not isinstance(summaries, dict) or not all(isinstance(k, int) and isinstance(v, dict)
                                                   for k, v in summaries.items()):
         raise TypeError("summaries: expected {K: shard summary} (read_summaries)")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SHARDS:
         from xmodal._validate import short_repr
 
-        raise ValueError(f"n: expected a positive number of shards, got {short_repr(n)}")
+        raise ValueError(f"n: expected a number of shards in 1..{MAX_SHARDS:,}, got {short_repr(n)}")
     done = sorted(k for k in summaries if 1 <= k <= n)
     totals = {key: sum(summaries[k][key] for k in done) for key in _COUNTS if key != "collection"}
     hashes = {summaries[k].get("collection_hash") for k in done}

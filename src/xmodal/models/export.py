@@ -40,7 +40,7 @@ MAX_HEADER_BYTES = 8 << 20
 #: The keys of config.json (``text_encoder`` ...: the encoder identity the ``encode`` sidecars record).
 CONFIG_KEYS = ("format", "version", "library_name", "xmodal_version", "model_type", "architecture", "feature_sizes",
                "encoders", "temperature", "test_time", "run_config", "onnx", "onnx_check", "card", "text_encoder",
-               "video_encoder", "image_encoder")
+               "video_encoder", "image_encoder", "encoder_folder")
 _TEST_TIME_KEYS = ("version", "temperature", "hparams", "names", "selected", "val", "banks", "dn", "selection")
 #: 1-D test-time tensors up to this many values are written into config.json as plain lists.
 MAX_INLINE_VALUES = 4096
@@ -215,6 +215,12 @@ def _version() -> str:
 def feature_sizes(arch: dict) -> dict:
     """What the towers take: ``{"video": Dv, "text": Dt, "experts": {name: De}, "joint": D,
     "max_frames": F or None, "max_tokens": L or None, "text_tokens": bool}``."""
+    if "clip4clip" in arch:  # an encoder trained end to end: frames and token ids in (xmodal.models.clip4clip)
+        c = arch["clip4clip"]
+        size = int(c["clip_config"]["vision_config"]["image_size"])
+        return {"video": size * size * 3, "text": int(c["max_words"]), "joint": int(c["clip_config"]["projection_dim"]),
+                "experts": {}, "max_frames": int(c["max_frames"]), "max_tokens": int(c["max_words"]),
+                "text_tokens": False, "frames": True}
     video, text = arch["video"], arch["text"]
     return {"video": int(video["in_dim"]), "text": int(text["in_dim"]), "joint": int(video["out_dim"]),
             "experts": {k: int(v["in_dim"]) for k, v in (arch.get("experts") or {}).items()},
@@ -248,7 +254,8 @@ def export_state(model: Any, *, encoders: dict | None = None, run_config: dict |
         raise ValueError(f"model: a parameter name starts with {_TT!r}, which the export reserves")
     arch = payload["architecture"]
     config = {"format": FORMAT, "version": VERSION, "library_name": "xmodal", "xmodal_version": _version(),
-              "model_type": "xmodal-hierarchical-two-tower" if "hierarchy" in arch else "xmodal-two-tower",
+              "model_type": "xmodal-hierarchical-two-tower" if "hierarchy" in arch else
+              "xmodal-clip4clip" if "clip4clip" in arch else "xmodal-two-tower",
               "architecture": arch, "feature_sizes": feature_sizes(arch), "encoders": dict(encoders or {}),
               "temperature": float(model.temperature),
               "test_time": _test_time_record(payload["test_time"], tensors),

@@ -53,6 +53,10 @@ def _model_class(arch: dict) -> type[TwoTower]:
         from xmodal.models.hierarchy import HierarchicalTwoTower
 
         return HierarchicalTwoTower
+    if "clip4clip" in arch:  # a CLIP encoder trained end to end (model.kind: clip4clip)
+        from xmodal.models.clip4clip import Clip4Clip
+
+        return Clip4Clip
     return TwoTower
 
 

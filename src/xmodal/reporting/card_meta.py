@@ -27,6 +27,14 @@ _TASKS = {"t2v": ("text-to-video-retrieval", "Text-to-video retrieval"),
           "v2p": ("video-to-paragraph-retrieval", "Video-to-paragraph retrieval")}
 #: A per_query.npz entry larger than this (uncompressed) is not read for the card's intervals.
 MAX_RANK_BYTES = 256 << 20
+#: Plain scalars a YAML 1.2 reader (core schema) resolves to null, a boolean, an integer or a float.
+#: PyYAML writes YAML 1.1 and quotes only what 1.1 would read as another type: ``1e5`` (a 1.1 float
+#: needs a dot) and ``0o17`` (a 1.2 octal) went out bare and came back as numbers.
+_YAML12_NOT_STR = re.compile(r"""(?x)
+    ~ | null | Null | NULL | true | True | TRUE | false | False | FALSE
+  | [-+]?[0-9]+ | 0o[0-7]+ | 0x[0-9a-fA-F]+
+  | [-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
+  | [-+]?\.(inf|Inf|INF) | \.nan | \.NaN | \.NAN""")
 def plain(value: Any, limit: int = 300) -> str:
     """Text from a record or a flag as inert Markdown: control characters (a newline would start new Markdown
     or HTML) become spaces, ``& < >`` HTML entities, ``` ` ``` a quote, cut at ``limit`` characters.
@@ -113,7 +121,7 @@ def intervals(run: str | os.PathLike, split: str, normalizer: str, *, n_boot: in
 
 def front_matter(config: dict, records: dict, tags: list[str]) -> str:
     """The card's YAML header (Hugging Face model card metadata), written by ``yaml.safe_dump`` (every value
-    quoted as YAML needs): ``library_name``, ``license``, ``datasets``, ``base_model``, ``pipeline_tag``,
+    quoted as YAML 1.1 and 1.2 need: :func:`_card_dumper`): ``library_name``, ``license``, ``datasets``, ``base_model``, ``pipeline_tag``,
     ``tags`` and ``model-index`` with the headline results and their intervals."""
     import yaml
 
@@ -150,7 +158,25 @@ def front_matter(config: dict, records: dict, tags: list[str]) -> str:
         results.append({"task": {"type": task_type, "name": task_name}, "dataset": dict(dataset), "metrics": metrics})
     if results:
         meta["model-index"] = [{"name": plain(records.get("name") or "xmodal model", 96), "results": results}]
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1 << 16) + "---"
+    return "---\n" + yaml.dump(meta, Dumper=_card_dumper(), sort_keys=False, allow_unicode=True,
+                               width=1 << 16) + "---"
+
+
+def _card_dumper():
+    """``yaml.SafeDumper`` that also quotes a string YAML 1.2 would read as another type (``1e5``, ``0o17``):
+    every text value of the card reads back as the same text under YAML 1.1 and 1.2 alike."""
+    import yaml
+
+    class CardDumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):
+        if _YAML12_NOT_STR.fullmatch(value) or value == "":
+            return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'")
+        return dumper.represent_str(value)
+
+    CardDumper.add_representer(str, text)
+    return CardDumper
 
 
 def repository_url() -> str | None:

@@ -51,7 +51,8 @@ __all__ = ["Result", "load_result", "expand", "compare", "markdown", "DEFAULT_ME
            "MAX_VALUES"]
 
 DEFAULT_METRICS = ("R@1", "R@5", "R@10", "MdR", "MnR", "mAP")
-DIRECTIONS = ("t2v", "v2t", "p2v", "v2p")
+#: v2c: each image / video queries the classes (``xmodal classify``: a rank is the true class's rank).
+DIRECTIONS = ("t2v", "v2t", "p2v", "v2p", "v2c")
 #: The most runs on one side.
 MAX_RUNS = 500
 #: The most per-query values held for one row (runs of both sides x queries): about 200 MB as float64.
@@ -331,7 +332,7 @@ def compare(a: Sequence[Result], b: Sequence[Result], *, split: str | None = Non
         ``direction``, ``compared`` (the comparison's label), ``p_holm`` (Holm over the comparison's
         rows) and ``verdict``: ``"B better"`` / ``"A better"`` (Holm p below ``1 - level`` and the
         interval clear of 0), ``"no clear difference"``, or with seeds ``"cannot be decided with
-        N + M seeds"`` where the seed-level test cannot reach ``1 - level`` after Holm whatever the
+        N + M seeds"`` (the same N runs on both sides: ``"with N paired runs"``) where the seed-level test cannot reach ``1 - level`` after Holm whatever the
         runs score.
     """
     _check_sides(a, b)
@@ -420,7 +421,8 @@ def _rows(a: Sequence[Result], b: Sequence[Result], split: str, na: str, nb: str
             vb = [v if order.get(id(r)) is None else v[order[id(r)]] for r, v in zip(b, vb)]
             t = paired_test(va if len(va) > 1 else va[0], vb if len(vb) > 1 else vb[0], metric=m, n_boot=n_boot,
                             seed=seed, level=level, paired_seeds=same_runs and len(va) > 1)
-            rows.append({"direction": d, **t, "paired_by": "query ids" if without[d] is None else "position"})
+            rows.append({"direction": d, **t, "paired_by": "query ids" if without[d] is None else "position",
+                         "paired_seeds": bool(same_runs and len(va) > 1)})
     return rows
 
 
@@ -453,7 +455,8 @@ def _verdicts(rows: list[dict], level: float) -> None:
         gain = -r["diff"] if r["lower_is_better"] else r["diff"]
         lo, hi = (-r["ci_high"], -r["ci_low"]) if r["lower_is_better"] else (r["ci_low"], r["ci_high"])
         if r["unit"] == "seeds" and (not reachable or r["p_value_min"] > alpha):
-            r["verdict"] = f"cannot be decided with {r['seeds_a']} + {r['seeds_b']} seeds"
+            r["verdict"] = (f"cannot be decided with {r['seeds_a']} paired runs" if r.get("paired_seeds")
+                            else f"cannot be decided with {r['seeds_a']} + {r['seeds_b']} seeds")
         else:
             r["verdict"] = ("B better" if p < alpha and lo > 0 and gain > 0 else
                             "A better" if p < alpha and hi < 0 and gain < 0 else "no clear difference")

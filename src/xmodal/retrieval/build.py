@@ -234,7 +234,10 @@ def write_rows_npy(path: str | os.PathLike, rows: Any, *, dtype: Any = np.float3
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a file path, got {short_repr(path)}")
     block_rows = positive_int(block_rows, "block_rows")
-    dtype = np.dtype(dtype)
+    try:  # numpy's own message quotes the object's repr, several lines for an array or a tensor
+        dtype = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"dtype: expected a float dtype, got {short_repr(dtype)}") from None
     if dtype.kind != "f":
         raise TypeError(f"dtype: expected a float dtype, got {dtype}")
     shape = tuple(getattr(rows, "shape", ()))

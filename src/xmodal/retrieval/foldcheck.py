@@ -9,7 +9,9 @@ was fitted on; their videos are added to the gallery as if it held them, with th
 scaling gives them, :func:`xmodal.retrieval.index.gallery_bias`), or a split the user names, are
 ranked against the gallery with and without the fold (:func:`fold_ranks`), and the fold is kept only
 when it is clear of ``none`` by the paired rule of :mod:`xmodal.retrieval.selection` (the lower end
-of the paired bootstrap interval of its text -> video R@1 + R@5 + R@10 minus ``none``'s above 0).
+of the paired bootstrap interval of its text -> video R@1 + R@5 + R@10 minus ``none``'s above 0), and
+only on :data:`MIN_FOLD_QUERIES` captions or more (fewer could not reach p < 0.05 even if every one
+of them gained).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ __all__ = ["fold_ranks", "choose_fold", "heldout_pairs", "describe_choice"]
 
 #: Videos a bank query may stand for before the build says the bank is small for the gallery.
 SMALL_BANK_RATIO = 10
+#: Fewest captions the fold is measured on before it can be called clear of ``none``. The paired
+#: test's p-value is the two-sided sign flip of the per-caption differences, whose smallest value with
+#: ``n`` captions (every one of them better with the fold) is ``2 / 2**n``: 0.0625 at 5 captions,
+#: 0.03125 at 6. Below 6 no result could reach p < 0.05, and the bootstrap interval of 1 caption has
+#: no width at all (p 1.0, yet its lower end above 0), so fewer captions fold ``none``.
+MIN_FOLD_QUERIES = 6
 
 
 def heldout_pairs(model: Any) -> dict | None:
@@ -160,7 +168,8 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
     Returns:
         ``{"candidate", "chosen", "rule", "metric", "queries", "none": {R@1, R@5, R@10},
         "fold": {R@1, R@5, R@10}, "test": {"diff", "ci_low", "ci_high", "p_value", "clear"}}``;
-        ``chosen`` is the candidate when clear, else ``"none"``.
+        ``chosen`` is the candidate when clear, else ``"none"``. Fewer than :data:`MIN_FOLD_QUERIES`
+        captions are never clear: the record's ``"too_few"`` says so in one line.
     """
     from xmodal._validate import number, whole_number
     from xmodal.metrics.paired import paired_strata_test
@@ -175,12 +184,18 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
         raise ValueError("queries: expected at least one caption to measure the fold on")
     hits = lambda r: 100.0 * sum((r <= k).astype(np.float64) for k in (1, 5, 10))  # noqa: E731
     t = paired_strata_test([(hits(a), hits(b), 1.0)], n_boot=n_boot, seed=seed, level=level)
-    clear = bool(t["ci_low"] > 0)
-    return {"candidate": folded["normalizer"], "chosen": folded["normalizer"] if clear else "none",
-            "rule": "paired", "metric": "t2v R@1+R@5+R@10", "level": float(level), "queries": int(len(a)),
-            "none": _recalls(a), "fold": _recalls(b),
-            "test": {"diff": t["diff"], "ci_low": t["ci_low"], "ci_high": t["ci_high"], "p_value": t["p_value"],
-                     "clear": clear}}
+    few = len(a) < MIN_FOLD_QUERIES
+    clear = bool(t["ci_low"] > 0) and not few
+    record = {"candidate": folded["normalizer"], "chosen": folded["normalizer"] if clear else "none",
+              "rule": "paired", "metric": "t2v R@1+R@5+R@10", "level": float(level), "queries": int(len(a)),
+              "min_queries": MIN_FOLD_QUERIES, "none": _recalls(a), "fold": _recalls(b),
+              "test": {"diff": t["diff"], "ci_low": t["ci_low"], "ci_high": t["ci_high"], "p_value": t["p_value"],
+                       "clear": clear}}
+    if few:
+        record["too_few"] = (f"{len(a)} caption{'s' if len(a) != 1 else ''} to measure {folded['normalizer']} on, "
+                             f"fewer than the {MIN_FOLD_QUERIES} the paired rule needs before it can call a "
+                             f"normaliser clear (none folded)")
+    return record
 
 
 def describe_choice(record: dict) -> str:
@@ -193,6 +208,8 @@ def describe_choice(record: dict) -> str:
     where = f"{record['queries']:,} {record.get('source', 'captions')}"
     if record.get("added_videos"):
         where += f" (their {record['added_videos']:,} videos added to the {record.get('gallery', 0):,}-video gallery)"
+    if record.get("too_few"):
+        return f"measured on {where}: {record['too_few']}"
     verdict = (f"{cand} is clear of none, folded" if t["clear"] else f"{cand} is not clear of none, none folded")
     return (f"measured on {where}: {cand} t2v R@1 {f['R@1']:.2f} / R@10 {f['R@10']:.2f} vs none "
             f"{n['R@1']:.2f} / {n['R@10']:.2f}; R@1+5+10 {t['diff']:+.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]: "

@@ -21,6 +21,8 @@ The index folder is checked at every request (a ``stat`` of each of its files): 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import os
 import time
@@ -51,6 +53,11 @@ SEARCH_PATH = "/api/search"
 MAX_FEATURE_BYTES = 4 * 1024 * 1024
 #: Most rows (queries) in a POSTed ``.npy``.
 MAX_FEATURE_ROWS = 64
+#: ``.npy`` bodies received at once from one client address (as uploads: ``uploads.MAX_RECEIVING``);
+#: another from it gets a quick 503. A body being received holds no request slot.
+MAX_FEATURE_BODIES_PER_CLIENT = 4
+#: ``.npy`` bodies received at once from all clients (each at most ``max_feature_bytes`` in memory).
+MAX_FEATURE_RECEIVING = 64
 
 
 def _error(status: int, message: str, headers: dict | None = None):
@@ -59,19 +66,36 @@ def _error(status: int, message: str, headers: dict | None = None):
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+class _HungUp(Exception):
+    """The client closed its connection before its whole request body arrived."""
+
+
 class RequestLimits:
     """ASGI middleware: no request target over ``max_target`` bytes (414), no headers over
     ``max_headers`` bytes (431), at most ``max_requests`` in progress (503 at once), and no request
     body (413) except a ``POST`` to :data:`UPLOAD_PATH` with a ``Content-Length`` (411 without one)
-    of at most ``max_upload`` bytes (413), or to :data:`SEARCH_PATH` of at most ``max_features`` bytes."""
+    of at most ``max_upload`` bytes (413), or to :data:`SEARCH_PATH` of at most ``max_features`` bytes.
+
+    A ``POST`` to :data:`SEARCH_PATH` is received here before it takes a request slot, by the rule of
+    uploads (:func:`xmodal.serve.uploads.receive_deadline`): within ``min(feature_timeout, grace +
+    Content-Length / min_rate)`` seconds (408 past it), at most ``per_client`` bodies at once from one
+    client address and ``max_receiving`` from all (503 at once beyond), so slow bodies delay only their
+    own client; a client that hangs up mid-body is one line in the server's log."""
 
     def __init__(self, app, max_target: int = MAX_TARGET_BYTES, max_headers: int = MAX_HEADER_BYTES,
                  max_requests: int = MAX_REQUESTS, max_upload: int = 0, upload_off: str = "uploads are off",
-                 max_features: int = MAX_FEATURE_BYTES) -> None:
+                 max_features: int = MAX_FEATURE_BYTES, feature_timeout: float | None = None,
+                 per_client: int = MAX_FEATURE_BODIES_PER_CLIENT, max_receiving: int = MAX_FEATURE_RECEIVING,
+                 counters: dict | None = None) -> None:
+        from xmodal.serve import uploads as up
+
         self.app, self.max_target, self.max_headers = app, int(max_target), int(max_headers)
         self.max_requests, self.max_upload, self.upload_off = int(max_requests), int(max_upload), str(upload_off)
         self.max_features = int(max_features)
+        self.feature_timeout = float(up.UPLOAD_TIMEOUT if feature_timeout is None else feature_timeout)
+        self.per_client, self.max_receiving = int(per_client), int(max_receiving)
         self.in_progress = 0
+        self.receiving: dict[str, int] = {} if counters is None else counters  # client address -> bodies
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -81,11 +105,77 @@ class RequestLimits:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        if scope["path"] == SEARCH_PATH and scope.get("method") == "POST":
+            await self._features(scope, receive, send)
+            return
+        await self._run(scope, receive, send)
+
+    async def _run(self, scope, receive, send) -> None:
+        if self.in_progress >= self.max_requests:
+            await _error(503, f"server: busy ({self.in_progress} requests in progress); try again",
+                         headers={"Retry-After": "1"})(scope, receive, send)
+            return
         self.in_progress += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.in_progress -= 1
+
+    async def _features(self, scope, receive, send) -> None:
+        """Receive a ``.npy`` body (class doc), then hand it to the app as one message."""
+        from xmodal.serve.uploads import MIN_RATE, receive_deadline
+
+        host, port = (list(scope.get("client") or ()) + ["client", 0])[:2]
+        length = int(dict(scope.get("headers") or [])[b"content-length"])
+        mine, everyone = self.receiving.get(host, 0), sum(self.receiving.values())
+        if mine >= self.per_client or everyone >= self.max_receiving:
+            who = f"{mine} from this client" if mine >= self.per_client else str(everyone)
+            await _error(503, f"features: {who} .npy bodies are being received; try again in a moment",
+                         headers={"Retry-After": "1"})(scope, receive, send)
+            return
+        deadline = receive_deadline(length, max_bytes=self.max_features, timeout=self.feature_timeout)
+        got = bytearray()
+
+        async def read() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _HungUp
+                got.extend(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+
+        self.receiving[host] = mine + 1
+        outcome = "received"
+        try:
+            await asyncio.wait_for(read(), deadline)
+        except asyncio.TimeoutError:
+            outcome = "late"
+        except _HungUp:
+            outcome = "gone"
+        finally:  # the budget is given back before any answer
+            self.receiving[host] -= 1
+            if not self.receiving[host]:
+                del self.receiving[host]
+        if outcome == "late":
+            await _error(408, f"features: not received within {deadline:.3g} s (bodies must arrive at "
+                              f"{MIN_RATE / 1024:g} KiB/s or more)")(scope, receive, send)
+            return
+        if outcome == "gone":
+            logging.getLogger("uvicorn.error").warning(
+                "xmodal serve: %s:%s hung up while sending its .npy to %s (%d of %d bytes received)",
+                host, port, SEARCH_PATH, len(got), length)
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": bytes(got), "more_body": False}
+            return await receive()  # after the body: the client's disconnect, as the server reports it
+
+        await self._run(scope, replay, send)
 
     def _refusal(self, scope):
         target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
@@ -94,9 +184,6 @@ class RequestLimits:
             return _error(431, f"request: headers longer than {self.max_headers} bytes")
         if target > self.max_target:
             return _error(414, f"request: URL longer than {self.max_target} bytes")
-        if self.in_progress >= self.max_requests:
-            return _error(503, f"server: busy ({self.in_progress} requests in progress); try again",
-                          headers={"Retry-After": "1"})
         length = headers.get(b"content-length", b"").strip()
         upload = scope["path"] == UPLOAD_PATH and scope.get("method") == "POST"
         if scope["path"] == SEARCH_PATH and scope.get("method") == "POST":
@@ -217,7 +304,8 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         image_encoder: the encoder of an uploaded video (as ``text_encoder``: None = the recorded one,
             else ``efficientnet-lite0`` for 1280-d video features, shown as assumed; else no uploads).
         max_upload_decode: most frames decoded from an upload (default 30 a second of
-            ``max_upload_seconds``); max_feature_bytes, max_feature_rows: bounds of POSTed features.
+            ``max_upload_seconds``); max_feature_bytes, max_feature_rows: bounds of POSTed features
+            (received by the uploads' rule within ``upload_timeout`` at most, :class:`RequestLimits`).
 
     Routes: ``GET /`` (page; ``?q=TEXT`` or ``?video=NAME[&direction=v2t]``, ``&k=K``),
     ``GET /api/search`` (the same as JSON; ``POST`` an ``.npy`` of caption features ``[T, Dt]`` with
@@ -289,6 +377,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                    "max_seconds": max_upload_seconds, "frames": upload_frames, "image_encoder": image_encoder,
                    "image_encoder_status": video_choice["status"], "max_decode": max_upload_decode}
     busy = {"upload": False, "receiving": 0}
+    receiving: dict[str, int] = {}
 
     from xmodal.features.identity import shown_spec
 
@@ -338,7 +427,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
             return _error(400, str(exc))
 
     async def search_features(request, searcher: Searcher):
-        import asyncio
+        from starlette.requests import ClientDisconnect
 
         from xmodal.serve.features import parse_features
 
@@ -354,10 +443,14 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                         raise ValueError(f"features: larger than {max_feature_bytes:,} bytes")
                 return bytes(body)
 
-            try:
+            try:  # (RequestLimits received the body already; kept for an app called without it)
                 body = await asyncio.wait_for(read(), upload_timeout)
             except asyncio.TimeoutError:
                 return _error(408, f"features: not received within {upload_timeout:g} s")
+            except ClientDisconnect:
+                logging.getLogger("uvicorn.error").warning(
+                    "xmodal serve: a client hung up while sending its .npy to %s", SEARCH_PATH)
+                return Response(status_code=400)
             feats = parse_features(body, max_rows=max_feature_rows)
             return JSONResponse(searcher.search_features(feats, k))
         except ValueError as exc:
@@ -478,8 +571,10 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                             Route(UPLOAD_PATH, upload, methods=["POST"])],
                     middleware=[Middleware(RequestLimits, max_requests=max_requests,
                                            max_upload=max_upload_bytes if upload_info["available"] else 0,
-                                           upload_off=str(no_upload), max_features=max_feature_bytes)])
+                                           upload_off=str(no_upload), max_features=max_feature_bytes,
+                                           feature_timeout=upload_timeout, counters=receiving)])
     app.state.holder = holder
+    app.state.receiving = receiving  # client address -> .npy bodies being received (RequestLimits)
     app.state.upload = upload_info
     return app
 

@@ -90,6 +90,17 @@ def unavailable_reason(model: Any, image_encoder: str | None, why_none: str | No
     return None
 
 
+def receive_deadline(declared: int, *, max_bytes: int, timeout: float, min_rate: float = MIN_RATE,
+                     grace: float = RECEIVE_GRACE) -> float:
+    """Seconds a request body of ``declared`` bytes may take to arrive: ``min(timeout, grace +
+    min(declared, max_bytes) / min_rate)`` (uploads and ``POST /api/search`` bodies alike).
+
+    >>> receive_deadline(1000, max_bytes=10**6, timeout=120, min_rate=1000, grace=0.05)
+    1.05
+    """
+    return min(float(timeout), float(grace) + min(int(declared), int(max_bytes)) / float(min_rate))
+
+
 async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
                   min_rate: float = MIN_RATE, grace: float = RECEIVE_GRACE) -> tuple[Path, str, dict]:
     """Stream a ``multipart/form-data`` body into ``folder/upload``: ``(path, client file name, fields)``.
@@ -171,7 +182,7 @@ async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
 
     length = request.headers.get("content-length", "")
     declared = int(length) if length.isdigit() and len(length) <= 18 else max_bytes
-    deadline = min(float(timeout), float(grace) + min(declared, max_bytes) / float(min_rate))
+    deadline = receive_deadline(declared, max_bytes=max_bytes, timeout=timeout, min_rate=min_rate, grace=grace)
     try:
         await asyncio.wait_for(read_all(), deadline)
     except asyncio.TimeoutError:

@@ -43,7 +43,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,8 @@ from xmodal.models.hierarchy import with_global_towers
 from xmodal.training import hierarchy
 from xmodal.runs import (DivergedError, RunDirError, RunLock, atomic_save, atomic_write_text, check_run_dir,  # noqa: F401
                          clear_run_outputs, load_checkpoint, prepare_run_dir, remove_stale_temporaries)
-from xmodal.training import checkpoints
+from xmodal.training import checkpoints, finetune
+from xmodal.training.gradcache import cached_backward
 from xmodal.training import provenance
 from xmodal.training.batches import EpochBatches, batch_loader, to_device
 from xmodal.training.runlog import RunLog
@@ -292,9 +292,14 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     splits = load_splits(cfg, splits) if in_memory else load_splits(cfg)
     stage("train: checking the splits' feature sizes")
     check_same_sizes(splits)  # a mismatched val / test split fails now, not after training
-    train_split, val_split = splits["train"], splits["val"]
     torch.manual_seed(tc.seed)
-    model = build_model(video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1],
+    finetuning = finetune.is_finetune(cfg)
+    if finetuning:  # the encoder itself (xmodal.models.clip4clip): frames and the captions' token ids in
+        stage(f"train: loading the encoder {cfg.model.encoder}")
+        model, processor = finetune.build(cfg)
+        splits = finetune.tokenized(splits, processor.tokenizer, cfg.data.max_words)
+    train_split, val_split = splits["train"], splits["val"]
+    model = model if finetuning else build_model(video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1],
                         kind=cfg.model.kind, text_kind=cfg.model.text_kind or None, dim=cfg.model.dim,
                         width=cfg.model.width, depth=cfg.model.depth, dropout=cfg.model.dropout,
                         layers=cfg.model.layers, heads=cfg.model.heads, hidden=cfg.model.hidden,
@@ -315,12 +320,14 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
         model.fit_standardization(video_all, text_all, video_mask=mask_all, text_mask=text_mask_all)
     model.to(device)
     build = hierarchy.build_hierarchical_loss if cfg.model.hierarchy else build_loss_from_config
-    loss_fn = build(cfg, video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1]).to(device)
+    loss_fn = build(cfg, video_dim=model.dim if finetuning else train_split.video.shape[-1],
+                    text_dim=model.dim if finetuning else train_split.text.shape[-1]).to(device)
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     zero_shot = tc.epochs == 0  # model.kind identity: nothing to train, the test-time pipeline only
     if zero_shot and not in_memory and cfg.data.name != "synthetic":
         _check_one_embedding(cfg)
-    optimizer = None if zero_shot else make_optimizer(cfg, params)
+    optimizer = None if zero_shot else make_optimizer(cfg, finetune.param_groups(cfg, model, list(loss_fn.parameters())))
+    scaler = finetune.grad_scaler(cfg, device)  # train.precision fp16
     plateau = None if zero_shot else make_plateau(cfg, optimizer)
     ema = make_ema(cfg, model)  # optim.ema: the weights validated and kept are the moving average
 
@@ -343,7 +350,8 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     if steps_per_epoch == 0 and not zero_shot:
         raise ValueError(f"train.batch_size: {tc.batch_size} exceeds the number of training pairs")
     total_steps = tc.epochs * steps_per_epoch
-    warmup_steps = int(round(cfg.optim.warmup_epochs * steps_per_epoch))
+    warmup_steps = int(round(cfg.optim.warmup_proportion * total_steps if cfg.optim.warmup_proportion
+                             else cfg.optim.warmup_epochs * steps_per_epoch))
     warmup_steps, warmup_note = bounded_warmup(warmup_steps, total_steps)
     plan = TemperaturePlan(cfg, loss_fn, train_split, steps_per_epoch)
     val_relevancy = val_split.mir_relevancy()  # per-epoch mAP / nDCG when present (TS++ Table 5.1)
@@ -353,7 +361,7 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     if tc.metric == "p2v_rsum" and val_split.video_to_group is None:
         raise ValueError(f"train.metric: 'p2v_rsum' needs groups in the validation split "
                          f"({cfg.data.val_split}_video_to_group.npy)")
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if (tc.amp and device.type == "cuda") else nullcontext()
+    amp = finetune.autocast(cfg, device)
 
     state = {"epoch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
              "history": [], "best_model": None, "train_time": 0.0, "done": False, "batch": 0}
@@ -361,7 +369,10 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     resumed = resume and ckpt_path.is_file()
     if resumed:
         stage(f"train: resuming from {ckpt_path}")
-        state = checkpoints.restore(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema)
+        state = checkpoints.restore(ckpt_path, cfg, device, model, loss_fn, optimizer, plateau, ema,
+                                    epoch_steps=lambda e: len(batches_of(e)))
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
     data_files = [] if in_memory else provenance.data_files(cfg)
     if data_files and is_main:
         stage(f"train: hashing the {len(data_files)} data files for provenance.json")
@@ -385,6 +396,8 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
     clock = checkpoints.CheckpointClock(tc.checkpoint_minutes if is_main else 0)  # rank 0 writes checkpoints
 
     def save_checkpoint() -> None:
+        if scaler is not None:
+            state["scaler"] = scaler.state_dict()
         if is_main:
             atomic_save(checkpoints.payload(cfg, model=model, loss_fn=loss_fn, optimizer=optimizer, device=device,
                                             state=state, plateau=plateau, ema=ema), ckpt_path)
@@ -417,9 +430,11 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
                                min_ratio=cfg.optim.min_lr_ratio,
                                epoch_steps=steps_per_epoch if cfg.optim.warmup_unit == "epoch" else 0)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
             else:
                 lr = optimizer.param_groups[0]["lr"]
+            optimizer.zero_grad(set_to_none=True)
+            cached = False
             if hier is not None:  # batches of whole groups: L_local + w L_global
                 loss = hier.loss(model, loss_fn, batch, device=device, amp=amp,
                                  scheduled=plan(step, hier.texts(batch)), keyword=plan.keyword)
@@ -428,23 +443,44 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
                 text_in, tmask_in = to_device(batch.text, batch.text_mask, device)
                 video_in, mask_in = to_device(batch.video, batch.video_mask, device)
                 ids = torch.as_tensor(ids_np, device=device)
-                with amp:
-                    v = model.forward_video(video_in, mask_in)
-                    t = model.forward_text(text_in, tmask_in)
-                extra = loss_extras(loss_fn, ids=ids, video_in=video_inputs.pooled(video_in, mask_in),
-                                    text_in=video_inputs.pooled_text(text_in, tmask_in),
-                                    scheduled=plan(step, mine), keyword=plan.keyword)
-                loss = loss_fn(v.float(), t.float(), **extra)
+                scheduled = plan(step, mine)
+
+                def loss_of(v: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                    # a trained encoder has no frozen input features: losses that read them (CrossCLR,
+                    # Cali-NCE) get its embeddings, detached
+                    raw_v, raw_t = (v.detach(), t.detach()) if finetuning else (
+                        video_inputs.pooled(video_in, mask_in), video_inputs.pooled_text(text_in, tmask_in))
+                    extra = loss_extras(loss_fn, ids=ids, video_in=raw_v, text_in=raw_t, scheduled=scheduled,
+                                        keyword=plan.keyword)
+                    return loss_fn(v.float(), t.float(), **extra)
+
+                if tc.chunk_size:  # gradient caching: the backward happens here, chunk by chunk
+                    loss = cached_backward(model.forward_video, model.forward_text, loss_of, video=video_in,
+                                           video_mask=mask_in, text=text_in, text_mask=tmask_in,
+                                           chunk_size=tc.chunk_size, autocast=amp,
+                                           scale=None if scaler is None else scaler.scale)
+                    cached = True
+                else:
+                    with amp:
+                        v = model.forward_video(video_in, mask_in)
+                        t = model.forward_text(text_in, tmask_in)
+                    loss = loss_of(v, t)
             value = float(loss.detach())  # the step's one host sync
             if not math.isfinite(value):
                 raise DivergedError(f"training diverged at epoch {epoch + 1} step {step + 1}: the loss is "
                                     f"{value}; lower optim.lr or check the features")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if not cached:
+                (loss if scaler is None else scaler.scale(loss)).backward()
             dist.average_gradients(params)
+            if scaler is not None:
+                scaler.unscale_(optimizer)
             if cfg.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-            optimizer.step()
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
             if ema is not None:
                 ema.update_parameters(model)
             state["step"] += 1

@@ -1,0 +1,164 @@
+"""MkDocs hook: pages quote numbers from the result files benches write (issue 45 item 1).
+
+A bench writes its results as JSON under ``docs/results/data/NAME.json`` (the command, commit, date,
+machine and per-seed rows beside its summaries); a page quotes them with placeholders that this hook
+replaces at build time:
+
+- ``{{ NAME:KEY.PATH }}``: one value. A float prints with one decimal, ``{"mean", "std"}`` as
+  ``mean ± std``, a list of numbers comma-separated, text as it is. ``{{ NAME:KEY.PATH|.2f }}``
+  gives a format (``+.1f`` signs a difference).
+- ``{{ table NAME:KEY.PATH }}``: a Markdown table from ``{"columns": [...], "rows": [[...], ...]}``
+  (``"formats"``, one per column, prints each column as the bench printed it).
+
+A placeholder that names a missing file or key, or a data file without its provenance
+(:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails. A page whose front matter says
+``numbers: data`` (or a part of a page between ``<!-- numbers from data -->`` and ``<!-- end numbers
+from data -->``) must hold no typed result: a decimal number or a percentage in its prose
+(outside code, links and placeholders; section, equation and table citations and a confidence level
+excepted) is a warning too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mkdocs.hooks.numbers")
+
+#: Every data file says how it was made.
+PROVENANCE = ("command", "commit", "date", "machine", "source")
+DATA_DIR = Path("results") / "data"
+PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?([A-Za-z0-9_-]+):([^|}\s]+)\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
+#: A decimal number or a percentage (a ``m ± s`` holds two decimals); what precedes it may make it a
+#: citation (``sec. 4.3``).
+TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))")
+#: A section of a page whose numbers come from data files (the whole page: front matter ``numbers: data``).
+REGION = re.compile(r"<!-- numbers from data -->(.*?)<!-- end numbers from data -->", re.DOTALL)
+_cache: dict[Path, dict] = {}
+
+
+class Missing(KeyError):
+    """A placeholder names a file or key that does not exist."""
+
+
+def load(docs_dir: Path, name: str) -> dict:
+    """The data file ``docs/results/data/NAME.json`` (read once per build)."""
+    path = Path(docs_dir) / DATA_DIR / f"{name}.json"
+    if path not in _cache:
+        if not path.is_file():
+            raise Missing(f"no data file {DATA_DIR / (name + '.json')}")
+        data = json.loads(path.read_text())
+        missing = [k for k in PROVENANCE if not data.get(k)]
+        if missing:
+            raise Missing(f"{path.name} lacks its provenance: {', '.join(missing)}")
+        _cache[path] = data
+    return _cache[path]
+
+
+def lookup(data: Any, key: str) -> Any:
+    """``data[k1][k2]...`` for ``key = "k1.k2..."`` (a list takes an index)."""
+    for part in key.split("."):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            raise Missing(f"no key {part!r} (of {key!r})")
+    return data
+
+
+def fmt(value: Any, spec: str | None = None) -> str:
+    """A value as the page shows it (see the module docstring)."""
+    if isinstance(value, bool) or value is None:
+        raise Missing(f"not a number or text: {value!r}")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and spec is None:
+        return str(value)
+    if isinstance(value, (int, float)):
+        if math.isnan(value):
+            return "–"
+        return format(value, spec or ".1f")
+    if isinstance(value, dict) and {"mean", "std"} <= set(value):
+        return f"{fmt(value['mean'], spec)} ± {fmt(value['std'], (spec or '.1f').lstrip('+'))}"
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
+        return ", ".join(fmt(v, spec) for v in value)
+    raise Missing(f"cannot print {type(value).__name__} {str(value)[:60]!r}")
+
+
+def table(value: Any, spec: str | None = None) -> str:
+    if not (isinstance(value, dict) and isinstance(value.get("columns"), list)
+            and isinstance(value.get("rows"), list)):
+        raise Missing("not a table ({'columns': [...], 'rows': [[...]]})")
+    cols = value["columns"]
+    align = value.get("align") or ["---"] * len(cols)
+    formats = value.get("formats") or [None] * len(cols)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(align) + "|"]
+    for row in value["rows"]:
+        if len(row) != len(cols):
+            raise Missing(f"a row of {len(row)} cells under {len(cols)} columns")
+        lines.append("| " + " | ".join(fmt(c, spec or f) for c, f in zip(row, formats)) + " |")
+    return "\n".join(lines)
+
+
+def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[str]]:
+    """The page with every placeholder replaced, and one message per placeholder that failed."""
+    errors: list[str] = []
+
+    def one(m: re.Match) -> str:
+        is_table, name, key, spec = m.groups()
+        try:
+            value = lookup(load(docs_dir, name), key)
+            return table(value, spec) if is_table else fmt(value, spec)
+        except (Missing, ValueError, json.JSONDecodeError) as exc:
+            msg = exc.args[0] if isinstance(exc, Missing) else str(exc)
+            errors.append(f"{where}: {m.group(0)}: {msg}")
+            return "**[missing number]**"
+
+    return PLACEHOLDER.sub(one, markdown), errors
+
+
+def typed_numbers(markdown: str) -> list[str]:
+    """Decimal numbers and percentages in the prose of a page's Markdown source: not in code
+    (fenced or inline), link targets, HTML comments or placeholders, and not a citation (sec. 4.3)."""
+    text = re.sub(r"^(```|~~~).*?^\1", "", markdown, flags=re.S | re.M)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = PLACEHOLDER.sub("", text)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    out = []
+    for line in text.splitlines():
+        for m in TYPED.finditer(line):
+            if m.group(0) != "±" and _cited(line[:m.start()]):
+                continue
+            out.append(f"{m.group(0)!r} in: {line.strip()[:100]}")
+    return out
+
+
+def _cited(before: str) -> bool:
+    """Whether the number after ``before`` continues a citation (``sec. 4.2 / 4.3``, ``eqs. 6 and 8``)."""
+    words = re.findall(r"[A-Za-z]+\.?|\d+(?:\.\d+)*|[,/-]", before)[-6:]
+    for w in reversed(words):
+        if re.fullmatch(r"\d+(?:\.\d+)*|[,/-]|and", w):
+            continue
+        return bool(re.fullmatch(r"(?:[Ss]ec(?:tion)?s?|[Ee]qs?|Tables?|Figs?|Figure|Alg|Ch|v|version)\.?", w))
+    return False
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    where = page.file.src_uri
+    checked = [markdown] if page.meta.get("numbers") == "data" else REGION.findall(markdown)
+    for hit in (h for part in checked for h in typed_numbers(part)):
+        log.warning(f"{where}: a typed number where numbers come from data files: {hit}")
+    out, errors = render(markdown, Path(config["docs_dir"]), where)
+    for e in errors:
+        log.warning(e)
+    return out
+
+
+def on_pre_build(config) -> None:
+    _cache.clear()  # `mkdocs serve` rebuilds: a bench's new file is read again

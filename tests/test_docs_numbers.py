@@ -1,0 +1,184 @@
+"""Numbers on the docs site come from result files (issue 45 item 1): a bench's Markdown table becomes JSON
+without retyping (``bench/resultfile.py``), and changing one value of a result file changes every page that
+quotes it and no other page."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+resultfile = _module("resultfile", ROOT / "bench" / "resultfile.py")
+hook = _module("numbers_hook", DOCS / "hooks" / "numbers.py")
+
+
+def _grid_rows() -> list[dict]:
+    """Rows shaped like ``xmodal bench``'s, for its own Markdown writer."""
+    rows = []
+    for obj, base in (("infonce", 32.875), ("ncl", 19.25)):
+        for norm, gain in (("none", 0.0), ("sinkhorn", 1.04)):
+            r = {"dataset": "synthetic", "noise": 0.3, "objective": obj, "normalizer": norm, "split": "test", "n": 3,
+                 "selected": "sinkhorn", "train s": (8.4, 0.49)}
+            for i, (d, k) in enumerate((d, k) for d in ("t2v", "v2t") for k in ("R@1", "R@5", "R@10", "MdR", "MnR")):
+                r[f"{d} {k}"] = (base + gain + i, 0.25 * (i + 1))
+            rows.append(r)
+    return rows
+
+
+def test_a_bench_table_becomes_json_that_prints_the_same_lines():
+    """The grid's own Markdown (``xmodal.reporting.benchgrid.markdown``) parsed and rendered again gives its
+    lines back, digit for digit, signs and integer columns included."""
+    from xmodal.reporting.benchgrid import markdown
+
+    text = markdown(_grid_rows()) + ("\n\n| queue | gain | p |\n|---:|---:|---:|\n| 256 | -0.07 | 0.500 |\n"
+                                     "| 1024 | +2.13 | 0.066 |\n\nWall time: 2.8 min.\n")
+    tables = resultfile.markdown_tables(text)
+    assert len(tables) == 2
+    grid, small = tables
+    assert grid["title"].startswith("synthetic, 30% of training pairs shuffled")
+    assert grid["rows"][0][:3] == ["infonce", "none", {"mean": 32.88, "std": 0.25}]
+    assert grid["formats"][-1] == ".0f" and small["formats"] == [".0f", "+.2f", ".3f"]
+    assert small["rows"] == [[256, -0.07, 0.5], [1024, 2.13, 0.066]]
+    assert small["after"] == "Wall time: 2.8 min."
+    resultfile.check_round_trip(text, tables)
+    rendered = "\n".join(hook.table(t) for t in tables)
+    table_lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert [line for line in rendered.splitlines() if line.startswith("| ")] == table_lines
+
+
+def test_a_table_whose_digits_the_json_cannot_keep_is_refused():
+    """A column printed with two precisions would come back reformatted: the parser says so, in one line."""
+    text = "| k | v |\n|---|---:|\n| a | 1.5 |\n| b | 2.25 |\n"
+    with pytest.raises(ValueError, match="does not round-trip: '| b | 2.2"):
+        resultfile.check_round_trip(text, resultfile.markdown_tables(text))
+
+
+def test_from_markdown_writes_provenance_and_refuses_in_one_line(tmp_path, capsys):
+    md = tmp_path / "t.md"
+    md.write_text("### t\n\n| k | v |\n|---|---:|\n| a | 1.5 |\n| b | 2.25 |\n")
+    args = ["--from-markdown", str(md), "--out", str(tmp_path / "t.json"), "--commit", "abc", "--date", "d",
+            "--source", "s", "--command", "python bench/x.py"]
+    assert resultfile.main(args) == 2
+    assert "does not round-trip" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
+    md.write_text(md.read_text().replace("2.25", "2.5") + "\nHand-written: 9.9.\n")
+    assert resultfile.main(args + ["--until", "Hand-written"]) == 0
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert all(data[k] for k in hook.PROVENANCE) and data["command"] == "python bench/x.py"
+    assert data["tables"][0]["rows"] == [["a", 1.5], ["b", 2.5]] and data["tables"][0]["after"] == ""
+
+
+def test_paper_evals_write_stores_its_tables_with_provenance(tmp_path):
+    evals = _module("paper_evals", ROOT / "bench" / "paper_evals.py")
+    text = "## Zero-shot\n\n| runs | n | DN gain |\n|---|---:|---:|\n| infonce | 3 | -0.07 |\n| ncl | 3 | +0.04 |\n"
+    evals.write_result(str(tmp_path / "pe.json"), text, ["--runs", "infonce=a,b,c"])
+    data = json.loads((tmp_path / "pe.json").read_text())
+    assert data["command"] == "python bench/paper_evals.py --runs infonce=a,b,c"
+    assert all(data[k] for k in hook.PROVENANCE)
+    assert hook.table(data["tables"][0]).splitlines()[2:] == text.splitlines()[4:]
+
+
+def test_bench_pages_render_every_number_from_data():
+    for name in ("synthetic_grid_3seeds", "flickr8k_grid_seed0", "flickr8k_4objectives_3seeds",
+                 "noise_synthetic_3seeds", "noise_flickr8k_seed0", "ncl_queue_flickr8k"):
+        text = (DOCS / "results" / f"{name}.md").read_text()
+        assert text.startswith("---\nnumbers: data\n---\n"), name
+        assert not hook.typed_numbers(text), name
+        assert f"{{{{ table {name}:tables.0 }}}}" in text, name
+    evals = (DOCS / "results" / "paper_evals.md").read_text()
+    assert len(hook.REGION.findall(evals)) == 1 and "{{ table paper_evals:tables.8 }}" in evals
+
+
+# One value of a result file, a sentinel written over it, and every page that quotes it (with its printed form).
+CHANGES = [
+    ("paper_evals", ["tables", 8, "rows", 6, 4], -7.77, "-7.77",
+     {"results/paper_evals", "results", "papers/dn"}),  # DN's zero-shot change, InfoNCE, paired runs
+    ("paper_evals", ["tables", 3, "rows", 0, 2], 13.7, "13.7",
+     {"results/paper_evals", "results", "papers/ncl"}),  # NCL Fig. 3: FN rate of the lowest-mass bin
+    ("ncl_queue_flickr8k", ["tables", 0, "rows", 2, 4], 9.87, "+9.87",
+     {"results/ncl_queue_flickr8k", "results", "papers/ncl"}),  # NCL Fig. 5: gain of a 4,096 queue
+    ("noise_synthetic_3seeds", ["tables", 3, "rows", 4, 2, "mean"], 87.6, "87.6",
+     {"results/noise_synthetic_3seeds", "results", "papers/calince"}),  # Cali-NCE at 50 % noise
+    ("synthetic_grid_3seeds", ["tables", 0, "rows", 0, 2, "mean"], 93.1, "93.1",
+     {"results/synthetic_grid_3seeds", "results"}),  # InfoNCE, no normaliser
+]
+
+
+def _build(docs_parent: Path, out: Path) -> None:
+    if shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("mkdocs is not installed (extra [docs]; `make test` installs it)")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=str(ROOT / "src"))
+    res = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(out)],
+                         cwd=docs_parent, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _pages(site: Path) -> dict[str, str]:
+    return {str(p.parent.relative_to(site)): p.read_text() for p in site.rglob("index.html")}
+
+
+@pytest.mark.slow
+def test_changing_a_result_value_changes_every_page_quoting_it_and_nothing_else(tmp_path):
+    """Issue 45 "done when": the docs built from a copy whose result files hold a few changed values differ
+    from the docs built as they are in exactly the pages listed for those values, each showing the new
+    value; every other page is byte for byte the same."""
+    for copy in ("a", "b"):
+        (tmp_path / copy).mkdir()
+        shutil.copy(ROOT / "mkdocs.yml", tmp_path / copy / "mkdocs.yml")
+        (tmp_path / copy / "src").symlink_to(ROOT / "src")
+        shutil.copytree(DOCS, tmp_path / copy / "docs")
+    for name, path, value, _, _ in CHANGES:
+        f = tmp_path / "b" / "docs" / "results" / "data" / f"{name}.json"
+        data = json.loads(f.read_text())
+        node = data
+        for k in path[:-1]:
+            node = node[k]
+        assert isinstance(node[path[-1]], float), (name, path)
+        node[path[-1]] = value
+        f.write_text(json.dumps(data))
+    _build(tmp_path / "a", tmp_path / "site_a")
+    _build(tmp_path / "b", tmp_path / "site_b")
+    before, after = _pages(tmp_path / "site_a"), _pages(tmp_path / "site_b")
+    assert before.keys() == after.keys()
+    changed = {p for p in before if before[p] != after[p]}
+    expected = set().union(*(pages for *_, pages in CHANGES))
+    assert changed == expected, (sorted(changed - expected), sorted(expected - changed))
+    for name, path, _, shown, pages in CHANGES:
+        for page in pages:
+            assert shown not in before[page] and shown in after[page], (name, path, page, shown)
+        for page in before.keys() - pages:
+            assert after[page].count(shown) == before[page].count(shown), (name, path, page, shown)
+
+
+def test_run_writes_the_tables_a_command_prints_with_this_runs_provenance(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    table = "print('### t\\n\\n| k | v |\\n|---|---:|\\n| a | +1.25 |\\n| b | -0.50 |\\n\\ntotal 3.1 s')"
+    assert resultfile.main(["--run", f"python -c \"{table}\"", "--out", str(out)]) == 0
+    assert "| a | +1.25 |" in capsys.readouterr().out  # the bench's Markdown stays on stdout
+    data = json.loads(out.read_text())
+    assert all(data[k] for k in hook.PROVENANCE) and data["command"].startswith("python -c")
+    assert data["tables"][0]["rows"] == [["a", 1.25], ["b", -0.5]] and data["tables"][0]["after"] == "total 3.1 s"
+    assert hook.table(data["tables"][0]).splitlines()[2:] == ["| a | +1.25 |", "| b | -0.50 |"]
+    bad = tmp_path / "bad.json"
+    assert resultfile.main(["--run", "python -c \"raise SystemExit('no such data')\"", "--out", str(bad)]) == 2
+    assert "exited with 1: no such data" in capsys.readouterr().err and not bad.exists()
