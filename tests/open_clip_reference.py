@@ -31,14 +31,14 @@ lib = torch.library.Library("torchvision", "FRAGMENT")
 lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 try:
-    import torchvision  # noqa: F401
+    import torchvision
     real_tv = True
-except Exception:  # noqa: BLE001
+except Exception:
     real_tv = False
     for name in list(sys.modules):
         if name.startswith("torchvision"):
             del sys.modules[name]
-    import transformers  # noqa: F401  (before the stand-ins: it then knows torchvision is absent)
+    import transformers
     tv, tr, fn, ops, misc = (types.ModuleType(n) for n in ("torchvision", "torchvision.transforms",
                                                           "torchvision.transforms.functional", "torchvision.ops",
                                                           "torchvision.ops.misc"))
@@ -51,12 +51,12 @@ except Exception:  # noqa: BLE001
     sys.modules.update({"torchvision": tv, "torchvision.transforms": tr, "torchvision.transforms.functional": fn,
                         "torchvision.ops": ops, "torchvision.ops.misc": misc})
 try:
-    import ftfy  # noqa: F401
+    import ftfy
 except ImportError:
     sys.modules["ftfy"] = types.SimpleNamespace(fix_text=lambda text: text)
-import open_clip  # noqa: E402
-from PIL import Image  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import open_clip
+from PIL import Image
+from safetensors.torch import save_file
 
 quick = len(sys.argv) > 3 and sys.argv[3] == "quick"
 cfg = {"embed_dim": 24, "quick_gelu": quick,

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hf_tiny  # noqa: E402
+import hf_tiny
 
-from xmodal.cli import main  # noqa: E402
-from xmodal.features import encoders  # noqa: E402
+from xmodal.cli import main
+from xmodal.features import encoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CAPTIONS = ["a dog runs on the grass", "Two cats!", "a red car", "the sea at night", "x"]

@@ -27,8 +27,8 @@ if importlib.util.find_spec("open_clip") is None:
     pytest.skip("open_clip is not installed (pip install --no-deps open_clip_torch): no reference to compare with",
                 allow_module_level=True)
 
-from xmodal.cli import main  # noqa: E402
-from xmodal.features import encoders, openclip  # noqa: E402
+from xmodal.cli import main
+from xmodal.features import encoders, openclip
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).resolve().parent
@@ -38,7 +38,7 @@ def reference(folder: Path, *extra: str) -> Path:
     """open_clip's tiny model saved in ``folder`` and its own outputs (``folder/reference.npz``)."""
     proc = subprocess.run([sys.executable, str(HERE / "open_clip_reference.py"), str(folder),
                            os.environ.get("XMODAL_TEST_TORCHVISION_PATH", ""), *extra],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
         pytest.skip(f"open_clip does not import here, even behind the op-schema guard: "
                     f"{proc.stderr.strip().splitlines()[-1][:200] if proc.stderr.strip() else proc.returncode}")
