@@ -85,13 +85,20 @@ def one_line_error(capsys, cmd: str, needle: str) -> str:
 def test_one_encoder_named_everywhere(world, capsys):
     a, spec = world["a"], f"hf:{world['a']}"
     weights = sha(a / "model.safetensors")
-    side_v = json.loads((world["feats"] / "encoder.json").read_text())
-    side_t = json.loads(Path(str(world["text"]) + ".encoder.json").read_text())
+    from xmodal.features.identity import read_encoders, read_sidecar
+
+    files = {"feats": world["feats"] / "encoder.json", "text": Path(str(world["text"]) + ".encoder.json"),
+             "data": world["data"] / "encoders.json", "run": world["run"] / "encoders.json",
+             "index": world["index"] / "meta.json"}
+    for name, path in files.items():  # each file names the folder relative to itself, never by this machine's path
+        raw = path.read_text()
+        assert str(world["root"]) not in raw and '"spec_relative_to": "file"' in raw, name
+    assert '"spec": "hf:../clipA"' in files["feats"].read_text() and '"spec": "hf:clipA"' in files["text"].read_text()
+    side_v, side_t = read_sidecar(world["feats"]), read_sidecar(world["text"])  # read back: the folder itself
     assert (side_v["spec"], side_v["kind"], side_v["level"], side_v["dim"]) == (spec, "image", "frame", 24)
     assert side_v["sampling"] == {"frames": 2, "fps": None} and side_v["weights_sha256"] == weights
     assert (side_t["spec"], side_t["kind"], side_t["dim"], side_t["normalized"]) == (spec, "text", 24, False)
-    layout = json.loads((world["data"] / "encoders.json").read_text())
-    run = json.loads((world["run"] / "encoders.json").read_text())
+    layout, run = read_encoders(world["data"]), read_encoders(world["run"])
     assert layout == run and layout["text"]["spec"] == layout["video"]["spec"] == spec
     assert layout["video"]["weights_sha256"] == layout["text"]["weights_sha256"] == weights
     config = json.loads((world["export"] / "config.json").read_text())["encoders"]
@@ -100,8 +107,8 @@ def test_one_encoder_named_everywhere(world, capsys):
         assert config[side]["weights_sha256"] == weights and config[side]["dim"] == 24
         assert str(world["root"]) not in json.dumps(config[side])
     meta = json.loads((world["index"] / "meta.json").read_text())
-    assert meta["text_encoder"] == spec and meta["text_encoder_source"] == "recorded"
-    assert meta["encoders"]["video"]["spec"] == spec
+    assert meta["text_encoder"] == "hf:../clipA" and meta["text_encoder_source"] == "recorded"
+    assert meta["encoders"]["video"]["spec"] == "hf:../clipA" and meta["run"] == "../run"
     capsys.readouterr()
     assert main(["query", "--index", str(world["index"]), "--captions", "clip 12 caption 0 blue", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -125,8 +132,11 @@ def test_serve_uses_the_recorded_encoders(world):
     app = create_app(world["index"], upload_frames=2)
     client = TestClient(app)
     body = client.get("/api/search", params={"q": "clip 12 caption 0 blue", "k": 3}).json()
-    assert body["text_encoder"] == {"spec": spec, "status": "recorded", "reason": None}
-    assert f"text encoder {spec}" in client.get("/").text
+    shown = f"hf:clipA (sha256 {sha(world['a'] / 'model.safetensors')[:12]})"  # the folder's name, never its path
+    assert body["text_encoder"] == {"spec": shown, "status": "recorded", "reason": None}
+    page = client.get("/").text
+    assert f"text encoder {shown}" in page
+    assert str(world["root"]) not in page and str(world["root"]) not in json.dumps(body)
     assert app.state.upload["image_encoder"] == spec and app.state.upload["available"]
     # an uploaded gallery video, encoded by the recorded hf: encoder with the gallery's sampling, finds itself
     clip = world["vids"] / "v12.avi"
@@ -148,10 +158,51 @@ def test_an_export_names_a_portable_spec_and_a_local_copy_is_checked(world, caps
     assert main(["query", "--index", str(idx2), "--captions", "a dog"]) == 2
     one_line_error(capsys, "query", "the recorded text encoder hf:clipA is not usable here")
     assert main(["query", "--index", str(idx2), "--captions", "a dog", "--text-encoder", f"hf:{world['a']}"]) == 0
-    assert f"text encoder hf:{world['a']} (recorded)" in capsys.readouterr().out
+    out = capsys.readouterr().out  # a copy named by the user is stated (checked by its hashes), not "recorded"
+    assert f"text encoder hf:{world['a']} (stated)" in out and "(recorded)" not in out
     assert main(["index", "--run", str(world["export"]), "--data", str(world["data"]), "--split", "test",
                  "--out", str(idx3), "--text-encoder", f"hf:{world['a']}", "--quiet"]) == 0
-    assert json.loads((idx3 / "meta.json").read_text())["text_encoder"] == f"hf:{world['a']}"
+    assert json.loads((idx3 / "meta.json").read_text())["text_encoder"] == "hf:../clipA"
+    assert json.loads((idx3 / "meta.json").read_text())["text_encoder_source"] == "stated"
+
+
+def test_posted_features_name_their_encoder_by_any_spelling_or_copy(world, tmp_path, monkeypatch):
+    """?encoder= is compared by hashes: a relative path to the recorded folder, or a byte-identical copy
+    of it, is the recorded encoder; another CLIP of the same size is not (issue 42)."""
+    import io
+
+    from starlette.testclient import TestClient
+
+    from xmodal.serve import create_app
+
+    buf = io.BytesIO()
+    np.save(buf, np.load(world["text"])[:2])
+    client = TestClient(create_app(world["index"], warm_up=False))
+    copy = shutil.copytree(world["a"], tmp_path / "copy-of-A")
+    monkeypatch.chdir(world["root"])
+    for spelling in ("hf:clipA", "hf:./clipA/", f"hf:{copy}"):
+        res = client.post("/api/search?k=2&encoder=" + spelling, content=buf.getvalue())
+        assert res.status_code == 200, (spelling, res.text)
+    res = client.post("/api/search?k=2&encoder=hf:clipB", content=buf.getvalue())
+    assert res.status_code == 400 and res.json()["error"].startswith("encoder: hf:clipB")
+    assert str(world["root"]) not in res.text  # no path of the server in the answer
+
+
+def test_text_encoder_none_and_no_uploads_are_said_as_they_are(world, tmp_path, capsys):
+    from starlette.testclient import TestClient
+
+    from xmodal.serve import create_app
+
+    out = tmp_path / "idx"
+    assert main(["index", "--run", str(world["run"]), "--data", str(world["data"]), "--split", "test", "--out",
+                 str(out), "--text-encoder", "none", "--quiet"]) == 0
+    assert "--text-encoder none" in capsys.readouterr().out
+    page = TestClient(create_app(out, warm_up=False, uploads=False)).get("/").text
+    assert "Text search is off: the index was built with --text-encoder none" in page
+    assert "no text encoder is recorded" not in page
+    assert "or a video file" not in page and 'id="upload"' not in page  # no upload form: none offered
+    page = TestClient(create_app(out, warm_up=False)).get("/").text
+    assert "or a video file" in page and 'id="upload"' in page
 
 
 def test_another_encoder_is_refused_at_each_consumer(world, capsys, tmp_path):
@@ -208,3 +259,38 @@ def test_another_encoder_is_refused_at_each_consumer(world, capsys, tmp_path):
     assert res.status_code == 400 and res.json()["error"].startswith("encoder: ")
     res = client.post("/api/search?k=2&encoder=" + f"hf:{world['a']}", content=buf.getvalue())
     assert res.status_code == 200 and res.json()["queries"] == 2 and len(res.json()["answers"][0]["results"]) == 2
+
+
+def test_a_zero_shot_run_on_two_encoders_is_refused(world, tmp_path, capsys):
+    """clipA's video features and clipB's captions have the same size but live in two embedding spaces:
+    a zero-shot (identity) run over them is refused in one line naming both; clipA on both sides runs."""
+    text_b, data_b = tmp_path / "tb.npy", tmp_path / "data_b"
+    assert main(["encode", "text", "--captions", str(world["root"] / "caps.txt"), "--out", str(text_b), "--model",
+                 f"hf:{world['b']}", "--quiet"]) == 0
+    assert main(["data", "import", str(world["root"] / "pairs.csv"), "--features", str(world["feats"]),
+                 "--text-features", str(text_b), "--out", str(data_b)]) == 0
+    zero_shot = ["model.kind=identity", "model.standardize=false", "train.epochs=0", "data.val_split=val",
+                 "test_time.normalizers=[none]", "--quiet", "--no-plots"]
+    capsys.readouterr()
+    assert main(["train", str(ROOT / "configs/synthetic.yaml"), "--out", str(tmp_path / "run_b"), "data.name=paired",
+                 f"data.root={data_b}", *zero_shot]) == 2
+    err = one_line_error(capsys, "train", "model.kind: identity compares text and video features directly")
+    assert "hf:clipB" in err and "hf:clipA" in err
+    assert not (tmp_path / "run_b" / "metrics.json").exists()
+    assert main(["train", str(ROOT / "configs/synthetic.yaml"), "--out", str(tmp_path / "run_a"), "data.name=paired",
+                 f"data.root={world['data']}", *zero_shot]) == 0
+
+
+def test_a_moved_index_says_why_without_server_paths(world, tmp_path):
+    """An index copied away from the encoder folder it names (relative to itself): text search is off, and
+    the reason on the page and in /api/search names the folder, not the server's paths."""
+    from starlette.testclient import TestClient
+
+    from xmodal.serve import create_app
+
+    moved = shutil.copytree(world["index"], tmp_path / "deep" / "moved")
+    client = TestClient(create_app(moved, warm_up=False, uploads=False))
+    page, body = client.get("/").text, client.get("/api/search", params={"q": "a"}).text
+    assert "is not usable here" in page and "no such folder" in page
+    for text in (page, body):
+        assert str(tmp_path) not in text and str(world["root"]) not in text

@@ -155,7 +155,7 @@ def test_missing_or_foreign_folders_are_one_line(folders, tmp_path):
     cases = [("hf:" + str(tmp_path / "nope"), "no such folder"), ("hf:" + str(tmp_path / "empty"), "config.json not found"),
              ("hf:" + str(tmp_path / "bert"), "model_type 'bert' is not supported"),
              ("hf:" + str(tmp_path / "noweights"), "no weights"), ("hf:", "needs a folder"),
-             ("open_clip:ViT-B-32", "operator torchvision::nms does not exist"), ("nope", "unknown encoder")]
+             ("open_clip:ViT-B-32", "an architecture name such as open_clip:ViT-B-32 alone names no weights"), ("nope", "unknown encoder")]
     for spec, needle in cases:
         with pytest.raises(ValueError, match="^model: ") as err:
             encoders.get_encoder(spec, "text")
@@ -177,7 +177,13 @@ def test_cli_writes_features_and_their_identity(folders, tmp_path, capsys):
     assert main(["encode", "text", "--captions", str(caps), "--out", str(out), "--model", f"hf:{folders['siglip']}",
                  "--quiet"]) == 0
     side = json.loads((tmp_path / "t.npy.encoder.json").read_text())
-    assert side["format"] == "xmodal-encoder" and side["spec"] == f"hf:{folders['siglip'].resolve()}"
+    import os
+
+    rel = os.path.relpath(folders["siglip"].resolve(), tmp_path.resolve())  # relative to the sidecar's folder
+    assert side["format"] == "xmodal-encoder" and side["spec"] == f"hf:{rel}" and side["spec_relative_to"] == "file"
+    from xmodal.features.identity import read_sidecar
+
+    assert read_sidecar(out)["spec"] == f"hf:{folders['siglip'].resolve()}"
     assert side["dim"] == np.load(out).shape[1] == hf_tiny.DIMS["siglip"] and side["dtype"] == "float32"
     capsys.readouterr()
     for argv, needle in [(["text", "--captions", str(caps), "--out", str(out), "--model", f"hf:{tmp_path / 'x'}"],

@@ -145,9 +145,8 @@ OTHER_ARGS = {
     "classify": {"--split", "--text-model", "--dn-split", "--dn-lam", "--dn-num-samples", "--dn-seeds", "--dn-seed",
                  "--threads"},
     "demo": {"--losses", "--normalizers", "--seed", "--epochs", "--num-train", "--num-eval", "--threads"},
-    # --weights: open_clip's weights file, never read here (open_clip:ARCH is refused on this torch: issue 33)
-    "encode": {"kind", "--frames", "--fps", "--size", "--model", "--batch-size", "--threads", "--truncated", "--max-pixels",
-               "--weights", "--workers", "--shard"},
+    "encode": {"kind", "--frames", "--fps", "--size", "--model", "--batch-size", "--threads", "--truncated",
+               "--max-pixels", "--workers", "--shard", "--device", "--precision"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search", "--store", "--select-split"},

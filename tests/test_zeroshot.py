@@ -130,6 +130,31 @@ def test_dn_numbers_equal_distribution_normalization(run, layout):
     assert len({json.dumps(p) for p in per}) > 1  # the seeds really differ on this data
 
 
+def test_more_dn_samples_than_val_holds_is_said_and_has_no_spread(layout, tmp_path):
+    """dn_num_samples beyond the val split: the run says how many rows each seed drew (40 videos of the
+    100 asked), and seeds that all take every row of both sides are one fit: no std of 0.00 reported as a
+    spread (issue 42)."""
+    from xmodal.commands.train import format_summary
+
+    val = load_paired_split(layout, "val")
+    held = {"text": len(val.text), "video": len(val.video)}
+    assert held == {"text": 120, "video": 40}
+    summary = train(from_dict(config(layout, test_time__dn_num_samples=100)), tmp_path / "a", resume=False,
+                    progress=False, verbose=False)
+    record = json.loads((tmp_path / "a" / "metrics.json").read_text())["dn_per_seed"]
+    assert record["num_samples_used"] == {"text": 100, "video": 40} and "seeds_identical" not in record
+    assert "100 val texts and 40 val videos each of the 100 asked" in format_summary(summary)
+    summary = train(from_dict(config(layout, test_time__dn_num_samples=200)), tmp_path / "b", resume=False,
+                    progress=False, verbose=False)
+    record = json.loads((tmp_path / "b" / "metrics.json").read_text())["dn_per_seed"]
+    assert record["num_samples_used"] == held and record["seeds_identical"] is True and record["std"] is None
+    assert all(v is None for d in record["test"]["std"].values() for v in d.values())
+    assert len({json.dumps(p) for p in record["test"]["per_seed"]}) == 1  # truly one fit
+    text = format_summary(summary)
+    assert "120 val texts and 40 val videos each of the 200 asked: all of them" in text and "no spread" in text
+    assert "+- 0.00" not in text and "val samples each" not in text
+
+
 def test_config_refusals_are_one_line(layout, tmp_path):
     cases = [({"train__epochs": 3}, "train.epochs: model.kind identity has no parameters"),
              ({"model__standardize": True}, "model.standardize: an identity model"),

@@ -16,6 +16,9 @@ def check_cluster_flags(args: argparse.Namespace) -> None:
     if args.workers != 1:
         raise ValueError("--workers: with --cluster each worker process decodes its own videos; add workers "
                          "to the cluster instead")
+    if getattr(args, "device", "auto") != "auto" or getattr(args, "precision", "float32") != "float32":
+        raise ValueError("--device / --precision: not passed to --cluster workers yet (each worker runs the model "
+                         "in float32 on its own CUDA when present, else CPU); drop them or encode without --cluster")
     if args.cluster_shards is not None and not 1 <= args.cluster_shards <= 1_000_000:
         raise ValueError(f"--cluster-shards: expected 1..1000000, got {args.cluster_shards}")
     from xmodal.execute.cluster import parse_cluster

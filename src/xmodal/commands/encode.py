@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 NAME = "encode"
-HELP = "encode captions, images or videos with a frozen encoder (MiniLM, EfficientNet-Lite0, hf:DIR) into .npy files"
+HELP = ("encode captions, images or videos with a frozen encoder (MiniLM, EfficientNet-Lite0, hf:DIR, open_clip:DIR) "
+        "into .npy files")
 DESCRIPTION = """Encode raw data with frozen encoders, offline (extra [encoders]; hf:DIR: extra [clip]):
 
   xmodal encode text --captions dev_captions.tsv --out dev_caption_features.npy
@@ -25,8 +26,11 @@ text, images, video frames; an XCLIPModel: text, and each video as one clip of i
 frames through its video branch, one [1, D] row per video), or a name registered with
 xmodal.features.encoders.register_encoder. hf:DIR features are the library's get_text_features /
 get_image_features / get_video_features of the folder's own processor, float32, not normalised;
-nothing is downloaded. open_clip:ARCH (--weights FILE) is refused on this torch (see
-docs/encoders.md). Beside every output the encoder's identity is written (spec, weights SHA-256,
+nothing is downloaded. open_clip:DIR: an open_clip checkpoint folder (open_clip_config.json and
+open_clip_model.safetensors or open_clip_pytorch_model.bin) of a plain ViT CLIP, run as
+transformers' CLIPModel with open_clip's preprocessing, no torchvision (docs/encoders.md).
+--device (auto: CUDA when present) and --precision float32|float16|bfloat16 place hf:/open_clip:
+models; below float32 the first batch's largest difference to float32 goes in the sidecar. Beside every output the encoder's identity is written (spec, weights SHA-256,
 preprocessing, dim, normalised or not): OUT.encoder.json for a file, FEATS/encoder.json for a
 videos folder; 'data import', 'train', 'export', 'index', 'query' and 'serve' carry and check it.
 
@@ -112,8 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="SPEC",
                         help="encoder spec: minilm, efficientnet-lite0, hf:DIR or a registered name (default: "
                              "minilm / efficientnet-lite0)")
-    parser.add_argument("--weights", default=None, metavar="FILE",
-                        help="open_clip:ARCH's weights file (open_clip is refused on this torch; use hf:DIR)")
+    parser.add_argument("--weights", default=None, metavar="FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="auto", metavar="DEV",
+                        help="hf:DIR / open_clip:DIR models: auto (CUDA when present, else CPU; default), cpu, cuda, "
+                             "cuda:N")
+    parser.add_argument("--precision", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="hf:DIR / open_clip:DIR models: the dtype they run in (default float32); below float32 "
+                             "the first batch's largest difference to float32 is stated in the sidecar")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--float16", action="store_true", help="store float16 (as the shared data does)")
     parser.add_argument("--tokens", action="store_true",
@@ -161,27 +170,31 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "mask_out", None):
         _check_out(args.mask_out, "--mask-out")
     mask = None
+    if args.model:  # the difference to float32 stated is this run's first batch's
+        encoders.reset_runtime(args.model, "text" if args.kind == "text" else "image", device=args.device,
+                               precision=args.precision)
     try:
         if args.kind == "text":
             if not args.captions:
                 raise ValueError("--captions: required for 'xmodal encode text'")
             captions = read_caption_file(args.captions, "--captions")
             if getattr(args, "tokens", False):
+                _defaults_only(args, "--tokens")
                 feats, mask = encoders.encode_text_tokens(
                     captions, model=args.model or "minilm",
                     batch_size=256 if args.batch_size is None else args.batch_size, progress=progress)
             else:
                 feats = _in_blocks(lambda items, p: encoders.encode_text(
                     items, model=args.model or "minilm", batch_size=256 if args.batch_size is None else args.batch_size,
-                    progress=p), captions, "encode text", "caption", progress_choice(args))
+                    progress=p, device=args.device, precision=args.precision), captions, "encode text", "caption", progress_choice(args))
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
             paths = _image_paths(args.dir, args.list)
             feats = _in_blocks(lambda items, p: encoders.encode_images(
                 items, model=args.model or "efficientnet-lite0",
-                batch_size=32 if args.batch_size is None else args.batch_size, progress=p),
-                paths, "encode images", "image", progress_choice(args))
+                batch_size=32 if args.batch_size is None else args.batch_size, progress=p, device=args.device,
+                precision=args.precision), paths, "encode images", "image", progress_choice(args))
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     out = Path(args.out)
@@ -213,20 +226,33 @@ def _check_model(args: argparse.Namespace) -> None:
     """``--model`` / ``--weights`` checked before anything is read or encoded."""
     model = args.model
     if args.weights is not None:
-        if model is None or not model.startswith("open_clip:"):
-            raise ValueError("--weights: only with --model open_clip:ARCH")
-        if not Path(args.weights).is_file():
-            raise ValueError(f"--weights: {args.weights} not found")
-    if model is not None and model.startswith("open_clip:") and args.weights is None:
-        raise ValueError(f"--weights: {model} needs --weights FILE (nothing is downloaded)")
-    if model is not None and model.startswith(("hf:", "open_clip:")):  # a missing folder: before any input is read
-        from xmodal.features import encoders
+        raise ValueError("--weights: open_clip:DIR takes a folder holding open_clip_config.json and "
+                         "open_clip_model.safetensors (or open_clip_pytorch_model.bin), not a separate weights file")
+    from xmodal.features import encoders
 
+    device = getattr(args, "device", "auto")
+    try:
+        encoders._precision(getattr(args, "precision", "float32"))
+        if device not in (None, "auto"):
+            encoders.resolve_device(device)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") from None
+    if not (model or "").startswith(("hf:", "open_clip:")):
+        _defaults_only(args, f"--model {model or 'default'}")
+    if model is not None and model.startswith(("hf:", "open_clip:")):  # a missing folder: before any input is read
         kind = {"text": "text", "images": "image", "videos": "video"}[args.kind]
         try:
             encoders.get_encoder(model, kind)
         except ValueError as exc:
             raise ValueError(f"--model: {str(exc).removeprefix('model: ')}") from None
+
+
+def _defaults_only(args: argparse.Namespace, what: str) -> None:
+    """--device / --precision place hf: and open_clip: models; elsewhere only their defaults are taken."""
+    for flag, value, default in (("--device", getattr(args, "device", "auto"), "auto"),
+                                 ("--precision", getattr(args, "precision", "float32"), "float32")):
+        if value != default:
+            raise ValueError(f"{flag}: places hf:DIR and open_clip:DIR models only, not {what}")
 
 
 def _identity(args: argparse.Namespace, feats: np.ndarray, *, tokens: bool) -> dict:
@@ -236,7 +262,8 @@ def _identity(args: argparse.Namespace, feats: np.ndarray, *, tokens: bool) -> d
     kind = "text" if args.kind == "text" else "image"
     spec = args.model or ("minilm" if kind == "text" else "efficientnet-lite0")
     try:
-        record = identity_of(spec, kind, dim=int(feats.shape[-1]))
+        record = identity_of(spec, kind, dim=int(feats.shape[-1]), device=getattr(args, "device", None),
+                             precision=getattr(args, "precision", None))
     except ModuleNotFoundError as exc:
         raise ValueError(str(exc)) from None
     if record.get("dim") not in (None, int(feats.shape[-1])):
@@ -441,7 +468,8 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
                                 model=args.model or "efficientnet-lite0",
                                 batch_size=32 if args.batch_size is None else args.batch_size, progress=progress,
                                 recursive=args.recursive, truncated=args.truncated, max_pixels=args.max_pixels,
-                                on_plan=plan, workers=args.workers, shard=shard)
+                                on_plan=plan, workers=args.workers, shard=shard, device=args.device,
+                                precision=args.precision)
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     size = f", {s['dim']}-d" if s["dim"] else ""

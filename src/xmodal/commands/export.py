@@ -130,7 +130,7 @@ def _stated_identity(given: str, modality: str, size: int, flag: str) -> dict | 
     """The identity of a stated encoder spec (None for a free-form name that is no spec here)."""
     from xmodal.features.encoders import ENCODERS, identity_of
 
-    if not (given.startswith("hf:") or given in ENCODERS):
+    if not (given.startswith(("hf:", "open_clip:")) or given in ENCODERS):
         return None
     try:
         record = identity_of(given, "text" if modality == "text" else "video")

@@ -233,7 +233,11 @@ def run(args: argparse.Namespace) -> int:
               f"foldable normaliser on val (--normalizer NAME to choose another)", file=sys.stderr)
     shown = f"; {meta['texts']} captions for video -> text" if meta.get("texts") else ""
     if meta.get("text_encoder") is not None:
-        shown += f"; text encoder {meta['text_encoder']} ({meta.get('text_encoder_source')})"
+        from xmodal.features.identity import shown_spec
+
+        shown += f"; text encoder {shown_spec(meta['text_encoder'])} ({meta.get('text_encoder_source')})"
+    elif meta.get("text_encoder_source") == "none":
+        shown += "; no text encoder (--text-encoder none: text search off)"
     else:
         print("note: the run records no text encoder (meta.json text_encoder: null); 'query --captions' and "
               "'serve' assume a built-in one only where the text size matches it (state it with --text-encoder)",

@@ -207,10 +207,20 @@ def format_summary(summary: dict) -> str:
     for split in ("val", "test"):  # DN's own protocol: one DN per sampling seed, mean +- std of the recalls
         if split in per_seed:
             mean, std = per_seed[split]["mean"], per_seed[split]["std"]
-            cells = ", ".join(f"{d} R@{k} {mean[d][f'R@{k}']:.2f} +- {std[d][f'R@{k}']:.2f}"
+            spread = (lambda v: "" if v is None else f" +- {v:.2f}")
+            cells = ", ".join(f"{d} R@{k} {mean[d][f'R@{k}']:.2f}{spread(std[d][f'R@{k}'])}"
                               for d in ("t2v", "v2t") for k in (1, 5) if f"R@{k}" in mean.get(d, {}))
-            lines.append(f"{split} dn over {len(per_seed['seeds'])} seeds ({per_seed['num_samples']} val samples "
-                         f"each, DN Sec. 4.3): {cells}")
+            used = per_seed.get("num_samples_used") or {}
+            drawn = (f"{per_seed['num_samples']} val samples each" if not used else
+                     f"{used['text']} val texts and {used['video']} val videos each of the "
+                     f"{per_seed['num_samples']} asked")
+            if per_seed.get("seeds_identical"):
+                lines.append(f"{split} dn (DN Sec. 4.3; {drawn}: all of them, so the {len(per_seed['seeds'])} seeds "
+                             f"are one fit, no spread): {cells}")
+            else:
+                lines.append(f"{split} dn over {len(per_seed['seeds'])} seeds ({drawn}, DN Sec. 4.3): {cells}")
+    if per_seed.get("note"):
+        lines.append(f"note: {per_seed['note']}")
     for name, why in summary.get("dropped_normalizers", {}).items():
         lines.append(f"note: test_time.normalizers lists {name}, left out: {why}")
     return "\n".join(lines)

@@ -10,8 +10,10 @@ Specs (:func:`get_encoder`):
 - ``"hf:DIR"`` (extra ``[clip]``): a ``transformers`` CLIPModel / SiglipModel (text, images) or XCLIPModel
   (text, video clips) saved locally with ``save_pretrained``, with its processor from the same folder
   (:mod:`xmodal.features.hf`);
-- ``"open_clip:ARCH"``: refused with the reason (open_clip needs a torchvision that imports beside this
-  torch; none does for torch 2.13.0+cpu, see docs/encoders.md);
+- ``"open_clip:DIR"`` (extra ``[clip]``): an open_clip checkpoint folder (``open_clip_config.json`` and
+  ``open_clip_model.safetensors`` or ``open_clip_pytorch_model.bin``) of a plain ViT CLIP, run as
+  transformers' CLIPModel with open_clip's preprocessing reproduced, no torchvision
+  (:mod:`xmodal.features.openclip`); ``open_clip:ARCH`` (an architecture name, no folder) names no weights;
 - any name registered with :func:`register_encoder`: ``fn(inputs, *, batch_size, progress) -> [N, D]``
   where ``inputs`` is a list of captions (``kind="text"``) or images (``kind="image"``): image file
   paths, or, for video frames (:func:`encode_videos`), RGB ``PIL.Image`` objects that must go through
@@ -55,6 +57,7 @@ class Encoder:
     identity: Callable[[], dict] | None = None
     frames: int | None = None  # a "video" encoder's clip length
     dtype: str = "float32"  # what it yields: float32 features, or uint8 frames (frames:S, a frame store)
+    runtime: dict | None = None  # hf: / open_clip: device, precision and the measured difference to float32
 
 
 ENCODERS: dict[str, Encoder] = {}
@@ -64,6 +67,8 @@ FEATURE_DIMS = {"minilm": 384, "efficientnet-lite0": 1280}
 OPEN_CLIP_REFUSED = ("open_clip needs torchvision, and no torchvision release imports beside torch 2.13.0+cpu "
                      "(\"operator torchvision::nms does not exist\" for 0.27.1, 0.28.0 and 0.29.1); save the model "
                      "with transformers' save_pretrained and use hf:DIR")
+#: ``--precision`` values (hf: and open_clip: encoders; the others run as they are built).
+PRECISIONS = ("float32", "float16", "bfloat16")
 
 
 def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "text",
@@ -91,10 +96,15 @@ def register_encoder(name: str, fn: Callable[..., np.ndarray], *, kind: str = "t
     ENCODERS[name] = Encoder(name, kind, fn)
 
 
-def get_encoder(spec: str, kind: str) -> Encoder:
+def get_encoder(spec: str, kind: str, *, device: str | None = None, precision: str | None = None) -> Encoder:
     """The encoder named by ``spec`` for ``kind`` (``"text"``, ``"image"``, or ``"video"``: an encoder of
     whole clips where the spec is one, else the image encoder applied frame by frame); ValueError
     otherwise (a missing ``hf:`` folder or file is one line naming it).
+
+    ``device`` (``"auto"``/None: CUDA when present, else CPU; ``"cpu"``, ``"cuda"``, ``"cuda:N"``) and
+    ``precision`` (:data:`PRECISIONS`, None: float32) place an ``hf:`` / ``open_clip:`` model; other
+    encoders take only the defaults. Below float32, the first batch is also encoded in float32 on the same
+    device and the largest absolute difference of the features is kept in ``Encoder.runtime``.
 
     >>> get_encoder("minilm", "text").kind
     'text'
@@ -105,10 +115,11 @@ def get_encoder(spec: str, kind: str) -> Encoder:
         raise TypeError(f"model: expected an encoder spec and kind, got {short_repr(spec)}, {short_repr(kind)}")
     if kind not in ("text", "image", "video"):
         raise ValueError(f"kind: expected text, image or video, got {kind[:40]!r}")
-    if spec.startswith("hf:"):
-        return _hf_encoder(spec, kind)
-    if spec.startswith("open_clip:"):
-        raise ValueError(f"model: {spec[:200]}: {OPEN_CLIP_REFUSED}")
+    if spec.startswith(("hf:", "open_clip:")):
+        return _hf_encoder(spec, kind, resolve_device(device), _precision(precision))
+    if device not in (None, "auto") or precision not in (None, "float32"):
+        raise ValueError(f"model: {spec[:200]}: --device / --precision place hf:DIR and open_clip:DIR models only "
+                         f"(the built-in and registered encoders run as they are built)")
     if spec.startswith("frames:"):  # a frame store's uint8 frames (xmodal.features.frames)
         from xmodal.features import frames
 
@@ -125,7 +136,41 @@ def get_encoder(spec: str, kind: str) -> Encoder:
     return enc
 
 
-def identity_of(spec: str, kind: str, *, dim: int | None = None) -> dict:
+def resolve_device(device: str | None) -> str:
+    """``"auto"`` / None -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; a named device checked.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    """
+    import re
+
+    if device in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d{1,3})?", device):
+        raise ValueError(f"device: expected auto, cpu, cuda or cuda:N, got {str(device)[:40]!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device} asked for, but no CUDA device is visible to torch here")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def _precision(precision: str | None) -> str:
+    if precision is None:
+        return "float32"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(PRECISIONS)}, got {str(precision)[:40]!r}")
+    return precision
+
+
+def identity_of(spec: str, kind: str, *, dim: int | None = None, device: str | None = None,
+                precision: str | None = None) -> dict:
     """The identity record of the encoder ``spec`` for ``kind`` (:mod:`xmodal.features.identity`): its
     spec, weights' and preprocessing's SHA-256 (built-ins and ``hf:`` folders; a registered encoder is
     known by its name only), preprocessing, feature size (``dim`` where the spec does not say) and
@@ -134,7 +179,7 @@ def identity_of(spec: str, kind: str, *, dim: int | None = None) -> dict:
         return {"spec": spec, "kind": "text", "level": "tokens", "family": "registered", "hub_name": None,
                 "weights_sha256": None, "preprocessing_sha256": None, "preprocessing": None,
                 "dim": None if dim is None else int(dim), "normalized": False}
-    enc = get_encoder(spec, kind)
+    enc = get_encoder(spec, kind, device=device, precision=precision)
     record = dict(enc.identity()) if enc.identity is not None else {
         "spec": spec, "kind": enc.kind, "level": "sentence" if enc.kind == "text" else "image",
         "family": "registered", "hub_name": None, "weights_sha256": None, "preprocessing_sha256": None,
@@ -144,42 +189,109 @@ def identity_of(spec: str, kind: str, *, dim: int | None = None) -> dict:
     return record
 
 
-def _hf_encoder(spec: str, kind: str) -> Encoder:
-    from xmodal.features import hf
+def _hf_encoder(spec: str, kind: str, device: str, precision: str) -> Encoder:
+    from xmodal.features import hf, openclip
 
-    folder = hf.folder_of(spec)
-    model_type = hf.read_config(folder, spec)["model_type"]
-    kinds = hf.kinds_of(model_type)
-    if kind == "video":
-        kind = "video" if "video" in kinds else "image"
-    if kind not in kinds:
-        raise ValueError(hf.unsupported_kind(spec, model_type, kind))
-    if kind == "text":
-        hf.require_tokenizer(folder, spec)
-    full = f"hf:{folder}"
+    if spec.startswith("open_clip:"):
+        folder = openclip.folder_of(spec)
+        openclip.read_config(folder, spec)
+        if kind == "video":
+            kind = "image"
+        full = f"open_clip:{folder}"
+        module = openclip
+        if kind == "text" and not any((folder / n).is_file() for n in ("tokenizer.json", "vocab.json")):
+            raise ValueError(f"model: {spec}: no tokenizer in the folder (vocab.json + merges.txt or tokenizer.json): "
+                             f"it cannot encode text")
+    else:
+        folder = hf.folder_of(spec)
+        model_type = hf.read_config(folder, spec)["model_type"]
+        kinds = hf.kinds_of(model_type)
+        if kind == "video":
+            kind = "video" if "video" in kinds else "image"
+        if kind not in kinds:
+            raise ValueError(hf.unsupported_kind(spec, model_type, kind))
+        if kind == "text":
+            hf.require_tokenizer(folder, spec)
+        full = f"hf:{folder}"
+        module = hf
+    runtime = _RUNTIMES.setdefault((full, kind, device, precision), {"device": device, "precision": precision})
 
     def identity() -> dict:
-        return hf.identity(full, kind)
+        record = module.identity(full, kind)
+        if (device, precision) != ("cpu", "float32"):
+            record["runtime"] = dict(runtime)
+            record["preprocessing"] = {**(record.get("preprocessing") or {}), "dtype": precision}
+        return record
+
+    def model(dtype: str = precision):
+        return placed(module, full, device, dtype)
 
     if kind == "text":
-        def fn(captions, *, batch_size, progress):
-            return _batched(lambda part: hf.load(full).text(part), captions, batch_size, progress, "captions")
+        def forward(m, part):
+            return m.text(part)
     elif kind == "image":
-        def fn(items, *, batch_size, progress):
-            model = hf.load(full)
+        def forward(m, part):
+            import torch
 
-            def forward(part):
-                import torch
-
-                return model.images(torch.cat([model.pixels(_opened(x)) for x in part]))
-            return _batched(forward, items, batch_size, progress, "images")
+            return m.images(torch.cat([m.pixels(_opened(x)) for x in part]))
     else:
-        def fn(clips, *, batch_size, progress):
-            return _batched(lambda part: hf.load(full).clips(part), clips, batch_size, progress, "clips")
+        def forward(m, part):
+            return m.clips(part)
+
+    def measured(part):
+        out = forward(model(), part)
+        if precision != "float32" and "max_abs_diff_vs_float32" not in runtime:
+            ref = forward(placed(module, full, device, "float32", keep=False), part)
+            runtime["max_abs_diff_vs_float32"] = float((out.float() - ref.float()).abs().max())
+            runtime["max_abs_float32"] = float(ref.float().abs().max())
+            runtime["measured_on"] = f"the first batch ({len(part)} inputs)"
+        return out
+
+    unit = {"text": "captions", "image": "images", "video": "clips"}[kind]
+
+    def fn(items, *, batch_size, progress):
+        return _batched(measured, items, batch_size, progress, unit)
     frames = None
     if kind == "video":
         frames = int(hf.identity(full, "video")["preprocessing"]["num_frames"])
-    return Encoder(full, kind, fn, identity, frames)
+    return Encoder(full, kind, fn, identity, frames, runtime=runtime)
+
+
+def reset_runtime(spec: str, kind: str, *, device: str | None = None, precision: str | None = None) -> None:
+    """Forget the measured difference to float32 of ``spec`` on ``device`` in ``precision``: the next
+    batch encoded is measured again (each ``xmodal encode`` run states its own first batch's)."""
+    if not spec.startswith(("hf:", "open_clip:")):
+        return
+    enc = get_encoder(spec, kind, device=device, precision=precision)
+    for key in [k for k in enc.runtime if k not in ("device", "precision")]:
+        del enc.runtime[key]
+
+
+def placed(module, spec: str, device: str, precision: str, keep: bool = True):
+    """The loaded model of ``spec`` (``hf`` or ``openclip`` module) on ``device`` in ``precision``: the
+    float32 CPU copy the module caches, or a copy moved there (kept for later batches unless ``keep`` is
+    False)."""
+    import torch
+
+    base = module.load(spec)
+    if device == "cpu" and precision == "float32":
+        return base
+    key = (spec, device, precision)
+    if key in _PLACED and _PLACED[key][0] is base:
+        return _PLACED[key][1]
+    import copy
+
+    moved = copy.copy(base)
+    moved.model = copy.deepcopy(base.model).to(device=torch.device(device), dtype=getattr(torch, precision))
+    if keep:
+        _PLACED[key] = (base, moved)
+    return moved
+
+
+_PLACED: dict[tuple, tuple] = {}
+#: (spec, kind, device, precision) -> the runtime record its encoders share (the first batch's
+#: difference to float32 is measured once per process and stated by every identity after it).
+_RUNTIMES: dict[tuple, dict] = {}
 
 
 def _batched(forward, items: list, batch_size: int, progress: bool, unit: str) -> np.ndarray:
@@ -217,8 +329,8 @@ def _batch_size(v) -> int:
 
 
 def encode_text(captions: Sequence[str], *, model: str = "minilm", batch_size: int = 256,
-                progress: bool = True) -> np.ndarray:
-    """Encode captions with a registered text encoder.
+                progress: bool = True, device: str | None = None, precision: str | None = None) -> np.ndarray:
+    """Encode captions with a registered text encoder (``device`` / ``precision``: :func:`get_encoder`).
 
     Returns:
         float32 ``[len(captions), D]``.
@@ -227,13 +339,15 @@ def encode_text(captions: Sequence[str], *, model: str = "minilm", batch_size: i
         raise TypeError("captions: expected a sequence of strings")
     if len(captions) == 0:
         raise ValueError("captions: empty")
-    out = get_encoder(model, "text").fn(list(captions), batch_size=_batch_size(batch_size), progress=progress)
+    out = get_encoder(model, "text", device=device, precision=precision).fn(
+        list(captions), batch_size=_batch_size(batch_size), progress=progress)
     return np.asarray(out, dtype=np.float32)
 
 
 def encode_images(paths: Sequence[str | os.PathLike], *, model: str = "efficientnet-lite0",
-                  batch_size: int = 32, progress: bool = True) -> np.ndarray:
-    """Encode image files with a registered image encoder.
+                  batch_size: int = 32, progress: bool = True, device: str | None = None,
+                  precision: str | None = None) -> np.ndarray:
+    """Encode image files with a registered image encoder (``device`` / ``precision``: :func:`get_encoder`).
 
     Returns:
         float32 ``[len(paths), D]``.
@@ -244,7 +358,8 @@ def encode_images(paths: Sequence[str | os.PathLike], *, model: str = "efficient
     missing = [p for p in paths if not p.is_file()]
     if missing:
         raise ValueError(f"paths: {len(missing)} image file(s) not found, e.g. {missing[0]}")
-    out = get_encoder(model, "image").fn(paths, batch_size=_batch_size(batch_size), progress=progress)
+    out = get_encoder(model, "image", device=device, precision=precision).fn(
+        paths, batch_size=_batch_size(batch_size), progress=progress)
     return np.asarray(out, dtype=np.float32)
 
 
@@ -307,7 +422,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
                        truncated: str = "keep", max_side: int | None = ENCODE_MAX_SIDE,
                        max_pixels: int | None = None, on_note: Callable[[str], None] | None = None,
                        on_frames: Callable[[int], None] | None = None, max_decoded: int | None = None,
-                       workers: int = 1):
+                       workers: int = 1, device: str | None = None, precision: str | None = None):
     """Encode video files' frames, streamed and batched across videos; yield each video when it is done.
 
     Each file is decoded one frame at a time (:mod:`xmodal.features.video`): decode -> sample ->
@@ -357,7 +472,7 @@ def iter_encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None
     from xmodal._validate import whole_number
 
     workers = whole_number(workers, "workers", minimum=1)
-    enc = get_encoder(model, "video")
+    enc = get_encoder(model, "video", device=device, precision=precision)
     if max_decoded is not None and (isinstance(max_decoded, bool) or not isinstance(max_decoded, (int, np.integer))
                                     or max_decoded < 1):
         raise ValueError(f"max_decoded: expected a positive integer or None, got {video._shown(max_decoded)}")
@@ -479,7 +594,8 @@ def _encode_one(v: "_Video", events, buf: list, bs: int, flush, ready, truncated
 
 def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = None, fps: float | None = None,
                   model: str = "efficientnet-lite0", batch_size: int = 32,
-                  max_side: int | None = ENCODE_MAX_SIDE) -> list[np.ndarray]:
+                  max_side: int | None = ENCODE_MAX_SIDE, device: str | None = None,
+                  precision: str | None = None) -> list[np.ndarray]:
     """Encode video files: sampled RGB frames through the image encoder, streamed, batched across videos.
 
     Args:
@@ -489,6 +605,7 @@ def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = No
         model: a registered image encoder.
         batch_size: frames per forward pass.
         max_side: frames longer than this are converted at reduced size first (:data:`ENCODE_MAX_SIDE`).
+        device, precision: where an hf: / open_clip: model runs (:func:`get_encoder`).
 
     Returns:
         one float32 array per video (a truncated file's frames are kept, with a ``UserWarning``).
@@ -507,7 +624,7 @@ def encode_videos(paths: Sequence[str | os.PathLike], *, frames: int | None = No
         raise ValueError("paths: empty")
     out: list[np.ndarray] = []
     for _, result in iter_encode_videos(paths, frames=frames, fps=fps, model=model, batch_size=batch_size,
-                                        max_side=max_side):
+                                        max_side=max_side, device=device, precision=precision):
         if isinstance(result, Exception):
             raise result
         out.append(result)

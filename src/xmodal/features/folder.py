@@ -176,8 +176,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                         progress: bool | None = False, on_error: Callable[[str], None] | None = None,
                         recursive: bool = False, truncated: str = "keep", max_pixels: int | None = None,
                         on_plan: Callable[[str], None] | None = None, workers: int = 1,
-                        shard: tuple[int, int] | None = None,
-                        on_video: Callable[[str], None] | None = None) -> dict:
+                        shard: tuple[int, int] | None = None, device: str | None = None,
+                        precision: str | None = None, on_video: Callable[[str], None] | None = None) -> dict:
     """Encode every video of ``source`` (of its share ``shard``) that ``out`` does not hold yet.
 
     Args:
@@ -185,6 +185,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         out: the folder of ``<video id>.npy`` float32 ``[F, D]`` files (created).
         frames, fps, model, batch_size, truncated, max_pixels: as
             :func:`xmodal.features.encoders.iter_encode_videos` (neither frames nor fps: every frame).
+        device, precision: where and in which dtype an hf: / open_clip: model runs
+            (:func:`xmodal.features.encoders.get_encoder`).
         progress: None: a bar on a terminal, else a line every 30 s; True: a bar; False: nothing
             (:func:`xmodal.progress.progress`).
         on_error: called with one line per file that failed, was truncated or was skipped for a
@@ -236,7 +238,8 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                              f"would write {vid}.npy; rename one")
         by_id[vid] = p
     out.mkdir(parents=True, exist_ok=True)
-    record = _folder_identity(out, model, frames, fps, on_error)
+    encoders.reset_runtime(model, "video", device=device, precision=precision)  # this run's first batch
+    record = _folder_identity(out, model, frames, fps, on_error, device, precision)
     mine = scan.videos if shard is None else [(vid, p) for vid, p in scan.videos if shards_module.in_shard(vid, shard)]
     redone = [vid for vid, _ in mine if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]
     todo = [(vid, p) for vid, p in mine if not feature_file_ok(out / f"{vid}.npy")]
@@ -273,7 +276,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         for i, result in encoders.iter_encode_videos([p for _, p in todo], frames=frames, fps=fps, model=model,
                                                      batch_size=batch_size, truncated=truncated,
                                                      max_pixels=max_pixels, on_note=kept, on_frames=bar.update,
-                                                     workers=workers):
+                                                     workers=workers, device=device, precision=precision):
             done += 1
             bar.set_postfix_str(f"{done}/{len(todo)} videos")
             if isinstance(result, Exception):
@@ -295,10 +298,15 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             summary["dim"] = result.shape[1]
             if on_video is not None:
                 on_video(todo[i][0])
-    if record.get("dim") is None and summary["dim"]:  # a registered encoder's size is known once it ran
+    after = encoders.identity_of(model, "video", device=device, precision=precision).get("runtime")
+    if (record.get("dim") is None and summary["dim"]) or after != record.get("runtime"):
+        # a registered encoder's size, and a reduced precision's difference to float32, are known once it ran
         from xmodal.features.identity import write_sidecar
 
-        write_sidecar(out, {**record, "dim": int(summary["dim"])})
+        record = {**record, "dim": record.get("dim") or (int(summary["dim"]) if summary["dim"] else None)}
+        if after is not None:
+            record["runtime"] = after
+        write_sidecar(out, record)
     if shard is not None:
         summary.update(shard=shard, collection=len(scan.videos), shard_file=shards_module.write_summary(
             out, shard, summary, collection=[vid for vid, _ in scan.videos], seconds=time.perf_counter() - started,
@@ -307,13 +315,14 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
 
 
 def _folder_identity(out: Path, model: str, frames: int | None, fps: float | None,
-                     on_error: Callable[[str], None] | None) -> dict:
+                     on_error: Callable[[str], None] | None, device: str | None = None,
+                     precision: str | None = None) -> dict:
     """Write ``out/encoder.json`` (the encoder and sampling of the folder's features) before encoding;
     a folder whose features came from another encoder or sampling is refused (its videos would mix)."""
     from xmodal.features import encoders
     from xmodal.features.identity import mismatch, read_sidecar, write_sidecar
 
-    record = encoders.identity_of(model, "video")
+    record = encoders.identity_of(model, "video", device=device, precision=precision)
     record["level"] = "clip" if record["kind"] == "video" else "frame"
     record["sampling"] = {"frames": frames, "fps": fps}
     old = read_sidecar(out, "--out")

@@ -227,6 +227,7 @@ class HFModel:
             raise ValueError(f"model: {self.spec}: no tokenizer loads from the folder: it cannot encode text")
         inputs = self.processor(text=captions, padding=self.padding, truncation=True, max_length=self.max_length,
                                 return_tensors="pt")
+        inputs = {k: v.to(self.model.device) for k, v in inputs.items()}
         with torch.inference_mode():
             return _pooled(self.model.get_text_features(**inputs))
 
@@ -242,7 +243,8 @@ class HFModel:
         import torch
 
         with torch.inference_mode():
-            return _pooled(self.model.get_image_features(pixel_values=pixel_values))
+            return _pooled(self.model.get_image_features(
+                pixel_values=pixel_values.to(device=self.model.device, dtype=self.model.dtype)))
 
     def clips(self, clips: list[list]) -> Any:
         """``get_video_features`` of a batch of clips, each a list of ``num_frames`` PIL frames."""
@@ -251,7 +253,8 @@ class HFModel:
         pixel_values = torch.cat([self.processor(videos=[list(c)], return_tensors="pt")["pixel_values"]
                                   for c in clips])
         with torch.inference_mode():
-            return _pooled(self.model.get_video_features(pixel_values=pixel_values))
+            return _pooled(self.model.get_video_features(
+                pixel_values=pixel_values.to(device=self.model.device, dtype=self.model.dtype)))
 
     def preprocessing(self, kind: str) -> dict:
         """What the inputs of ``kind`` go through (the folder's processor, summarised)."""

@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from xmodal._files.paths import elide_paths
 from xmodal.features.hashing import file_sha256, files_sha256  # noqa: F401  (used by the encoders)
 
 __all__ = ["sidecar_path", "read_sidecar", "write_sidecar", "check_record", "read_encoders", "write_encoders",
@@ -55,7 +56,10 @@ LEVELS = ("sentence", "tokens", "image", "frame", "clip")
 BUILTIN_DIMS = {"text": {"minilm": 384}, "image": {"efficientnet-lite0": 1280}}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FIELDS = {"spec", "kind", "level", "family", "hub_name", "weights_sha256", "preprocessing_sha256", "preprocessing",
-           "dim", "normalized", "dtype", "sampling", "source"}
+           "dim", "normalized", "dtype", "sampling", "source", "runtime", "spec_relative_to"}
+#: Folder specs (``hf:``, ``open_clip:``) are written relative to the file that holds them (marked by
+#: ``"spec_relative_to": "file"``) and read back as absolute paths: no file names a server's absolute path.
+FOLDER_PREFIXES = ("hf:", "open_clip:")
 
 
 def sidecar_path(out: str | os.PathLike) -> Path:
@@ -109,6 +113,12 @@ def check_record(record: Any, where: str) -> dict | None:
         value = record.get(key)
         if value is not None and (not isinstance(value, str) or len(value) > 4096):
             raise ValueError(f"{where}: {key!r} must be text or null")
+    if record.get("spec_relative_to") not in (None, "file"):
+        raise ValueError(f"{where}: 'spec_relative_to' must be \"file\" or null")
+    runtime = record.get("runtime")
+    if runtime is not None and (not isinstance(runtime, dict) or len(runtime) > 16 or not all(
+            isinstance(v, (str, int, float, type(None))) and not isinstance(v, bool) for v in runtime.values())):
+        raise ValueError(f"{where}: 'runtime' must be an object of a few plain values or null")
     for key in ("preprocessing", "sampling"):
         if record.get(key) is not None and not isinstance(record[key], (dict, str)):
             raise ValueError(f"{where}: {key!r} must be an object, text or null")
@@ -162,6 +172,34 @@ def _bounded_text(body: dict, what: str) -> str:
     return text
 
 
+def spec_to_file(record: dict | None, folder: str | os.PathLike) -> dict | None:
+    """``record`` as a file in ``folder`` stores it: an absolute ``hf:`` / ``open_clip:`` folder written
+    relative to ``folder`` (and marked so).
+
+    >>> spec_to_file({"spec": "hf:/w/models/clipA", "kind": "text"}, "/w/data/feats")["spec"]
+    'hf:../../models/clipA'
+    """
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
+        return record
+    for prefix in FOLDER_PREFIXES:
+        path = record["spec"][len(prefix):]
+        if record["spec"].startswith(prefix) and os.path.isabs(path):
+            rel = os.path.relpath(path, os.path.abspath(os.fspath(folder)))
+            return {**record, "spec": prefix + rel, "spec_relative_to": "file"}
+    return record
+
+
+def spec_from_file(record: dict | None, folder: str | os.PathLike) -> dict | None:
+    """The inverse of :func:`spec_to_file`: a marked relative folder spec made absolute again."""
+    if not isinstance(record, dict) or record.get("spec_relative_to") is None:
+        return record
+    out = {k: v for k, v in record.items() if k != "spec_relative_to"}
+    for prefix in FOLDER_PREFIXES:
+        if str(out.get("spec", "")).startswith(prefix) and not os.path.isabs(out["spec"][len(prefix):]):
+            out["spec"] = prefix + str((Path(os.path.abspath(os.fspath(folder))) / out["spec"][len(prefix):]).resolve())
+    return out
+
+
 def read_sidecar(features: str | os.PathLike, where: str = "features") -> dict | None:
     """The identity record beside a features file or in a features folder (:func:`sidecar_path`), or
     None when there is none; ValueError naming ``where`` when the file is not one."""
@@ -171,7 +209,8 @@ def read_sidecar(features: str | os.PathLike, where: str = "features") -> dict |
     body = _read_json(path, where)
     if not isinstance(body, dict) or body.get("format") != SIDECAR_FORMAT:
         raise ValueError(f"{where}: {path} was not written by 'xmodal encode' (no \"format\": \"{SIDECAR_FORMAT}\")")
-    return check_record({k: v for k, v in body.items() if k not in ("format", "version")}, f"{where}: {path}")
+    record = check_record({k: v for k, v in body.items() if k not in ("format", "version")}, f"{where}: {path}")
+    return spec_from_file(record, path.parent)
 
 
 def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
@@ -180,8 +219,8 @@ def write_sidecar(features: str | os.PathLike, record: dict) -> Path:
 
     if not isinstance(record, dict):
         raise TypeError(f"record: expected an encoder record (dict), got {type(record).__name__}")
-    record = check_record(record, "record")
     path = sidecar_path(features)
+    record = spec_to_file(check_record(record, "record"), path.parent)
     atomic_write_text(path, _bounded_text({"format": SIDECAR_FORMAT, "version": VERSION, **record}, "record"))
     return path
 
@@ -198,9 +237,11 @@ def read_encoders(folder: str | os.PathLike, where: str = "data") -> dict | None
     experts = body.get("experts") or {}
     if not isinstance(experts, dict) or len(experts) > 256:
         raise ValueError(f"{where}: {path}: 'experts' must map at most 256 expert names to records")
-    return {"text": check_record(body.get("text"), f"{where}: {path}: text"),
-            "video": check_record(body.get("video"), f"{where}: {path}: video"),
-            "experts": {str(k): check_record(v, f"{where}: {path}: experts[{k!r}]") for k, v in experts.items()}}
+    base = path.parent
+    return {"text": spec_from_file(check_record(body.get("text"), f"{where}: {path}: text"), base),
+            "video": spec_from_file(check_record(body.get("video"), f"{where}: {path}: video"), base),
+            "experts": {str(k): spec_from_file(check_record(v, f"{where}: {path}: experts[{k!r}]"), base)
+                        for k, v in experts.items()}}
 
 
 def write_encoders(folder: str | os.PathLike, encoders: dict) -> Path:
@@ -212,9 +253,9 @@ def write_encoders(folder: str | os.PathLike, encoders: dict) -> Path:
     if not isinstance(encoders.get("experts") or {}, dict):
         raise TypeError("encoders['experts']: expected a dict of expert name -> record")
     body = {"format": ENCODERS_FORMAT, "version": VERSION,
-            "text": check_record(encoders.get("text"), "encoders['text']"),
-            "video": check_record(encoders.get("video"), "encoders['video']"),
-            "experts": {k: check_record(v, f"encoders['experts'][{k!r}]")
+            "text": spec_to_file(check_record(encoders.get("text"), "encoders['text']"), folder),
+            "video": spec_to_file(check_record(encoders.get("video"), "encoders['video']"), folder),
+            "experts": {k: spec_to_file(check_record(v, f"encoders['experts'][{k!r}]"), folder)
                         for k, v in (encoders.get("experts") or {}).items()}}
     if len(body["experts"]) > 256:
         raise ValueError(f"encoders['experts']: at most 256 expert records, got {len(body['experts'])}")
@@ -249,19 +290,39 @@ def run_encoders(run: str | os.PathLike, where: str = "--run") -> dict:
 
 
 def portable(record: dict | None) -> dict | None:
-    """A record to hand on (an export's config.json): an ``hf:`` spec names the folder by its hub id or
+    """A record to hand on (an export's config.json): an ``hf:`` / ``open_clip:`` spec names the folder by its hub id or
     its base name instead of this machine's absolute path (the hashes still identify it).
 
     >>> portable({"spec": "hf:/home/me/models/clip-b32", "kind": "text", "hub_name": None})["spec"]
     'hf:clip-b32'
+    >>> portable({"spec": "open_clip:/home/me/oc/vit-b32", "kind": "text", "hub_name": None})["spec"]
+    'open_clip:vit-b32'
     """
     if _record_or_none(record, "record") is None:
         return None
     out = dict(record)
     spec = str(out.get("spec", ""))
-    if spec.startswith("hf:"):
-        out["spec"] = "hf:" + (out.get("hub_name") or Path(spec[3:]).name or "model")
+    for prefix in ("hf:", "open_clip:"):
+        if spec.startswith(prefix):
+            out["spec"] = prefix + (out.get("hub_name") or Path(spec[len(prefix):]).name or "model")
     return out
+
+
+def shown_spec(spec: str | None, record: dict | None = None) -> str | None:
+    """A spec as a page, an API answer or a card shows it: an ``hf:`` / ``open_clip:`` folder by its hub
+    id or folder name (never this machine's path), with the first 12 hex digits of its weights' SHA-256
+    where a record has them.
+
+    >>> shown_spec("hf:/srv/models/clipA", {"weights_sha256": "ab" * 32, "hub_name": None})
+    'hf:clipA (sha256 abababababab)'
+    >>> shown_spec("minilm")
+    'minilm'
+    """
+    if spec is None:
+        return None
+    name = portable({"spec": spec, "kind": "text", "hub_name": (record or {}).get("hub_name")})["spec"]
+    digest = (record or {}).get("weights_sha256")
+    return f"{name} (sha256 {digest[:12]})" if name != spec and isinstance(digest, str) else name
 
 
 def spec_of(record: dict | None) -> str | None:
@@ -386,18 +447,22 @@ def resolve(kind: str, recorded: dict | None, dim: int | None, given: str | None
         why = mismatch(recorded, mine)
         if why is not None:
             raise ValueError(f"{flag}: {why}; the features were made by {recorded['spec']}")
+        if mine["spec"] != recorded["spec"]:  # another folder with the recorded hashes: stated, and checked
+            return {"spec": mine["spec"], "status": "stated", "record": recorded,
+                    "reason": f"{flag} {shown_spec(mine['spec'])}: a copy of the recorded {what} "
+                              f"{shown_spec(recorded['spec'], recorded)} (the same weights and preprocessing)"}
         return {"spec": mine["spec"], "status": "recorded", "reason": None, "record": recorded}
     if recorded is not None:
         try:
             here = _as_tokens(stated(recorded["spec"], kind, dim, what), tokens)
         except ValueError as exc:
             return {"spec": None, "status": "off", "record": recorded,
-                    "reason": f"the recorded {what} {recorded['spec']} is not usable here "
-                              f"({str(exc).removeprefix(what + ': ')}); name its copy with {flag} SPEC"}
+                    "reason": f"the recorded {what} {shown_spec(recorded['spec'], recorded)} is not usable here "
+                              f"({elide_paths(str(exc).removeprefix(what + ': '))}); name its copy with {flag} SPEC"}
         why = mismatch(recorded, here)
         if why is not None:
             return {"spec": None, "status": "off", "record": recorded,
-                    "reason": f"the recorded {what} changed since the features were made ({why})"}
+                    "reason": f"the recorded {what} changed since the features were made ({elide_paths(why)})"}
         return {"spec": here["spec"], "status": "recorded", "reason": None, "record": recorded}
     builtin = "text" if kind == "text" else "image"
     guess = assumed_builtin(dim, builtin) if isinstance(dim, int) and not isinstance(dim, bool) else None
@@ -428,19 +493,22 @@ def recorded_video(meta: dict) -> dict | None:
 
 def index_encoders(run: str | os.PathLike, given: str | None, text_dim: int | None) -> dict:
     """The ``meta.json`` keys of an index built from ``run``: ``text_encoder`` (the spec, or None when
-    unknown), ``text_encoder_source`` (``recorded`` / ``stated`` / None) and ``encoders`` (``{"text",
+    unknown), ``text_encoder_source`` (``recorded``; ``stated``: named with ``--text-encoder``, a copy of
+    the recorded one or where none is recorded; ``none``: ``--text-encoder none``; None) and ``encoders`` (``{"text",
     "video"}`` records). ``given`` (``--text-encoder``) states the encoder of a run that records none,
     or names a local copy of the recorded one (refused when it is another encoder)."""
     recs = run_encoders(run)
     text, source = recs["text"], ("recorded" if recs["text"] is not None else None)
-    if given == "none":
-        text, source = None, None
+    if given == "none":  # stated as none: a consumer says so, not "nothing recorded"
+        text, source = None, "none"
     elif given is not None:
         mine = stated(given, "text", text_dim, "--text-encoder")
         if text is not None:
             why = mismatch(text, mine)
             if why is not None:
                 raise ValueError(f"--text-encoder: {why}; the run's features were made by {text['spec']}")
+            if mine["spec"] != text["spec"]:
+                source = "stated"  # a copy, checked by its hashes
             text = {**text, "spec": mine["spec"]}
         else:
             text, source = mine, "stated"

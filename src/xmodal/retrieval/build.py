@@ -127,7 +127,13 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                             queries=None if queries is None else queries - shift[None, :],
                             target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
                             block_rows=block_rows, seed=seed)
-        meta = {"format": FORMAT, "version": VERSION, "run": str(Path(run).resolve()),
+        from xmodal.features.identity import spec_to_file
+
+        here = Path(out).resolve()  # folders named relative to the index: no absolute path of this machine
+        encoders = {**encoders, "encoders": {k: spec_to_file(v, here) for k, v in encoders["encoders"].items()}}
+        if encoders.get("text_encoder") is not None:
+            encoders["text_encoder"] = spec_to_file({"spec": encoders["text_encoder"]}, here)["spec"]
+        meta = {"format": FORMAT, "version": VERSION, "run": os.path.relpath(Path(run).resolve(), here),
                 "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
                 "dim": int(rows.dim), "text_dim": _text_dim(model),
                 **encoders, "names": names is not None,

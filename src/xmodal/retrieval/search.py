@@ -35,6 +35,10 @@ class SearchIndex:
         if (self.meta.get("ondisk") or {}).get("stage") == "trained":  # xmodal.retrieval.build_shards
             raise ValueError(f"--index: {path} is trained but holds no video yet: add its shards ('xmodal index "
                              f"--out {path} --shard K/N' or --cluster) and merge them (--merge)")
+        if isinstance(self.meta.get("encoders"), dict):  # folder specs are stored relative to the index
+            from xmodal.features.identity import spec_from_file
+
+            self.meta["encoders"] = {k: spec_from_file(v, self.path) for k, v in self.meta["encoders"].items()}
         dim = self.meta.get("dim")
         try:
             self.index = BiasedIndex.load(self.path / "index.faiss", dim=dim if isinstance(dim, int) else None)
@@ -89,7 +93,13 @@ class SearchIndex:
 
         key = given
         if key not in self._text_choices:
-            self._text_choices[key] = resolve_text(recorded_text(self.meta), _text_dim(self.model), given)
+            if given is None and self.meta.get("text_encoder_source") == "none":
+                self._text_choices[key] = {
+                    "spec": None, "status": "off", "record": None,
+                    "reason": "the index was built with --text-encoder none (name an encoder with --text-encoder SPEC "
+                              "to search by text)"}
+            else:
+                self._text_choices[key] = resolve_text(recorded_text(self.meta), _text_dim(self.model), given)
         return self._text_choices[key]
 
     @property

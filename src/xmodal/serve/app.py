@@ -379,12 +379,15 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     busy = {"upload": False, "receiving": 0}
     receiving: dict[str, int] = {}
 
+    from xmodal.features.identity import shown_spec
+
     def info(searcher: Searcher) -> dict:
         choice = searcher.meta.get("normalizer_choice")
         return {"items": searcher.num_items, "normalizer": searcher.meta.get("normalizer"),
                 "normalizer_choice": choice.get("why") if isinstance(choice, dict) and
                 isinstance(choice.get("why"), str) else None,  # shown as text, cut to 600 characters
                 "text_encoder": searcher.text_encoder, "text_encoder_status": searcher.text_choice["status"],
+                "text_encoder_shown": shown_spec(searcher.text_encoder, searcher.text_choice.get("record")),
                 "text_reason": searcher.text_choice["reason"], "kind": searcher.meta.get("kind", "flat"),
                 "texts": 0 if searcher.extras.texts is None else int(searcher.extras.texts.shape[0]),
                 "videos": searcher.extras.videos is not None, **searcher.recall()}
@@ -599,9 +602,17 @@ def _check_encoder_param(searcher: Searcher, given: str | None) -> None:
     record = searcher.text_choice.get("record")
     if record is None:
         return
-    from xmodal.features.identity import portable
+    from xmodal.features.identity import mismatch, portable, shown_spec, stated
 
     names = {record["spec"], portable(record)["spec"], record.get("hub_name"), searcher.text_encoder}
-    if given not in names:
-        raise ValueError(f"encoder: {given[:200]} is not the encoder of this index's text features "
-                         f"({record['spec']})")
+    if given in names:
+        return
+    refusal = (f"encoder: {shown_spec(given)[:200]} is not the encoder of this index's text features "
+               f"({shown_spec(record['spec'], record)})")
+    try:  # another spelling of the same folder, or a copy: the same hashes (the spelling never decides)
+        mine = stated(given, "text", record.get("dim"), "encoder")
+    except (ValueError, TypeError):
+        raise ValueError(refusal) from None
+    why = mismatch(record, mine) if mine.get("weights_sha256") and record.get("weights_sha256") else "no hashes"
+    if why is not None:
+        raise ValueError(refusal)

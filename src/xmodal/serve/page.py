@@ -159,7 +159,9 @@ def _text_encoder(info: dict[str, Any]) -> str:
     spec, status = info.get("text_encoder"), info.get("text_encoder_status")
     if spec is None:
         return "<span id=\"text-encoder\" data-status=\"off\">no text encoder</span>"
-    shown = f"text encoder {escape(str(spec))}"
+    from xmodal.features.identity import shown_spec
+
+    shown = f"text encoder {escape(str(info.get('text_encoder_shown') or shown_spec(spec)))}"
     if status == "assumed":
         shown += (f" <i title=\"{escape(str(info.get('text_reason') or ''))}\">(assumed: nothing recorded, "
                   f"its size matches)</i>")
@@ -237,8 +239,10 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
             f"<label>top <input type=\"number\" id=\"k\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>",
             "<button type=\"submit\" id=\"go\">Search</button></form>"]
     else:
+        uploads = bool(_upload_form(upload or {}, info, k, max_k))
         parts += [f"<p class=\"status\" id=\"text-off\">Text search is off: {escape(str(info.get('text_reason')))}"
-                  f". Search from a video instead: its name, an item below, or a video file.</p>", _video_form(k, max_k)]
+                  f". Search from a video instead: its name{', an item below, or a video file' if uploads else ' or an item below'}"
+                  f".</p>", _video_form(k, max_k)]
     if info is not None:
         parts.append(_upload_form(upload or {}, info, k, max_k))
     if error:

@@ -112,8 +112,10 @@ class Searcher:
 
     def encoder_info(self) -> dict:
         """``{"spec", "status", "reason"}`` of the text encoder (``status`` ``assumed``: not recorded)."""
+        from xmodal.features.identity import shown_spec
+
         c = self.text_choice
-        return {"spec": c["spec"], "status": c["status"], "reason": c["reason"]}
+        return {"spec": shown_spec(c["spec"], c.get("record")), "status": c["status"], "reason": c["reason"]}
 
     def search_features(self, feats: np.ndarray, k: int) -> dict[str, Any]:
         """Text -> video from raw caption features ``[T, Dt]`` (a POSTed ``.npy``): one answer per row,

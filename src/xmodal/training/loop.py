@@ -324,6 +324,8 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
                     text_dim=model.dim if finetuning else train_split.text.shape[-1]).to(device)
     params = [p for p in list(model.parameters()) + list(loss_fn.parameters()) if p.requires_grad]
     zero_shot = tc.epochs == 0  # model.kind identity: nothing to train, the test-time pipeline only
+    if zero_shot and not in_memory and cfg.data.name != "synthetic":
+        _check_one_embedding(cfg)
     optimizer = None if zero_shot else make_optimizer(cfg, finetune.param_groups(cfg, model, list(loss_fn.parameters())))
     scaler = finetune.grad_scaler(cfg, device)  # train.precision fp16
     plateau = None if zero_shot else make_plateau(cfg, optimizer)
@@ -590,18 +592,50 @@ def dn_per_seed(cfg: Config, test_time: TestTime, model: TwoTower, splits: dict,
                                                   seeds=tc.dn_seeds, seed=0)
     out: dict[str, Any] = {"lam": tc.dn_lam, "num_samples": tc.dn_num_samples, "seeds": list(range(tc.dn_seeds)),
                            "source": "val", "std": "sample standard deviation over the seeds (ddof 1)"}
+    n = tc.dn_num_samples
+    held = {"text": int(val_text.shape[0]), "video": int(val_video.shape[0])}
+    out["num_samples_used"] = {k: v if n is None else min(int(n), v) for k, v in held.items()}
+    # every seed draws all rows of both sides: the seeds are one fit, and a spread of 0 would be no measurement
+    one_fit = n is None or all(int(n) >= v for v in held.values())
+    if one_fit:
+        out["seeds_identical"] = True
+        out["std"] = None
+        out["note"] = (f"the val split holds {held['text']} texts and {held['video']} videos, no more than "
+                       f"dn_num_samples {n}: every seed takes all of them, so the {tc.dn_seeds} seeds are one fit "
+                       f"and there is no spread to report (lower dn_num_samples or use a larger val split)")
     for s in evaluated:
         runs = [evaluate_normalizers(["dn"], dataclasses.replace(test_time, dn=f.state_dict()), model, splits[s],
                                      bs)["dn"] for f in fits]
         mean = {d: {m: float(np.mean([r[d][m] for r in runs])) for m in runs[0][d] if _number(runs[0][d][m])}
                 for d in runs[0] if isinstance(runs[0][d], dict)}
-        std = {d: {m: float(np.std([r[d][m] for r in runs], ddof=1)) for m in mean[d]} for d in mean}
+        std = {d: {m: None if one_fit else float(np.std([r[d][m] for r in runs], ddof=1)) for m in mean[d]}
+               for d in mean}
         out[s] = {"per_seed": runs, "mean": mean, "std": std}
     return out
 
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_one_embedding(cfg: Config) -> None:
+    """A zero-shot run compares text and video features as they are, so both must come from one
+    encoder's two towers (CLIP, Radford et al. 2021 Sec. 2.3: one joint embedding space): where
+    ``DATA/encoders.json`` records two encoders with other weights (or, without hashes, other specs),
+    the run is refused before anything is written, whatever their sizes."""
+    from xmodal.features.identity import read_encoders, shown_spec
+
+    records = read_encoders(cfg.data.root, "data.root") or {}
+    text, video = records.get("text"), records.get("video")
+    if not text or not video:
+        return
+    a, b = text.get("weights_sha256"), video.get("weights_sha256")
+    same = a == b if (a and b) else text.get("spec") == video.get("spec")
+    if not same:
+        raise ValueError(f"model.kind: identity compares text and video features directly, but "
+                         f"{cfg.data.root}/encoders.json records text from {shown_spec(text.get('spec'), text)} and "
+                         f"video from {shown_spec(video.get('spec'), video)}: two encoders, two embedding spaces "
+                         f"(encode both with one CLIP-family model, or train a model that maps one onto the other)")
 
 
 def _record_encoders(cfg: Config, out: Path, in_memory: bool) -> None:
