@@ -44,8 +44,9 @@ def parse_cluster(text: Any, flag: str = "--cluster") -> tuple[str, Any]:
     >>> parse_cluster("local:2"), parse_cluster("tcp://10.0.0.5:8786")
     (('local', 2), ('address', 'tcp://10.0.0.5:8786'))
     """
-    from xmodal._validate import short_repr
+    from xmodal._validate import short_repr, text_label
 
+    flag = text_label(flag, "flag")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{flag}: expected local:N or a scheduler address (tcp://HOST:PORT), got {short_repr(text)}")
     text = text.strip()
