@@ -104,7 +104,11 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     if model is None:
         model = _load(run, "--run")
     from xmodal.features.identity import index_encoders
+    from xmodal.models.clip4clip import Clip4Clip
 
+    if isinstance(model, Clip4Clip) and text_encoder not in (None, "run"):
+        raise ValueError(f"--text-encoder: the run fine-tuned its CLIP text tower end to end (model.kind clip4clip); "
+                         f"queries go through that tower, never {text_encoder}")
     encoders = index_encoders(run, text_encoder, _text_dim(model))  # a mismatch is refused before any work
     n = _num_rows(video_features)
     if names is not None and len(names) != n:

@@ -16,6 +16,10 @@ import numpy as np
 
 from xmodal.retrieval.build import FORMAT, _load, _text_dim
 
+#: The text encoder of an index built from a clip4clip run: the run's own fine-tuned CLIP text tower.
+RUN_TEXT_TOWER = "run"
+
+
 class SearchIndex:
     """An ``xmodal index`` directory opened for search."""
 
@@ -83,6 +87,10 @@ class SearchIndex:
         choice = self.text_encoder(text_encoder)
         if choice["spec"] is None:
             raise ValueError(f"text encoder: none for this index: {choice['reason']}")
+        if choice["spec"] == RUN_TEXT_TOWER:  # a clip4clip run: its own tokenizer, ids into its fine-tuned tower
+            from xmodal.models.clip4clip import run_tokenizer, tokenize
+
+            return tokenize(list(captions), run_tokenizer(self.model, self.path), self.model.spec.max_words)
         return encode_captions(self.model, captions, choice["spec"], progress=progress)
 
     def text_encoder(self, given: str | None = None) -> dict:
@@ -90,7 +98,14 @@ class SearchIndex:
         ``{"spec", "status" (recorded / stated / assumed / off), "reason", "record"}``; ``given``
         (``--text-encoder``) must be the recorded one (ValueError otherwise)."""
         from xmodal.features.identity import recorded_text, resolve_text
+        from xmodal.models.clip4clip import Clip4Clip
 
+        if isinstance(self.model, Clip4Clip):  # the encoder was fine-tuned: queries never go through the base model
+            if given is not None and given != RUN_TEXT_TOWER:
+                raise ValueError(f"--text-encoder: this index's run fine-tuned its CLIP text tower end to end "
+                                 f"(model.kind clip4clip); queries go through that tower, not {given}")
+            return {"spec": RUN_TEXT_TOWER, "status": "recorded", "record": None,
+                    "reason": "the run's own fine-tuned text tower (model.kind clip4clip)"}
         key = given
         if key not in self._text_choices:
             if given is None and self.meta.get("text_encoder_source") == "none":

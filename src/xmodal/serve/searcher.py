@@ -29,7 +29,8 @@ class Searcher:
         #: the encoder of text queries: {"spec" (None: no text search), "status", "reason", "record"}
         self.text_choice = self.index.text_encoder(text_encoder)  # another encoder than recorded: ValueError
         self.text_encoder = self.text_choice["spec"]
-        self.text_dim = int(self.index.model.architecture()["text"]["in_dim"])
+        arch = self.index.model.architecture()  # a clip4clip run has no text features: token ids into its tower
+        self.text_dim = int(arch["text"]["in_dim"]) if "text" in arch else None
         self.num_items = int(self.index.index.num_items)
         self.extras = IndexExtras(self.index.path, num_items=self.num_items, dim=int(self.index.shift.shape[0]))
         names = self.index.names
@@ -120,6 +121,9 @@ class Searcher:
     def search_features(self, feats: np.ndarray, k: int) -> dict[str, Any]:
         """Text -> video from raw caption features ``[T, Dt]`` (a POSTed ``.npy``): one answer per row,
         ``{"direction": "t2v", "queries": T, "answers": [...]}`` (each as :meth:`search`'s, query None)."""
+        if self.text_dim is None:
+            raise ValueError("features: this index's run fine-tuned its CLIP text tower (model.kind clip4clip); "
+                             "send captions, not caption features")
         if feats.ndim != 2 or feats.shape[1] != self.text_dim:
             raise ValueError(f"features: expected [T, {self.text_dim}] caption features (this run's text size), "
                              f"got shape {list(feats.shape)}")
