@@ -52,13 +52,9 @@ __all__ = [
 
 
 def _lines(path: Path, flag: str) -> list[str]:
-    if not path.is_file():
-        raise ValueError(f"{flag}: {path} not found")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{flag}: {path} is not UTF-8 text (byte {exc.start})") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    from xmodal._files.textfile import nonblank_lines
+
+    return nonblank_lines(path, label=flag)
 
 
 def get_templates(spec: str | os.PathLike) -> tuple[str, ...]:

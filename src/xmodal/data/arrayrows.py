@@ -60,13 +60,10 @@ def _ids(source: str | os.PathLike) -> list[str]:
         if not names:
             raise ValueError(f"--ids: {p} holds no image file")
         return names
-    if not p.is_file():
-        raise ValueError(f"--ids: {p} not found (give the --list file or the --dir folder given to 'xmodal encode images')")
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"--ids: {p} is not UTF-8 text (byte {exc.start})") from None
-    names = [line.strip() for line in text.splitlines() if line.strip()]
+    from xmodal._files.textfile import nonblank_lines
+
+    names = nonblank_lines(p, label="--ids", missing=f"--ids: {p} not found (give the --list file or the --dir folder "
+                                                     f"given to 'xmodal encode images')")
     if not names:
         raise ValueError(f"--ids: {p} names no item")
     return names

@@ -370,14 +370,10 @@ def list_images(directory: str | os.PathLike, listing: str | os.PathLike | None 
     if not directory.is_dir():
         raise ValueError(f"{directory}: image directory not found")
     if listing is not None:
+        from xmodal._files.textfile import nonblank_lines
+
         listing = Path(listing)
-        if not listing.is_file():
-            raise ValueError(f"{listing}: file not found")
-        try:
-            text = listing.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{listing}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
-        names = [line.strip() for line in text.splitlines() if line.strip()]
+        names = nonblank_lines(listing, label=str(listing), missing=f"{listing}: file not found")
         return [directory / n for n in names]
     return sorted(p for p in directory.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
 
