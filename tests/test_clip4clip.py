@@ -295,7 +295,8 @@ def test_padded_frames_change_nothing(clip_dir):
 def test_freeze_layers_as_clip4clip(clip_dir):
     from xmodal.models.clip4clip import build_clip4clip
 
-    model, _ = build_clip4clip(f"hf:{clip_dir}", sim_header="seqTransf", temporal_layers=1, freeze_layers=1)
+    model, _ = build_clip4clip(f"hf:{clip_dir}", sim_header="seqTransf", temporal_layers=1, freeze_layers=1,
+                               max_words=16)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert "video_tower.vision_model.embeddings.patch_embedding.weight" in frozen
     assert "text_tower.text_model.embeddings.token_embedding.weight" in frozen
@@ -306,7 +307,7 @@ def test_freeze_layers_as_clip4clip(clip_dir):
                  "text_tower.text_model.final_layer_norm.weight", "text_tower.text_projection.weight",
                  "video_tower.temporal.blocks.0.mlp.fc1.weight"):
         assert kept not in frozen
-    everything, _ = build_clip4clip(f"hf:{clip_dir}", freeze_layers=-1)
+    everything, _ = build_clip4clip(f"hf:{clip_dir}", freeze_layers=-1, max_words=16)
     assert all(p.requires_grad for p in everything.parameters())
 
 
@@ -324,7 +325,7 @@ def test_seqtransf_needs_matching_widths(tmp_path):
 
     folder = save_clip(tmp_path / "c", image_size=SIZE)  # projection 24, text width 32
     with pytest.raises(ValueError, match="model.sim_header: seqTransf"):
-        build_clip4clip(f"hf:{folder}", sim_header="seqTransf", temporal_layers=1)
+        build_clip4clip(f"hf:{folder}", sim_header="seqTransf", temporal_layers=1, max_words=16)
 
 
 def test_payload_round_trip(clip_dir):

@@ -61,7 +61,7 @@ def test_tower_normalisation_equals_the_processor(tmp_path):
     from xmodal.models.clip4clip import build_clip4clip
 
     folder = save_clip(tmp_path / "clip", image_size=S)
-    model, proc = build_clip4clip(f"hf:{folder}")
+    model, proc = build_clip4clip(f"hf:{folder}", max_words=16)
     p = _videos(tmp_path / "videos", n=1)[0]
     frames = decoded_frames(p)
     stored = torch.from_numpy(np.stack([crop_frame(f, S) for f in frames]))
@@ -98,12 +98,10 @@ def test_another_size_into_the_same_store_is_refused(tmp_path):
     assert main(["encode", "frames", str(tmp_path / "videos"), "--out", str(tmp_path / "fr"), "--size", "24"]) != 0
 
 
-def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path, capsys):
-    from xmodal.config import from_dict
-    from xmodal.data import load_paired_split
+def _frame_layout(tmp_path):
+    """A frame-store layout of 12 coloured-box videos (8 train, 4 val), written as ``encode frames`` does."""
     from xmodal.data.importer import import_pairs
     from xmodal.features.frames import crop_frame
-    from xmodal.training.loop import train
 
     from videos_tiny import COLOURS, caption, video
 
@@ -123,6 +121,15 @@ def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path, capsys):
         w.writerows(rows)
     np.save(tmp_path / "text.npy", np.zeros((len(rows), 2), np.float32))  # the trainer reads the captions
     import_pairs(tmp_path / "pairs.csv", features=store, out=tmp_path / "data", text_features=tmp_path / "text.npy")
+    return store
+
+
+def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path, capsys):
+    from xmodal.config import from_dict
+    from xmodal.data import load_paired_split
+    from xmodal.training.loop import train
+
+    store = _frame_layout(tmp_path)
     s = load_paired_split(tmp_path / "data", "train")
     assert s.video.dtype == np.uint8 and s.video.shape == (8, 5, S * S * 3)
     assert s.video_mask.sum(1).tolist() == [3 + i % 3 for i in range(8)]
@@ -142,3 +149,29 @@ def test_data_import_of_a_frame_store_trains_clip4clip(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     want = summary["val"]["none"]
     assert got["t2v"]["R@1"] == want["t2v"]["R@1"] and got["t2v"]["MnR"] == want["t2v"]["MnR"]
+
+
+def test_the_cli_trains_plots_indexes_and_reports_a_clip4clip_ncl_run(tmp_path, capsys):
+    """What a user runs after ``encode frames`` + ``data import``: ``xmodal train`` of a clip4clip run with the NCL
+    loss and several test-time normalisers (the trainer's plots read the val captions as tokens), ``index --run
+    --data`` (its captions for video -> text embedded by the run's own tower) and ``report``; a ``data.max_words``
+    beyond the CLIP's text positions is one line before training."""
+    from xmodal.cli import main
+
+    _frame_layout(tmp_path)
+    clip = save_clip(tmp_path / "clip", image_size=S)
+    base = ["train", "configs/clip4clip/ncl.yaml", "--out", str(tmp_path / "run"), "data.name=paired",
+            f"data.root={tmp_path / 'data'}", f"model.encoder=hf:{clip}", "train.epochs=1", "train.batch_size=4",
+            "data.max_frames=4", "loss.kwargs.queue_size=8", "test_time.normalizers=[none,ncl,dn]",
+            "test_time.bank_size=8"]
+    assert main(base) == 2  # the recipe's 32 words > the tiny CLIP's 16 positions
+    assert "data.max_words: 32 tokens, but the text tower of model.encoder holds 16 positions" in \
+        capsys.readouterr().err
+    assert main(base + ["data.max_words=16"]) == 0
+    assert (tmp_path / "run" / "retrieval_mass.png").is_file()
+    capsys.readouterr()
+    assert main(["index", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--split", "val",
+                 "--out", str(tmp_path / "idx"), "--normalizer", "none"]) == 0
+    assert json.loads((tmp_path / "idx" / "meta.json").read_text())["texts"] == 4
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report.html")]) == 0
+    assert "Head / tail breakdown" in (tmp_path / "report.html").read_text()

@@ -183,7 +183,11 @@ def run(args: argparse.Namespace) -> int:
         feats, mask = _video_inputs.from_split(split, model)
         if names is None and split.video_names is not None:
             names = list(split.video_names)
-        texts = caption_texts(split.captions, split.text, mask=split.text_mask, text_to_video=split.text_to_video)
+        from xmodal.models.clip4clip import Clip4Clip, tokenized_text
+
+        text, text_mask = (tokenized_text(model, split, args.run) if isinstance(model, Clip4Clip)
+                           else (split.text, split.text_mask))  # a clip4clip run reads its captions as tokens
+        texts = caption_texts(split.captions, text, mask=text_mask, text_to_video=split.text_to_video)
     elif args.video_features is None:
         raise ValueError("--video-features: required (or --data DIR --split S)")
     else:
@@ -314,8 +318,10 @@ def _select_on(args: argparse.Namespace, model) -> dict | None:
     from xmodal.commands import _video_inputs
     from xmodal.data import load_paired_split
 
+    from xmodal.models.clip4clip import tokenized_text
+
     split = load_paired_split(root, args.select_split)
-    text = model.encode_text(*split.text_input())
+    text = model.encode_text(*tokenized_text(model, split, args.run))
     same = args.data is not None and Path(root).resolve() == Path(args.data).resolve() and \
         args.select_split == args.split
     video = None if same else model.encode_video(*_video_inputs.from_split(split, model))

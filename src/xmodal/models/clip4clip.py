@@ -432,6 +432,10 @@ def build_clip4clip(encoder: str, *, sim_header: str = "meanP", temporal_layers:
                     gradient_checkpointing: bool = False, temperature: float = 0.05) -> tuple[Clip4Clip, Any]:
     """``(model, processor)``: :class:`Clip4Clip` initialised from the CLIPModel at ``encoder`` (``hf:DIR``)."""
     clip, processor = load_encoder(encoder)
+    positions = int(clip.text_model.config.max_position_embeddings)
+    if isinstance(max_words, int) and max_words > positions:  # else transformers fails mid-epoch, unhelpfully
+        raise ValueError(f"data.max_words: {max_words} tokens, but the text tower of model.encoder holds "
+                         f"{positions} positions (set data.max_words={positions} or fewer)")
     ip = processor.image_processor
     tok = processor.tokenizer
     spec = Clip4ClipSpec(clip_config=plain_config(clip.config), sim_header=sim_header,

@@ -329,7 +329,9 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
     log = read_log(run_dir) if (run_dir / "log.jsonl").is_file() else []  # a zero-shot run has no epoch
     cfg = load_config(run_dir / "config.yaml")
     model = load_model(run_dir)
-    splits = splits or load_splits(cfg)
+    from xmodal.training.finetune import splits_for
+
+    splits = splits_for(model, splits or load_splits(cfg), run_dir)  # a clip4clip run reads tokens
     steps_per_epoch = max(1, log[0]["step"]) if log else 1
     plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=splits["train"].video.shape[-1],
                                                       text_dim=splits["train"].text.shape[-1]),

@@ -364,8 +364,10 @@ def _provenance_section(run: Path) -> list[str]:
     return parts
 
 
-def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any, item: str = "video") -> list[str]:
-    """t2v R@K per head/tail group of the val texts (classes: labels, else k-means)."""
+def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any, item: str = "video",
+                       model_val: Any = None) -> list[str]:
+    """t2v R@K per head/tail group of the val texts (classes: labels, else k-means of the layout's caption
+    features); ``model_val``: the val split as the model reads it (a clip4clip run's tokens), default val."""
     from xmodal.data import kmeans_classes
     from xmodal.metrics import head_tail_groups, retrieval_by_group
     from xmodal.reporting.plots import t2v_similarity
@@ -388,7 +390,8 @@ def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any, item: str 
     header = ["normaliser", "group", "queries", "R@1", "R@5", "R@10", "MdR", "MnR"]
     rows = []
     for n in dict.fromkeys(["none", name]):
-        res = retrieval_by_group(t2v_similarity(model, val, n), val.text_to_video, groups, ks=(1, 5, 10))
+        sim = t2v_similarity(model, val if model_val is None else model_val, n)
+        res = retrieval_by_group(sim, val.text_to_video, groups, ks=(1, 5, 10))
         for g, r in res.items():
             rows.append([n, g, r["num_queries"], r["R@1"], r["R@5"], r["R@10"], r["MdR"], r["MnR"]])
     return parts + [table(header, rows, left_cols=2)]
@@ -587,7 +590,9 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
         if cfg is None:
             return page(f"xmodal report: {run.name}", body)
         model = load_model(run)
-        val = splits["val"]
+        from xmodal.training.finetune import splits_for
+
+        val = splits_for(model, {"val": splits["val"]}, run)["val"]  # a clip4clip run reads its captions as tokens
         name = model.test_time.get("normalizer", "none")
         say(f"report: retrieval mass on val ({val.num_videos} videos, {val.num_texts} texts)")
         a = mass_analysis(model, val)
@@ -602,7 +607,8 @@ def run_report(run: Path, *, images: Path | None = None, num_examples: int = 8, 
                       "mass"),
                  _png(plot_fn_fp(a["fn_fp"], tmp / "f.png", title=title), "fn/fp by mass")]
         say("report: head / tail breakdown")
-        body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg, item)
+        body += ["<h2>Head / tail breakdown (TS++)</h2>"] + _head_tail_section(model, splits, name, cfg, item,
+                                                                               model_val=val)
         root = cfg.data.root if cfg.data.name != "synthetic" else None
         names = _val_names(root, cfg.data, val.num_videos)
         say(f"report: {num_examples} example rankings" + (" with thumbnails" if images and names else ""))

@@ -8,6 +8,7 @@ import dataclasses
 from contextlib import nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 
 from xmodal.config import Config
@@ -81,3 +82,17 @@ def grad_scaler(cfg: Config, device: torch.device):
     if cfg.train.precision != "fp16":
         return None
     return torch.amp.GradScaler(device.type)
+
+
+def splits_for(model: Any, splits: dict, path: Any = None) -> dict:
+    """``splits`` as ``model`` reads them: unchanged, or for a clip4clip model (a run or export at ``path``)
+    with its captions tokenised by the run's CLIP tokenizer (:func:`tokenized`), as the trainer fed them.
+
+    Raises:
+        ValueError: as :func:`tokenized`, or the run's tokenizer is not on this machine.
+    """
+    from xmodal.models.clip4clip import Clip4Clip, run_tokenizer
+
+    if not isinstance(model, Clip4Clip) or all(np.asarray(s.text).dtype.kind in "iu" for s in splits.values()):
+        return splits
+    return tokenized(splits, run_tokenizer(model, path), model.spec.max_words)
