@@ -172,6 +172,8 @@ def test_the_cli_trains_plots_indexes_and_reports_a_clip4clip_ncl_run(tmp_path, 
     capsys.readouterr()
     assert main(["index", "--run", str(tmp_path / "run"), "--data", str(tmp_path / "data"), "--split", "val",
                  "--out", str(tmp_path / "idx"), "--normalizer", "none"]) == 0
-    assert json.loads((tmp_path / "idx" / "meta.json").read_text())["texts"] == 4
+    meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+    assert meta["texts"] == 4 and meta["text_encoder"] == "run"  # never the layout's caption encoder (minilm)
+    assert meta["encoders"]["text"]["family"] == "clip4clip"
     assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report.html")]) == 0
     assert "Head / tail breakdown" in (tmp_path / "report.html").read_text()

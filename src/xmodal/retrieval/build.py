@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 FORMAT = "xmodal-index"
+#: The text encoder of a clip4clip run's index: the run's own fine-tuned tower (never a spec).
+RUN_TEXT_TOWER = "run"
 VERSION = 1
 #: Optional files of an index folder for the search page's video -> video and video -> text searches.
 EXTRA_FILES = ("videos.npy", "texts.npy", "texts.json", "texts.faiss")
@@ -110,6 +112,11 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         raise ValueError(f"--text-encoder: the run fine-tuned its CLIP text tower end to end (model.kind clip4clip); "
                          f"queries go through that tower, never {text_encoder}")
     encoders = index_encoders(run, text_encoder, _text_dim(model))  # a mismatch is refused before any work
+    if isinstance(model, Clip4Clip):  # never the layout's caption encoder: queries go through the run's own tower
+        encoders = {**encoders, "text_encoder": RUN_TEXT_TOWER, "text_encoder_source": "run",
+                    "encoders": {**encoders["encoders"],
+                                 "text": {"spec": RUN_TEXT_TOWER, "kind": "text", "family": "clip4clip",
+                                          "note": "the run's fine-tuned CLIP text tower and tokenizer"}}}
     n = _num_rows(video_features)
     if names is not None and len(names) != n:
         raise ValueError(f"--names: {len(names)} names but --video-features has {n} rows")

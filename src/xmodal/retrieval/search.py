@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from xmodal.retrieval.build import FORMAT, _load, _text_dim
+from xmodal.retrieval.build import FORMAT, RUN_TEXT_TOWER, _load, _text_dim
 
 #: The text encoder of an index built from a clip4clip run: the run's own fine-tuned CLIP text tower.
-RUN_TEXT_TOWER = "run"
 
 
 class SearchIndex:
