@@ -88,9 +88,14 @@ def test_from_markdown_writes_provenance_and_refuses_in_one_line(tmp_path, capsy
     assert data["tables"][0]["rows"] == [["a", 1.5], ["b", 2.5]] and data["tables"][0]["after"] == ""
 
 
-def test_paper_evals_write_stores_its_tables_with_provenance(tmp_path):
+def test_paper_evals_write_stores_its_tables_with_provenance(tmp_path, monkeypatch):
     evals = _module("paper_evals", ROOT / "bench" / "paper_evals.py")
     text = "## Zero-shot\n\n| runs | n | DN gain |\n|---|---:|---:|\n| infonce | 3 | -0.07 |\n| ncl | 3 | +0.04 |\n"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the command records the thread setting it ran under
+    evals.write_result(str(tmp_path / "pe1.json"), text, ["--runs", "infonce=a,b,c"])
+    assert json.loads((tmp_path / "pe1.json").read_text())["command"] == \
+        "OMP_NUM_THREADS=1 python bench/paper_evals.py --runs infonce=a,b,c"
+    monkeypatch.delenv("OMP_NUM_THREADS")
     evals.write_result(str(tmp_path / "pe.json"), text, ["--runs", "infonce=a,b,c"])
     data = json.loads((tmp_path / "pe.json").read_text())
     assert data["command"] == "python bench/paper_evals.py --runs infonce=a,b,c"
