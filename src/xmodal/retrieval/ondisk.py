@@ -22,7 +22,6 @@ refine codes and ``hnsw``'s graph do not merge this way).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -80,11 +79,9 @@ def _write(index: Any, path: Path) -> None:
 
 
 def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from xmodal.features.hashing import file_sha256
+
+    return file_sha256(path)
 
 
 def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: str = "ivf", nlist: int | None = None,
