@@ -6,7 +6,10 @@ replaces at build time:
 
 - ``{{ NAME:KEY.PATH }}``: one value. A float prints with one decimal, ``{"mean", "std"}`` as
   ``mean ± std``, a list of numbers comma-separated, text as it is. ``{{ NAME:KEY.PATH|.2f }}``
-  gives a format (``+.1f`` signs a difference).
+  gives a format (``+.1f`` signs a difference); with a format, a text cell that starts with a number
+  (``24.16 (qbnorm)``) prints that number.
+- ``{{ NAME:KEY.PATH - NAME2:KEY.PATH|+.2f }}``: the difference of two stored numbers (a ``mean ± std`` by
+  its mean), so a gain or a gap quoted in prose follows both values.
 - ``{{ table NAME:KEY.PATH }}``: a Markdown table from ``{"columns": [...], "rows": [[...], ...]}``
   (``"formats"``, one per column, prints each column as the bench printed it).
 
@@ -32,12 +35,15 @@ log = logging.getLogger("mkdocs.hooks.numbers")
 #: Every data file says how it was made.
 PROVENANCE = ("command", "commit", "date", "machine", "source")
 DATA_DIR = Path("results") / "data"
-PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?([A-Za-z0-9_-]+):([^|}\s]+)\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
+_REF = r"([A-Za-z0-9_-]+):([^|}\s]+)"
+PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?" + _REF + r"(?:\s+-\s+" + _REF + r")?\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
 #: A decimal number or a percentage (a ``m ± s`` holds two decimals); what precedes it may make it a
 #: citation (``sec. 4.3``).
 TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))")
 #: A section of a page whose numbers come from data files (the whole page: front matter ``numbers: data``).
 REGION = re.compile(r"<!-- numbers from data -->(.*?)<!-- end numbers from data -->", re.DOTALL)
+#: The number a text cell starts with (``24.16 (qbnorm)``), which a placeholder with a format prints.
+LEAD = re.compile(r"[+-]?\d+(?:\.\d+)?(?=\s|$)")
 _cache: dict[Path, dict] = {}
 
 
@@ -76,7 +82,8 @@ def fmt(value: Any, spec: str | None = None) -> str:
     if isinstance(value, bool) or value is None:
         raise Missing(f"not a number or text: {value!r}")
     if isinstance(value, str):
-        return value
+        lead = LEAD.match(value)
+        return format(float(lead.group(0)), spec) if spec and lead else value
     if isinstance(value, int) and spec is None:
         return str(value)
     if isinstance(value, (int, float)):
@@ -90,6 +97,24 @@ def fmt(value: Any, spec: str | None = None) -> str:
     raise Missing(f"cannot print {type(value).__name__} {str(value)[:60]!r}")
 
 
+def _cell(value: Any, spec: str | None) -> str:
+    """A table cell: an integer in a column printed with decimals (a bare ``0`` among gains) as the bench
+    printed it."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool) and spec
+                                  and not spec.endswith(".0f")):
+        return str(value)
+    return fmt(value, spec)
+
+
+def difference(a: Any, b: Any) -> float:
+    """``a - b`` of two stored numbers (a ``{"mean", "std"}`` summary by its mean)."""
+    a, b = (v["mean"] if isinstance(v, dict) and "mean" in v
+            else float(LEAD.match(v).group(0)) if isinstance(v, str) and LEAD.match(v) else v for v in (a, b))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        raise Missing(f"a difference of two numbers, not {str(a)[:30]!r} and {str(b)[:30]!r}")
+    return a - b
+
+
 def table(value: Any, spec: str | None = None) -> str:
     if not (isinstance(value, dict) and isinstance(value.get("columns"), list)
             and isinstance(value.get("rows"), list)):
@@ -101,7 +126,7 @@ def table(value: Any, spec: str | None = None) -> str:
     for row in value["rows"]:
         if len(row) != len(cols):
             raise Missing(f"a row of {len(row)} cells under {len(cols)} columns")
-        lines.append("| " + " | ".join(fmt(c, spec or f) for c, f in zip(row, formats)) + " |")
+        lines.append("| " + " | ".join(_cell(c, spec or f) for c, f in zip(row, formats)) + " |")
     return "\n".join(lines)
 
 
@@ -110,9 +135,11 @@ def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[st
     errors: list[str] = []
 
     def one(m: re.Match) -> str:
-        is_table, name, key, spec = m.groups()
+        is_table, name, key, name_b, key_b, spec = m.groups()
         try:
             value = lookup(load(docs_dir, name), key)
+            if name_b:
+                value = difference(value, lookup(load(docs_dir, name_b), key_b))
             return table(value, spec) if is_table else fmt(value, spec)
         except (Missing, ValueError, json.JSONDecodeError) as exc:
             msg = exc.args[0] if isinstance(exc, Missing) else str(exc)
@@ -145,7 +172,7 @@ def _cited(before: str) -> bool:
     for w in reversed(words):
         if re.fullmatch(r"\d+(?:\.\d+)*|[,/-]|and", w):
             continue
-        return bool(re.fullmatch(r"(?:[Ss]ec(?:tion)?s?|[Ee]qs?|Tables?|Figs?|Figure|Alg|Ch|v|version)\.?", w))
+        return bool(re.fullmatch(r"(?:[Ss]ec(?:tion)?s?|[Ii]ssues?|[Ii]tems?|[Ii]ssues?|[Ii]tems?|[Ee]qs?|Tables?|Figs?|Figure|Alg|Ch|v|version)\.?", w))
     return False
 
 
