@@ -139,7 +139,7 @@ def markdown_tables(text: str) -> list[dict]:
             title, command, prose, last = line.lstrip("#").strip(), None, [], None
         elif line.startswith("Command: `"):
             command = line[len("Command: `"):].rstrip("`")
-        elif line.startswith("| ") and i + 1 < len(lines) and re.fullmatch(r"\|(?:-+:?\|)+", lines[i + 1]):
+        elif line.startswith("| ") and i + 1 < len(lines) and re.fullmatch(r"\|(?: ?:?-+:? ?\|)+", lines[i + 1]):
             columns, align, cells = _split_row(line), lines[i + 1].strip("|").split("|"), []
             i += 2
             while i < len(lines) and lines[i].startswith("| "):
