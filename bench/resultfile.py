@@ -223,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--out: {args.out} is not a .json file")
     if args.from_markdown and not (args.commit and args.date and args.source):
         p.error("--from-markdown needs --commit, --date and --source (where the Markdown came from)")
+    # the commit and date the bench starts at (a commit made while it runs is not the code it ran)
+    started = provenance("bench/resultfile.py", None, f"bench/resultfile.py --run: the tables {args.run!r} printed, "
+                         "parsed as it ran (this file is its output)") if args.run else None
     try:
         text = Path(args.from_markdown).read_text() if args.from_markdown else run_command(args.run)
     except (OSError, ValueError) as exc:
@@ -248,8 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"resultfile: {where} holds no table", file=sys.stderr)
         return 2
     if args.run:
-        data = provenance("bench/resultfile.py", None, f"bench/resultfile.py --run: the tables {args.run!r} "
-                          "printed, parsed as it ran (this file is its output)")
+        data = started
         data["command"] = args.run
         data["machine"] = data["machine"].rsplit(",", 1)[0] + " (threads: the bench's own --threads)"
         data["run_by"] = "python bench/resultfile.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
