@@ -181,6 +181,14 @@ CHANGES = [
      {"results/noise_synthetic_3seeds", "results", "papers/calince"}),  # Cali-NCE at 50 % noise
     ("synthetic_grid_3seeds", ["tables", 0, "rows", 0, 2, "mean"], 93.1, "93.1",
      {"results/synthetic_grid_3seeds", "results"}),  # InfoNCE, no normaliser
+    ("flickr8k_paper_tables", ["tables", 7, "rows", 2, 5], 7.31, "+7.31",
+     {"results/flickr8k_paper_tables", "results", "evaluation"}),  # NCL vs plain InfoNCE, a claim's B - A
+    ("flickr8k_generalise", ["tables", 0, "rows", 6, 1, "mean"], 21.87, "21.87",
+     {"results/flickr8k_generalise", "results"}),  # the best held-out protocol, plain (and its gap to the goal)
+    ("compare_bounds", ["tables", 0, "rows", 1, 3], 9.76, "9.76",
+     {"evaluation"}),  # 14 + 14 seeds' wall against the 1-vs-1 reference
+    ("scale_1m", ["tables", 5, "rows", 15, 4], 77.7, "77.7",
+     {"scale", "search"}),  # ivfpqr's stored setting, x flat's queries/s
 ]
 
 
