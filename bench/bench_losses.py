@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (what "
+                    "bench/resultfile.py --run parses into a docs result file)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -167,9 +169,15 @@ def main() -> None:
     ref = med["xmodal InfoNCE"]
     print(f"B={b} D={d} float32 CPU, torch {torch.__version__}, threads={torch.get_num_threads()}, "
           f"median of {args.rounds} rounds x <= {args.iters} steps (forward+backward)")
-    print(f"{'loss':44s} {'ms/step':>9s} {'x InfoNCE':>10s}")
-    for name, m in med.items():
-        print(f"{name:44s} {1e3 * m:9.3f} {m / ref:10.2f}")
+    if args.markdown:
+        print("\n| loss | ms/step | x InfoNCE |\n|---|---:|---:|")
+        for name, m in med.items():
+            print(f"| {name} | {1e3 * m:.3f} | {m / ref:.2f} |")
+        print()
+    else:
+        print(f"{'loss':44s} {'ms/step':>9s} {'x InfoNCE':>10s}")
+        for name, m in med.items():
+            print(f"{name:44s} {1e3 * m:9.3f} {m / ref:10.2f}")
     for label, ours, theirs in (("InfoNCE / open_clip ClipLoss (+F.normalize)", "xmodal InfoNCE",
                                  "open_clip ClipLoss (+F.normalize)"),
                                 ("InfoNCE(normalize=False) / ClipLoss (raw)", "xmodal InfoNCE(normalize=False)",
