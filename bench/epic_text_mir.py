@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--save-dir", default=None)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="print the times and the results as Markdown tables "
+                   "(what bench/resultfile.py --run parses into a docs result file)")
     args = p.parse_args(argv)
     root = Path(args.root)
     if not root.is_dir():
@@ -64,11 +66,18 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"EPIC-KITCHENS-100 MIR test, text-text sanity run (MiniLM narrations vs sentences)")
     print(f"clips x sentences: {rel.shape[0]} x {rel.shape[1]}; distinct texts encoded: {len(texts)}")
-    print(f"relevancy: {t_rel:.2f} s | encoding: {t_enc:.1f} s | similarity: {t_sim:.2f} s | mir: {t_mir:.2f} s")
-    print(f"{'direction':<22}{'mAP':>8}{'nDCG':>8}")
-    print(f"{'clip -> sentence':<22}{res['mAP_rows']:>8.2f}{res['nDCG_rows']:>8.2f}")
-    print(f"{'sentence -> clip':<22}{res['mAP_cols']:>8.2f}{res['nDCG_cols']:>8.2f}")
-    print(f"{'average':<22}{res['mAP']:>8.2f}{res['nDCG']:>8.2f}")
+    rows = (("clip -> sentence", res["mAP_rows"], res["nDCG_rows"]), ("sentence -> clip", res["mAP_cols"],
+            res["nDCG_cols"]), ("average", res["mAP"], res["nDCG"]))
+    if args.markdown:
+        print(f"\n| direction | mAP | nDCG |\n|---|---:|---:|")
+        print("\n".join(f"| {name} | {m:.2f} | {n:.2f} |" for name, m, n in rows))
+        print(f"\n| stage | seconds |\n|---|---:|\n| relevancy | {t_rel:.2f} |\n| encoding | {t_enc:.2f} |\n"
+              f"| similarity | {t_sim:.2f} |\n| mir | {t_mir:.2f} |\n")
+    else:
+        print(f"relevancy: {t_rel:.2f} s | encoding: {t_enc:.1f} s | similarity: {t_sim:.2f} s | mir: {t_mir:.2f} s")
+        print(f"{'direction':<22}{'mAP':>8}{'nDCG':>8}")
+        for name, m, n in rows:
+            print(f"{name:<22}{m:>8.2f}{n:>8.2f}")
     if args.save_dir:
         out = Path(args.save_dir)
         if out.resolve().is_relative_to(REPO.resolve()):
