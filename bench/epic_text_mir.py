@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = (("clip -> sentence", res["mAP_rows"], res["nDCG_rows"]), ("sentence -> clip", res["mAP_cols"],
             res["nDCG_cols"]), ("average", res["mAP"], res["nDCG"]))
     if args.markdown:
-        print(f"\n| direction | mAP | nDCG |\n|---|---:|---:|")
+        print("\n| direction | mAP | nDCG |\n|---|---:|---:|")
         print("\n".join(f"| {name} | {m:.2f} | {n:.2f} |" for name, m, n in rows))
         print(f"\n| stage | seconds |\n|---|---:|\n| relevancy | {t_rel:.2f} |\n| encoding | {t_enc:.2f} |\n"
               f"| similarity | {t_sim:.2f} |\n| mir | {t_mir:.2f} |\n")

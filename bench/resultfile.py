@@ -112,9 +112,7 @@ def _column_spec(texts: list[str]) -> str | None:
 
 def _split_row(row: str) -> list[str]:
     """A table row's cells; an empty cell (``| |``) is ``""``."""
-    inner = row.strip()
-    inner = inner[1:] if inner.startswith("|") else inner
-    inner = inner[:-1] if inner.endswith("|") else inner
+    inner = row.strip().removeprefix("|").removesuffix("|")
     return [c.strip() for c in re.split(r"(?<= )\|(?= )", f" {inner} ")]
 
 
