@@ -21,12 +21,13 @@ relative to it; a video file shows its middle frame when the [video] extra is th
 the captions of each item (an index built with --data), the normaliser folded into the
 index, its recall (exact, or measured for an approximate index) and the latency. Each
 result links "more like this" (video -> video) and, for an index built with --data or
---texts, "captions" (video -> text); a video file can be uploaded for either. Scripts use
+--texts, "captions" (video -> text); a video file can be uploaded for either (an image file for an
+index of images). Scripts use
   GET /api/search?q=TEXT&k=K                    text -> video
   GET /api/search?video=NAME&k=K                more like this
   GET /api/search?video=NAME&direction=v2t&k=K  captions for a video
   POST /api/search?k=K[&encoder=SPEC]           body: an .npy of caption features [T, Dt]
-  POST /upload?format=json (multipart: video=FILE, direction=v2t|v2v, k=K)
+  POST /upload?format=json (multipart: video=FILE or, for images, image=FILE; direction=v2t|v2v, k=K)
 The page starts for any valid index: "more like this" and video -> text work for every run.
 Binds 127.0.0.1 (this machine only) unless --host says otherwise. The index folder is
 re-read when 'xmodal index --overwrite' replaces it (503 while it is missing)."""
