@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-encoder", default=None, metavar="SPEC",
                         help="--captions: the recorded encoder's spec here (e.g. hf:DIR of a moved folder), or the "
                              "encoder of an index that records none")
+    parser.add_argument("--device", default="auto", metavar="DEV",
+                        help="--captions through an hf:DIR / open_clip:DIR encoder: auto (CUDA when present, else "
+                             "CPU; default), cpu, cuda, cuda:N")
     parser.add_argument("--out", metavar="NPY", default=None,
                         help="save the indices [T, k] (int64) here, the scores to OUT with .scores.npy, and print "
                              "a summary instead of the table (--json still prints every result)")
@@ -51,6 +54,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exact search of an approximate index (ivf: every cell; hnsw: the stored vectors)")
     parser.add_argument("--json", action="store_true", help="print results as JSON (with the recall)")
     add_common_args(parser, threads=None, progress=True)
+
+
+def query_device(device: str | None) -> str | None:
+    """``--device`` of ``query`` / ``serve``: None for ``auto`` (CUDA when present, else CPU), else the named
+    device, checked (a bad name or an absent GPU: ValueError naming ``--device``)."""
+    if device in (None, "auto"):
+        return None
+    from xmodal.features.encoders import resolve_device
+
+    try:
+        return resolve_device(device)
+    except ValueError as exc:
+        raise ValueError(f"--device: {str(exc).removeprefix('device: ')}") from None
+
+
+def check_placed(device: str | None, specs: list) -> None:
+    """A named ``--device`` places ``hf:`` / ``open_clip:`` encoders only: refused when none of ``specs`` is one."""
+    from xmodal.features.identity import shown_spec
+    from xmodal.retrieval.search import placed
+
+    if device is not None and not any(placed(s, device) for s in specs):
+        shown = ", ".join(shown_spec(s) for s in specs if s) or "no encoder"
+        raise ValueError(f"--device: places hf:DIR and open_clip:DIR encoders only; this index's query encoder is "
+                         f"{shown} (built-in and registered encoders run as they are built)")
 
 
 def _outputs(out: str) -> tuple[Path, Path]:
@@ -81,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
     if args.exact and (args.nprobe is not None or args.ef_search is not None):
         raise ValueError("--exact: give --exact or --nprobe / --ef-search, not both")
+    device = query_device(getattr(args, "device", "auto"))
     outputs = _outputs(args.out) if args.out else None
     from xmodal.retrieval.search import SearchIndex
 
@@ -101,9 +129,10 @@ def run(args: argparse.Namespace) -> int:
         choice = idx.text_encoder(args.text_encoder)
         if choice["spec"] is None:
             raise ValueError(f"--captions: no text encoder for this index: {choice['reason']}")
+        check_placed(device, [choice["spec"]])
         try:
             feats = idx.encode_captions(args.captions, text_encoder=args.text_encoder,
-                                        progress=progress_enabled(args))
+                                        progress=progress_enabled(args), device=device)
         except ValueError as exc:
             if str(exc).startswith("text encoder"):
                 raise ValueError(f"--captions: {exc}") from None
@@ -112,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.text_encoder is not None:
             raise ValueError("--text-encoder: only with --captions (--text-features carry their own OUT.encoder.json)")
+        if device is not None:
+            raise ValueError("--device: only with --captions (--text-features are already encoded)")
         _check_features_encoder(idx, args.text_features)
         feats = load_npy(args.text_features, "--text-features")
         labels = [f"text {i}" for i in range(len(feats))]

@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-encoder", default=None, metavar="SPEC",
                         help="encoder of an uploaded video's frames (default: the one the index records; else "
                              "efficientnet-lite0 for 1280-d video features, shown as assumed; none: no uploads)")
+    parser.add_argument("--device", default="auto", metavar="DEV",
+                        help="the hf:DIR / open_clip:DIR encoders of text queries and uploads: auto (CUDA when "
+                             "present, else CPU; default), cpu, cuda, cuda:N")
     parser.add_argument("--max-upload-decode", type=int, default=None, metavar="N",
                         help="most frames decoded from an uploaded video, whatever its header declares (default "
                              f"{uploads.DECODE_FRAMES_PER_SECOND} per second of --max-upload-seconds)")
@@ -99,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--upload-frames: must be in [1, 1024], got {args.upload_frames}")
     if args.max_upload_decode is not None and not 1 <= args.max_upload_decode <= 10**7:
         raise ValueError(f"--max-upload-decode: must be in [1, 10000000], got {args.max_upload_decode}")
+    from xmodal.commands.query import query_device
+
+    device = query_device(getattr(args, "device", "auto"))
     index = SearchIndex(args.index)
     if args.images is not None and not Path(args.images).is_dir():  # every input checked before the port is bound
         raise ValueError(f"--images: {args.images} is not a directory")
@@ -108,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k,
                          uploads=uploads, max_upload_bytes=int(args.max_upload_mb * 2**20),
                          max_upload_seconds=args.max_upload_seconds, upload_frames=args.upload_frames,
-                         image_encoder=args.image_encoder, max_upload_decode=args.max_upload_decode)
+                         image_encoder=args.image_encoder, max_upload_decode=args.max_upload_decode, device=device)
+        from xmodal.commands.query import check_placed
+
+        check_placed(device, [app.state.holder.searcher.text_encoder,  # a --device that places nothing: refused
+                              app.state.upload["image_encoder"] if app.state.upload["available"] else None])
     except BaseException:
         sock.close()
         raise

@@ -283,7 +283,8 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                max_upload_bytes: int | None = None, max_upload_seconds: float | None = None,
                upload_frames: int | None = None, image_encoder: str | None = None,
                upload_timeout: float | None = None, max_upload_decode: int | None = None,
-               max_feature_bytes: int = MAX_FEATURE_BYTES, max_feature_rows: int = MAX_FEATURE_ROWS):
+               max_feature_bytes: int = MAX_FEATURE_BYTES, max_feature_rows: int = MAX_FEATURE_ROWS,
+               device: str | None = None):
     """The Starlette app of ``xmodal serve``.
 
     Args:
@@ -306,6 +307,8 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         max_upload_decode: most frames decoded from an upload (default 30 a second of
             ``max_upload_seconds``); max_feature_bytes, max_feature_rows: bounds of POSTed features
             (received by the uploads' rule within ``upload_timeout`` at most, :class:`RequestLimits`).
+        device: where the ``hf:`` / ``open_clip:`` encoders of queries and uploads run (``xmodal serve
+            --device``; None: CUDA when present, else CPU); other encoders run as they are built.
 
     Routes: ``GET /`` (page; ``?q=TEXT`` or ``?video=NAME[&direction=v2t]``, ``&k=K``),
     ``GET /api/search`` (the same as JSON; ``POST`` an ``.npy`` of caption features ``[T, Dt]`` with
@@ -318,6 +321,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     from starlette.routing import Route
 
     from xmodal.features.media import MAX_VIDEO_PIXELS
+    from xmodal.retrieval.search import placed
     from xmodal.serve import images as up_images
     from xmodal.serve import uploads as up
     from xmodal.serve.images import gallery_kind
@@ -349,7 +353,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     if not isinstance(index, (str, os.PathLike)) and type(index).__name__ != "SearchIndex":
         raise TypeError(f"--index: expected an index directory or a SearchIndex, got {type(index).__name__}")
 
-    holder = IndexHolder(index, text_encoder=text_encoder)
+    holder = IndexHolder(index, text_encoder=text_encoder, device=device)
     if images is not None and not Path(images).is_dir():
         raise ValueError(f"--images: {images} is not a directory")
     thumbs: dict[int, Any] = {}  # id(searcher) -> its Thumbnails (names change with the index)
@@ -552,12 +556,13 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                     if kind == "images":
                         up_images.probe_image(path, max_pixels=up_images.MAX_UPLOAD_IMAGE_PIXELS)
                         emb = up_images.embed_image(path, searcher.index.model, image_encoder=image_encoder,
-                                                    filename=filename)
+                                                    filename=filename, device=placed(image_encoder, device))
                         return searcher.search_embedding(emb, k, direction, t0=t0)
                     up.probe(path, max_seconds=max_upload_seconds, max_pixels=MAX_VIDEO_PIXELS,
                              max_decoded=max_upload_decode)
                     emb = up.embed(path, searcher.index.model, frames=upload_frames, image_encoder=image_encoder,
-                                   max_decoded=max_upload_decode, filename=filename)
+                                   max_decoded=max_upload_decode, filename=filename,
+                                   device=placed(image_encoder, device))
                     return searcher.search_embedding(emb, k, direction, t0=t0)
 
                 result = await run_in_threadpool(work)

@@ -96,14 +96,16 @@ def probe_image(path: Path, *, max_pixels: int = MAX_UPLOAD_IMAGE_PIXELS) -> dic
     return {"width": int(width), "height": int(height), "format": fmt}
 
 
-def embed_image(path: Path, model: Any, *, image_encoder: str, filename: str = "the uploaded file") -> np.ndarray:
+def embed_image(path: Path, model: Any, *, image_encoder: str, filename: str = "the uploaded file",
+                device: str | None = None) -> np.ndarray:
     """The run's embedding ``[D]`` of an image file: the image through ``image_encoder``
     (:func:`xmodal.features.encoders.encode_images`, as ``xmodal encode images`` encodes it), then the
-    run's image (video) head on ``[1, Dv]``. Errors name ``filename``, never ``path``."""
+    run's image (video) head on ``[1, Dv]``. Errors name ``filename``, never ``path``; ``device``: where an
+    ``hf:`` / ``open_clip:`` encoder runs (None: CUDA when present)."""
     from xmodal.features.encoders import encode_images
 
     try:
-        feats = encode_images([path], model=image_encoder, batch_size=1, progress=False)
+        feats = encode_images([path], model=image_encoder, batch_size=1, progress=False, device=device)
     except (ValueError, OSError) as exc:
         text = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, path)
         raise UploadError(400, f"upload: {filename}: {text.removeprefix('the uploaded file: ')}"[:240]) from None

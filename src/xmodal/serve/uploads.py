@@ -259,17 +259,19 @@ def scrub(text: str, path: Path) -> str:
 
 
 def embed(path: Path, model: Any, *, frames: int, image_encoder: str, max_decoded: int | None = None,
-          filename: str = "the uploaded file") -> np.ndarray:
+          filename: str = "the uploaded file", device: str | None = None) -> np.ndarray:
     """The run's video embedding ``[D]`` of a video file: ``frames`` frames through ``image_encoder``
     (:func:`xmodal.features.encoders.iter_encode_videos`, as ``xmodal encode videos --frames``; a clip
     encoder takes its own number of frames), then the run's video head on ``[1, F, Dv]`` with every
-    frame real. Decoding stops past ``max_decoded`` frames; errors name ``filename``, never ``path``."""
+    frame real. Decoding stops past ``max_decoded`` frames; errors name ``filename``, never ``path``;
+    ``device``: where an ``hf:`` / ``open_clip:`` encoder runs (None: CUDA when present)."""
     from xmodal.features.encoders import get_encoder, iter_encode_videos
 
     if get_encoder(image_encoder, "video").kind == "video":
         frames = None  # a clip encoder samples exactly its num_frames
     feats = None
-    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder, max_decoded=max_decoded):
+    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder, max_decoded=max_decoded,
+                                        device=device):
         if isinstance(result, Exception):
             text = str(result)
             if text.startswith(f"{path.name}: "):  # iter_encode_videos names the file: the client's name here
