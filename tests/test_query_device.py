@@ -70,7 +70,7 @@ def test_device_refusals_are_one_line(gallery, tmp_path, capsys):  # noqa: F811
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert needle in err and len(err.strip().splitlines()) == 1, err
-    from xmodal.commands.query import check_placed
+    from xmodal.commands._device import check_placed
 
     with pytest.raises(ValueError, match="^--device: places hf:DIR and open_clip:DIR encoders only; this index's "
                                          "query encoder is minilm"):

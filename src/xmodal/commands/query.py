@@ -56,30 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_args(parser, threads=None, progress=True)
 
 
-def query_device(device: str | None) -> str | None:
-    """``--device`` of ``query`` / ``serve``: None for ``auto`` (CUDA when present, else CPU), else the named
-    device, checked (a bad name or an absent GPU: ValueError naming ``--device``)."""
-    if device in (None, "auto"):
-        return None
-    from xmodal.features.encoders import resolve_device
-
-    try:
-        return resolve_device(device)
-    except ValueError as exc:
-        raise ValueError(f"--device: {str(exc).removeprefix('device: ')}") from None
-
-
-def check_placed(device: str | None, specs: list) -> None:
-    """A named ``--device`` places ``hf:`` / ``open_clip:`` encoders only: refused when none of ``specs`` is one."""
-    from xmodal.features.identity import shown_spec
-    from xmodal.retrieval.search import placed
-
-    if device is not None and not any(placed(s, device) for s in specs):
-        shown = ", ".join(shown_spec(s) for s in specs if s) or "no encoder"
-        raise ValueError(f"--device: places hf:DIR and open_clip:DIR encoders only; this index's query encoder is "
-                         f"{shown} (built-in and registered encoders run as they are built)")
-
-
 def _outputs(out: str) -> tuple[Path, Path]:
     """The files ``--out`` names (indices, then scores), refused before any work if one is a folder or a link."""
     path = Path(out if out.endswith(".npy") else out + ".npy")  # np.save's naming, kept
@@ -108,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
     if args.exact and (args.nprobe is not None or args.ef_search is not None):
         raise ValueError("--exact: give --exact or --nprobe / --ef-search, not both")
+    from xmodal.commands._device import check_placed, query_device
+
     device = query_device(getattr(args, "device", "auto"))
     outputs = _outputs(args.out) if args.out else None
     from xmodal.retrieval.search import SearchIndex

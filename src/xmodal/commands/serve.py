@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--upload-frames: must be in [1, 1024], got {args.upload_frames}")
     if args.max_upload_decode is not None and not 1 <= args.max_upload_decode <= 10**7:
         raise ValueError(f"--max-upload-decode: must be in [1, 10000000], got {args.max_upload_decode}")
-    from xmodal.commands.query import query_device
+    from xmodal.commands._device import query_device
 
     device = query_device(getattr(args, "device", "auto"))
     index = SearchIndex(args.index)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                          uploads=uploads, max_upload_bytes=int(args.max_upload_mb * 2**20),
                          max_upload_seconds=args.max_upload_seconds, upload_frames=args.upload_frames,
                          image_encoder=args.image_encoder, max_upload_decode=args.max_upload_decode, device=device)
-        from xmodal.commands.query import check_placed
+        from xmodal.commands._device import check_placed
 
         check_placed(device, [app.state.holder.searcher.text_encoder,  # a --device that places nothing: refused
                               app.state.upload["image_encoder"] if app.state.upload["available"] else None])
