@@ -154,10 +154,11 @@ OTHER_ARGS = {
     "export": {"--text-encoder", "--video-encoder", "--threads", "--license", "--dataset"},
     "normalize": {"--method", "--temperature", "--iters", "--k", "--beta", "--lam", "--num-samples", "--seed",
                   "--threads", "--ks"},
-    "query": {"--captions", "--k", "--text-encoder", "--threads", "--nprobe", "--ef-search"},
+    "query": {"--captions", "--k", "--text-encoder", "--threads", "--nprobe", "--ef-search", "--device"},
     "report": {"--examples", "--seed", "--threads"},
     "serve": {"--host", "--port", "--k", "--text-encoder", "--threads", "--uploads", "--max-upload-mb",
-              "--max-upload-seconds", "--upload-frames", "--image-encoder", "--max-upload-decode"},
+              "--max-upload-seconds", "--upload-frames", "--image-encoder", "--max-upload-decode",
+              "--device"},
     "train": {"rest", "--set", "--threads"},
 }
 

@@ -177,13 +177,37 @@ def test_the_folder_is_data_and_checked(tiny, tmp_path):
             return (os.system, (f"touch {tmp_path / 'ran'}",))
 
     torch.save({"x": Payload()}, pickled / "open_clip_pytorch_model.bin")
-    cases = [(timm, "timm_model_name is \"convnext_base\", which is not part of the plain ViT CLIP"), (code, "auto_map"),
+    cases = [(timm, "timm_model_name is \"convnext_base\": a ConvNeXt image tower, which open_clip builds with timm"),
+             (code, "auto_map"),
              (missing, "ln_final.bias is missing"), (nan, "not finite"), (pickled, "weights_only=True")]
     for folder, needle in cases:
         with pytest.raises(ValueError, match="^model: open_clip:") as err:
             openclip.OpenCLIPModel(folder, f"open_clip:{folder}")
         assert needle in str(err.value) and "\n" not in str(err.value), (folder.name, str(err.value))
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("family, change, needle", [
+    ("convnext", {"vision_cfg": {"timm_model_name": "convnext_base", "timm_pool": "", "timm_proj": "linear"}},
+     "a ConvNeXt image tower, which open_clip builds with timm (and timm needs torchvision)"),
+    ("eva", {"vision_cfg": {"timm_model_name": "eva02_base_patch16_clip_224", "timm_pool": "token"}},
+     "an EVA image tower, which open_clip builds with timm"),
+    ("coca", {"multimodal_cfg": {"width": 32, "layers": 1}}, "model_cfg.multimodal_cfg: a CoCa checkpoint"),
+    ("xlmr", {"text_cfg": {"hf_model_name": "xlm-roberta-base"}}, "a Hugging Face text tower")])
+def test_other_families_say_why_and_what_to_do(tiny, tmp_path, family, change, needle):
+    """ConvNeXt / EVA (timm towers), CoCa and HF text towers: one line saying what the checkpoint is, that
+    only the plain ViT CLIP is mapped, and what to do instead (issue 42.4), whatever key comes first."""
+    folder = Path(shutil.copytree(tiny, tmp_path / family))
+    cfg = json.loads((folder / "open_clip_config.json").read_text())
+    model = cfg["model_cfg"]
+    for key, value in change.items():  # the family's keys first, as open_clip's own configs order them
+        model[key] = {**value, **model[key]} if key in model else value
+    (folder / "open_clip_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as err:
+        openclip.OpenCLIPModel(folder, f"open_clip:{folder}")
+    text = str(err.value)
+    assert text.startswith(f"model: open_clip:{folder}: open_clip_config.json: ") and needle in text, text
+    assert "not mapped (only the plain ViT CLIP is)" in text and "xmodal data import" in text and "\n" not in text
 
 
 def test_a_bin_checkpoint_loads_with_weights_only(tiny, tmp_path):

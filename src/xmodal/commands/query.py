@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-encoder", default=None, metavar="SPEC",
                         help="--captions: the recorded encoder's spec here (e.g. hf:DIR of a moved folder), or the "
                              "encoder of an index that records none")
+    parser.add_argument("--device", default="auto", metavar="DEV",
+                        help="--captions through an hf:DIR / open_clip:DIR encoder: auto (CUDA when present, else "
+                             "CPU; default), cpu, cuda, cuda:N")
     parser.add_argument("--out", metavar="NPY", default=None,
                         help="save the indices [T, k] (int64) here, the scores to OUT with .scores.npy, and print "
                              "a summary instead of the table (--json still prints every result)")
@@ -81,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
     if args.exact and (args.nprobe is not None or args.ef_search is not None):
         raise ValueError("--exact: give --exact or --nprobe / --ef-search, not both")
+    from xmodal.commands._device import check_placed, query_device
+
+    device = query_device(getattr(args, "device", "auto"))
     outputs = _outputs(args.out) if args.out else None
     from xmodal.retrieval.search import SearchIndex
 
@@ -101,9 +107,10 @@ def run(args: argparse.Namespace) -> int:
         choice = idx.text_encoder(args.text_encoder)
         if choice["spec"] is None:
             raise ValueError(f"--captions: no text encoder for this index: {choice['reason']}")
+        check_placed(device, [choice["spec"]])
         try:
             feats = idx.encode_captions(args.captions, text_encoder=args.text_encoder,
-                                        progress=progress_enabled(args))
+                                        progress=progress_enabled(args), device=device)
         except ValueError as exc:
             if str(exc).startswith("text encoder"):
                 raise ValueError(f"--captions: {exc}") from None
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.text_encoder is not None:
             raise ValueError("--text-encoder: only with --captions (--text-features carry their own OUT.encoder.json)")
+        if device is not None:
+            raise ValueError("--device: only with --captions (--text-features are already encoded)")
         _check_features_encoder(idx, args.text_features)
         feats = load_npy(args.text_features, "--text-features")
         labels = [f"text {i}" for i in range(len(feats))]

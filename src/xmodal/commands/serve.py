@@ -21,12 +21,13 @@ relative to it; a video file shows its middle frame when the [video] extra is th
 the captions of each item (an index built with --data), the normaliser folded into the
 index, its recall (exact, or measured for an approximate index) and the latency. Each
 result links "more like this" (video -> video) and, for an index built with --data or
---texts, "captions" (video -> text); a video file can be uploaded for either. Scripts use
+--texts, "captions" (video -> text); a video file can be uploaded for either (an image file for an
+index of images). Scripts use
   GET /api/search?q=TEXT&k=K                    text -> video
   GET /api/search?video=NAME&k=K                more like this
   GET /api/search?video=NAME&direction=v2t&k=K  captions for a video
   POST /api/search?k=K[&encoder=SPEC]           body: an .npy of caption features [T, Dt]
-  POST /upload?format=json (multipart: video=FILE, direction=v2t|v2v, k=K)
+  POST /upload?format=json (multipart: video=FILE or, for images, image=FILE; direction=v2t|v2v, k=K)
 The page starts for any valid index: "more like this" and video -> text work for every run.
 Binds 127.0.0.1 (this machine only) unless --host says otherwise. The index folder is
 re-read when 'xmodal index --overwrite' replaces it (503 while it is missing)."""
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-encoder", default=None, metavar="SPEC",
                         help="encoder of an uploaded video's frames (default: the one the index records; else "
                              "efficientnet-lite0 for 1280-d video features, shown as assumed; none: no uploads)")
+    parser.add_argument("--device", default="auto", metavar="DEV",
+                        help="the hf:DIR / open_clip:DIR encoders of text queries and uploads: auto (CUDA when "
+                             "present, else CPU; default), cpu, cuda, cuda:N")
     parser.add_argument("--max-upload-decode", type=int, default=None, metavar="N",
                         help="most frames decoded from an uploaded video, whatever its header declares (default "
                              f"{uploads.DECODE_FRAMES_PER_SECOND} per second of --max-upload-seconds)")
@@ -98,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--upload-frames: must be in [1, 1024], got {args.upload_frames}")
     if args.max_upload_decode is not None and not 1 <= args.max_upload_decode <= 10**7:
         raise ValueError(f"--max-upload-decode: must be in [1, 10000000], got {args.max_upload_decode}")
+    from xmodal.commands._device import query_device
+
+    device = query_device(getattr(args, "device", "auto"))
     index = SearchIndex(args.index)
     if args.images is not None and not Path(args.images).is_dir():  # every input checked before the port is bound
         raise ValueError(f"--images: {args.images} is not a directory")
@@ -107,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(index, images=args.images, text_encoder=args.text_encoder, default_k=args.k,
                          uploads=uploads, max_upload_bytes=int(args.max_upload_mb * 2**20),
                          max_upload_seconds=args.max_upload_seconds, upload_frames=args.upload_frames,
-                         image_encoder=args.image_encoder, max_upload_decode=args.max_upload_decode)
+                         image_encoder=args.image_encoder, max_upload_decode=args.max_upload_decode, device=device)
+        from xmodal.commands._device import check_placed
+
+        check_placed(device, [app.state.holder.searcher.text_encoder,  # a --device that places nothing: refused
+                              app.state.upload["image_encoder"] if app.state.upload["available"] else None])
     except BaseException:
         sock.close()
         raise

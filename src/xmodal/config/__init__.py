@@ -602,6 +602,21 @@ def _synthetic_keys(knobs: dict) -> None:
 
 
 
+def zero_shot_without_train(cfg: "Config") -> bool:
+    """A zero-shot run (``model.kind: identity``) on a layout whose train split is wholly absent (none of
+    its files): it runs on val / test alone, and the normalisers fitted on train queries are skipped.
+    A partly written train split, ``data.val_from_train`` (carved out of train) or synthetic data: False."""
+    d = cfg.data
+    if cfg.model.kind != "identity" or d.name != "paired" or not d.root or d.val_from_train:
+        return False
+    from xmodal.data.layout import REQUIRED, missing_files
+
+    try:
+        return len(missing_files(d.root, d.train_split)) == len(REQUIRED)
+    except (OSError, ValueError):
+        return False
+
+
 def _check_identity(cfg: "Config") -> None:
     """``model.kind: identity`` (a zero-shot run: nothing to train) and its constraints."""
     m, tr = cfg.model, cfg.train
@@ -677,6 +692,8 @@ def validate(cfg: Config) -> None:
             raise ValueError(f"data.val_from_train: must be >= 0, got {d.val_from_train}")
         for split_field in ("train_split",) + (("val_split",) if not d.val_from_train else ()):
             missing = missing_files(root, getattr(d, split_field))
+            if split_field == "train_split" and zero_shot_without_train(cfg):
+                continue  # a zero-shot run needs no train split (the bank normalisers are skipped)
             if missing:
                 raise ValueError(f"data.{split_field}: missing file(s) in {root}: {'; '.join(missing)}")
     m = cfg.model

@@ -77,6 +77,7 @@ def read_config(folder: Path, spec: str) -> dict:
     pre = data.get("preprocess_cfg") or {}
     if not isinstance(cfg, dict) or not isinstance(pre, dict):
         raise ValueError(f"model: {spec}: {path}: model_cfg and preprocess_cfg must be objects")
+    _refuse_family(cfg, path, spec)
     _check(cfg, _TOP, "", path, spec)
     for key in ("vision_cfg", "text_cfg"):
         if key not in cfg:
@@ -96,6 +97,37 @@ def read_config(folder: Path, spec: str) -> dict:
         if (folder / name).is_file():
             hf_folder.refuse_code(hf_folder.read_json(folder / name, spec), folder / name, spec)
     return {"model_cfg": cfg, "preprocess_cfg": pre}
+
+
+#: What a refused family's user can do instead (the end of its one line).
+INSTEAD = ("use a plain ViT open_clip checkpoint (ViT-B-32, ViT-L-14, ViT-H-14, ViT-bigG-14 ...), or encode both "
+           "sides with open_clip itself where timm and torchvision import and bring the arrays in with 'xmodal data "
+           "import PAIRS --features IMAGES.npy --ids LIST --text-features TEXTS.npy'")
+
+
+def _refuse_family(cfg: dict, path: Path, spec: str) -> None:
+    """The open_clip families that are not a plain ViT CLIP, each refused in one line saying why and what
+    to do: CoCa (``multimodal_cfg``: attentional pooling and a text decoder over the image tokens, Yu et
+    al. 2022), timm image towers (``vision_cfg.timm_model_name``: ConvNeXt, EVA ..., built by timm, which
+    needs torchvision) and Hugging Face text towers (``text_cfg.hf_model_name``). None has a place in
+    transformers' CLIPModel, which is what the plain ViT CLIP is mapped onto."""
+    if not isinstance(cfg, dict):
+        return
+    vision, text = cfg.get("vision_cfg"), cfg.get("text_cfg")
+    why = None
+    if "multimodal_cfg" in cfg:
+        why = ("model_cfg.multimodal_cfg: a CoCa checkpoint (attentional pooling of the image tokens and a text "
+               "decoder over them, Yu et al. 2022), which transformers' CLIPModel has no place for")
+    elif isinstance(vision, dict) and isinstance(vision.get("timm_model_name"), str) and vision["timm_model_name"]:
+        name = vision["timm_model_name"]
+        family = "a ConvNeXt" if name.startswith("convnext") else "an EVA" if name.startswith("eva") else "a timm"
+        why = (f"vision_cfg.timm_model_name is {json.dumps(name[:60])}: {family} image tower, which open_clip builds "
+               f"with timm (and timm needs torchvision) and transformers' CLIPModel does not have")
+    elif isinstance(text, dict) and isinstance(text.get("hf_model_name"), str) and text["hf_model_name"]:
+        why = (f"text_cfg.hf_model_name is {json.dumps(text['hf_model_name'][:60])}: a Hugging Face text tower, "
+               f"which transformers' CLIPModel does not have")
+    if why is not None:
+        raise ValueError(f"model: {spec}: {path.name}: {why}; not mapped (only the plain ViT CLIP is); {INSTEAD}")
 
 
 def _check(part: Any, allowed: dict, where: str, path: Path, spec: str) -> None:

@@ -333,9 +333,10 @@ def plot_run(run_dir: str | Path, *, splits: dict[str, Any] | None = None) -> li
 
     splits = splits_for(model, splits or load_splits(cfg), run_dir)  # a clip4clip run reads tokens
     steps_per_epoch = max(1, log[0]["step"]) if log else 1
-    plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=splits["train"].video.shape[-1],
-                                                      text_dim=splits["train"].text.shape[-1]),
-                           splits["train"], steps_per_epoch)
+    sizes = splits.get("train", splits["val"])  # a zero-shot run may have no train split
+    plan = TemperaturePlan(cfg, build_loss_from_config(cfg, video_dim=sizes.video.shape[-1],
+                                                      text_dim=sizes.text.shape[-1]),
+                           sizes, steps_per_epoch)
     written = []
     if not log:
         pass  # no training curves to draw

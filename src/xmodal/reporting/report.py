@@ -372,6 +372,9 @@ def _head_tail_section(model: Any, splits: dict, name: str, cfg: Any, item: str 
     from xmodal.metrics import head_tail_groups, retrieval_by_group
     from xmodal.reporting.plots import t2v_similarity
 
+    if "train" not in splits:  # a zero-shot run on val / test alone (xmodal.config.zero_shot_without_train)
+        return ['<p class="muted">No head / tail breakdown: its groups are the training classes by frequency, '
+                "and this zero-shot run has no train split.</p>"]
     train, val = splits["train"], splits["val"]
     if train.text_labels is not None and val.text_labels is not None:
         counts = np.bincount(train.text_labels, minlength=int(max(train.text_labels.max(),

@@ -73,7 +73,7 @@ class SearchIndex:
                                  f"{self.index.num_items} videos (rewrite it with 'xmodal index --names')")
 
     def encode_captions(self, captions: list[str], *, text_encoder: str | None = None,
-                        progress: bool = False) -> Any:
+                        progress: bool = False, device: str | None = None) -> Any:
         """Raw caption features ``[T, Dt]`` from the index's text encoder (offline; the recorded one, else
         the built-in its text size matches, shown as assumed by :meth:`text_encoder`; none: ValueError);
         for a run whose text tower was trained on token features, ``(tokens [T, L, Dt], mask [T, L])``
@@ -81,7 +81,8 @@ class SearchIndex:
 
         The one place that turns raw text into what :meth:`search` takes ('xmodal query
         --captions' and 'xmodal serve' both come here). A missing encoder package is a
-        ValueError naming the encoder.
+        ValueError naming the encoder. ``device`` places an ``hf:`` / ``open_clip:`` encoder (``xmodal query
+        --device``; None / ``auto``: CUDA when present); other encoders run as they are built.
         """
         choice = self.text_encoder(text_encoder)
         if choice["spec"] is None:
@@ -90,7 +91,7 @@ class SearchIndex:
             from xmodal.models.clip4clip import run_tokenizer, tokenize
 
             return tokenize(list(captions), run_tokenizer(self.model, self.path), self.model.spec.max_words)
-        return encode_captions(self.model, captions, choice["spec"], progress=progress)
+        return encode_captions(self.model, captions, choice["spec"], progress=progress, device=device)
 
     def text_encoder(self, given: str | None = None) -> dict:
         """The encoder raw captions go through (:func:`xmodal.features.identity.resolve_text`):
@@ -163,9 +164,11 @@ class SearchIndex:
         emb = self.model.encode_text(text_features, text_mask).cpu().numpy().astype(np.float32)
         return self.index.search(emb - self.shift[None, :], k, nprobe=nprobe, ef_search=ef_search, exact=exact)
 
-def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progress: bool = False) -> Any:
+def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progress: bool = False,
+                    device: str | None = None) -> Any:
     """Raw features of ``captions`` as ``model``'s text tower takes them: ``[T, Dt]`` from
-    ``text_encoder``, or ``(tokens [T, L, Dt], mask [T, L])`` for a run trained on token features."""
+    ``text_encoder``, or ``(tokens [T, L, Dt], mask [T, L])`` for a run trained on token features;
+    ``device``: where an ``hf:`` / ``open_clip:`` encoder runs (:func:`placed`)."""
     from xmodal._validate import duck
     from xmodal.features import encoders
 
@@ -182,9 +185,20 @@ def encode_captions(model: Any, captions: list[str], text_encoder: str, *, progr
                 raise ValueError(f"text encoder {text_encoder!r} gives no token features, which this run's text "
                                  f"tower takes (token encoders: {', '.join(sorted(encoders.TOKEN_ENCODERS))})")
             return encoders.encode_text_tokens(list(captions), model=text_encoder, progress=progress)
-        return encoders.encode_text(list(captions), model=text_encoder, progress=progress)
+        return encoders.encode_text(list(captions), model=text_encoder, progress=progress,
+                                    device=placed(text_encoder, device))
     except ModuleNotFoundError as exc:
         raise ValueError(f"text encoder {text_encoder!r} is not installed ({exc})") from None
+
+
+def placed(spec: str | None, device: str | None) -> str | None:
+    """The device an encoder of queries runs on: ``device`` for an ``hf:`` / ``open_clip:`` model (which
+    ``get_encoder`` places), None (as built) for the others, which take no device.
+
+    >>> placed("hf:clip", "cpu"), placed("minilm", "cpu")
+    ('cpu', None)
+    """
+    return device if isinstance(spec, str) and spec.startswith(("hf:", "open_clip:")) else None
 
 
 class IndexExtras:
@@ -310,4 +324,4 @@ def _lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-__all__ = ["SearchIndex", "IndexExtras", "encode_captions", "top_k"]
+__all__ = ["SearchIndex", "IndexExtras", "encode_captions", "placed", "top_k"]

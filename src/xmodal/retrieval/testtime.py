@@ -36,7 +36,7 @@ from xmodal._validate import short_repr
 from xmodal.normalize import Normalizer
 from xmodal.normalize import build_normalizer as _registry_build
 
-__all__ = ["TestTime", "NAMES", "ORACLE_NAMES", "build_normalizer", "fit_normalizer", "fit_test_time",
+__all__ = ["TestTime", "NAMES", "ORACLE_NAMES", "bank_of", "build_normalizer", "fit_normalizer", "fit_test_time",
            "uses_test_queries"]
 
 #: every test-time name -> (normaliser registry key, bank it is fitted on)
@@ -60,6 +60,16 @@ def _canonical(name: str, arg: str = "normalizer") -> str:
     if key not in _METHODS:
         raise ValueError(f"{arg}: unknown normaliser {name!r}; expected one of {', '.join(NAMES)}")
     return key
+
+
+def bank_of(name: str) -> str | None:
+    """The bank a test-time normaliser is fitted on: ``train`` (train queries), ``ncl`` (the NCL loss's
+    queue of train queries), ``queries`` (the test queries: an oracle) or None (``none``).
+
+    >>> bank_of("qbnorm"), bank_of("ncl"), bank_of("dsl")
+    ('train', 'ncl', 'queries')
+    """
+    return _METHODS[_canonical(name)][1]
 
 
 def uses_test_queries(name: str) -> bool:
@@ -309,7 +319,8 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
 
     Args:
         names: candidate names (``none`` is always kept).
-        text_bank, video_bank: train queries embedded by the final model, ``[K, D]``.
+        text_bank, video_bank: train queries embedded by the final model, ``[K, D]``; both None: no train
+            split (a zero-shot run on val / test alone), so the normalisers fitted on them are left out.
         ncl_bank: the NCL loss's queues ``(text_queries, video_queries)`` (``NCL.query_bank()``).
         temperature, iters, lam, k, beta: normaliser hyper-parameters.
         dn_bank: ``(texts, videos)`` DN's means are estimated from; None: the train banks.
@@ -343,7 +354,9 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
     if dn_num_samples is not None:
         positive_number(dn_num_samples, "dn_num_samples")
     dn_source = option(dn_source, "dn_source", ("train", "val"))
-    banks = {"train": (_bank(text_bank, "text_bank"), _bank(video_bank, "video_bank"))}
+    if (text_bank is None) != (video_bank is None):
+        raise ValueError("text_bank, video_bank: give both train banks, or neither (no train split)")
+    banks = {} if text_bank is None else {"train": (_bank(text_bank, "text_bank"), _bank(video_bank, "video_bank"))}
     ncl = _bank_pair(ncl_bank, "ncl_bank")
     if ncl is not None and len(ncl[0]) and len(ncl[1]):
         banks["ncl"] = ncl
@@ -359,7 +372,9 @@ def fit_test_time(names: list[str] | tuple[str, ...], *, text_bank: torch.Tensor
     keep = []
     for n in ["none", *names]:
         key = _canonical(n, "names")
-        if key not in keep and (_METHODS[key][1] in (None, "queries") or _METHODS[key][1] in banks):
+        fitted = _METHODS[key][1] in (None, "queries") or _METHODS[key][1] in banks \
+            or (key == "dn" and dn_bank is not None)
+        if key not in keep and fitted:
             keep.append(key)
     hparams = {"iters": int(iters), "lam": float(lam), "k": int(k), "beta": float(beta), "dn_source": str(dn_source)}
     if heldout_pairs and "heldout" in banks:

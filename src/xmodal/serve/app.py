@@ -283,7 +283,8 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                max_upload_bytes: int | None = None, max_upload_seconds: float | None = None,
                upload_frames: int | None = None, image_encoder: str | None = None,
                upload_timeout: float | None = None, max_upload_decode: int | None = None,
-               max_feature_bytes: int = MAX_FEATURE_BYTES, max_feature_rows: int = MAX_FEATURE_ROWS):
+               max_feature_bytes: int = MAX_FEATURE_BYTES, max_feature_rows: int = MAX_FEATURE_ROWS,
+               device: str | None = None):
     """The Starlette app of ``xmodal serve``.
 
     Args:
@@ -306,6 +307,8 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
         max_upload_decode: most frames decoded from an upload (default 30 a second of
             ``max_upload_seconds``); max_feature_bytes, max_feature_rows: bounds of POSTed features
             (received by the uploads' rule within ``upload_timeout`` at most, :class:`RequestLimits`).
+        device: where the ``hf:`` / ``open_clip:`` encoders of queries and uploads run (``xmodal serve
+            --device``; None: CUDA when present, else CPU); other encoders run as they are built.
 
     Routes: ``GET /`` (page; ``?q=TEXT`` or ``?video=NAME[&direction=v2t]``, ``&k=K``),
     ``GET /api/search`` (the same as JSON; ``POST`` an ``.npy`` of caption features ``[T, Dt]`` with
@@ -318,7 +321,10 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     from starlette.routing import Route
 
     from xmodal.features.media import MAX_VIDEO_PIXELS
+    from xmodal.retrieval.search import placed
+    from xmodal.serve import images as up_images
     from xmodal.serve import uploads as up
+    from xmodal.serve.images import gallery_kind
     from xmodal.serve.page import PAGE_HEADERS, render_page
     from xmodal.serve.thumbs import Thumbnails
 
@@ -347,7 +353,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     if not isinstance(index, (str, os.PathLike)) and type(index).__name__ != "SearchIndex":
         raise TypeError(f"--index: expected an index directory or a SearchIndex, got {type(index).__name__}")
 
-    holder = IndexHolder(index, text_encoder=text_encoder)
+    holder = IndexHolder(index, text_encoder=text_encoder, device=device)
     if images is not None and not Path(images).is_dir():
         raise ValueError(f"--images: {images} is not a directory")
     thumbs: dict[int, Any] = {}  # id(searcher) -> its Thumbnails (names change with the index)
@@ -371,11 +377,14 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     limits = {"default_k": default_k, "max_k": max_k, "max_chars": max_query_chars}
     video_choice = _image_encoder(holder.searcher, image_encoder)
     image_encoder = video_choice["spec"]
+    kind = gallery_kind(holder.searcher.meta)  # images: an uploaded image, encoded as 'encode images' does
+    unavailable = up_images.unavailable_reason if kind == "images" else up.unavailable_reason
     no_upload = "uploads are off (xmodal serve --uploads on)" if not uploads else \
-        up.unavailable_reason(holder.searcher.index.model, image_encoder, video_choice["reason"])
+        unavailable(holder.searcher.index.model, image_encoder, video_choice["reason"])
     upload_info = {"available": no_upload is None, "reason": no_upload, "max_bytes": max_upload_bytes,
                    "max_seconds": max_upload_seconds, "frames": upload_frames, "image_encoder": image_encoder,
-                   "image_encoder_status": video_choice["status"], "max_decode": max_upload_decode}
+                   "image_encoder_status": video_choice["status"], "max_decode": max_upload_decode,
+                   "kind": kind, "field": up_images.FIELDS[kind]}
     busy = {"upload": False, "receiving": 0}
     receiving: dict[str, int] = {}
 
@@ -395,7 +404,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
     def common(searcher: Searcher | None) -> dict:
         return {"title": "/".join(holder.path.resolve().parts[-2:]),  # e.g. shapes/index
                 "info": None if searcher is None else info(searcher), "max_k": max_k,
-                "max_chars": max_query_chars, "upload": upload_info}
+                "max_chars": max_query_chars, "upload": upload_info, "kind": kind}
 
     def shown_thumbs(searcher: Searcher, result: dict, extra: list[int] = ()) -> dict[int, str]:
         th = thumbnails_of(searcher)
@@ -531,7 +540,7 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                 busy["receiving"] += 1
                 try:  # receiving never holds the encoding slot: a slow client delays only itself
                     path, filename, fields = await up.receive(request, folder, max_bytes=max_upload_bytes,
-                                                              timeout=upload_timeout)
+                                                              timeout=upload_timeout, field=upload_info["field"])
                 finally:
                     busy["receiving"] -= 1
                 direction = fields.get("direction") or ("v2t" if searcher.extras.texts is not None else "v2v")
@@ -539,15 +548,21 @@ def create_app(index: Any, *, images: str | os.PathLike | None = None, text_enco
                     raise up.UploadError(400, f"direction: expected v2t or v2v, got {direction[:20]!r}")
                 k = _parse_k(fields.get("k"), default_k, max_k)
                 if busy["upload"]:
-                    return refuse(503, "upload: another video is being encoded; try again in a moment")
+                    return refuse(503, f"upload: another {upload_info['field']} is being encoded; try again in a moment")
                 busy["upload"] = mine = True
 
                 def work():
                     t0 = time.perf_counter()
+                    if kind == "images":
+                        up_images.probe_image(path, max_pixels=up_images.MAX_UPLOAD_IMAGE_PIXELS)
+                        emb = up_images.embed_image(path, searcher.index.model, image_encoder=image_encoder,
+                                                    filename=filename, device=placed(image_encoder, device))
+                        return searcher.search_embedding(emb, k, direction, t0=t0)
                     up.probe(path, max_seconds=max_upload_seconds, max_pixels=MAX_VIDEO_PIXELS,
                              max_decoded=max_upload_decode)
                     emb = up.embed(path, searcher.index.model, frames=upload_frames, image_encoder=image_encoder,
-                                   max_decoded=max_upload_decode, filename=filename)
+                                   max_decoded=max_upload_decode, filename=filename,
+                                   device=placed(image_encoder, device))
                     return searcher.search_embedding(emb, k, direction, t0=t0)
 
                 result = await run_in_threadpool(work)

@@ -1,7 +1,9 @@
 """The HTML of ``xmodal serve``'s search page (no JavaScript; every text escaped).
 
 One page for the three directions: a text query (text -> video), a gallery item's "more like this"
-(video -> video) and "captions" (video -> text) links, and an upload form (video -> text or video)."""
+(video -> video) and "captions" (video -> text) links, and an upload form (video -> text or video).
+The words follow the collection's kind (``kind``: ``videos``, or ``images`` for an image gallery,
+whose upload form takes an image file)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,12 @@ PAGE_HEADERS = {
 }
 #: Captions shown under a video result (the rest are counted).
 SHOWN_CAPTIONS = 3
+#: The gallery's kind -> (an item, items, an item with its article, the upload's MIME family).
+WORDS = {"videos": ("video", "videos", "a video", "video/*"), "images": ("image", "images", "an image", "image/*")}
+
+
+def _words(kind: str) -> tuple[str, str, str, str]:
+    return WORDS.get(kind, WORDS["videos"])
 
 _STYLE = """
 body{font:15px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
@@ -85,28 +93,31 @@ def _video_links(name: str, k: int, texts: bool) -> str:
     return f"<div class=\"links\">{''.join(links)}</div>"
 
 
-def _upload_form(upload: dict[str, Any], info: dict[str, Any], k: int, max_k: int) -> str:
+def _upload_form(upload: dict[str, Any], info: dict[str, Any], k: int, max_k: int, kind: str = "videos") -> str:
     if not upload or not upload.get("available"):
         return ""
+    one, many, a_one, mime = _words(kind)
     options = ([("v2t", "captions for it")] if info.get("texts") else []) + \
-        ([("v2v", "videos like it")] if info.get("videos") else [])
+        ([("v2v", f"{many} like it")] if info.get("videos") else [])
     if not options:
         return ""
     choices = "".join(f"<option value=\"{v}\">{label}</option>" for v, label in options)
+    bounds = (f"up to {upload['max_bytes'] / 2**20:g} MiB; the file is deleted afterwards" if kind == "images" else
+              f"up to {upload['max_bytes'] / 2**20:g} MiB and {upload['max_seconds']:g} s; "
+              f"{upload['frames']} frames are encoded, the file is deleted afterwards")
     return ("<form class=\"upload\" id=\"upload\" method=\"post\" action=\"/upload\" enctype=\"multipart/form-data\">"
-            "<label>or a video file <input type=\"file\" id=\"video-file\" name=\"video\" accept=\"video/*\" "
+            f"<label>or {a_one} file <input type=\"file\" id=\"{one}-file\" name=\"{one}\" accept=\"{mime}\" "
             f"required></label><select id=\"direction\" name=\"direction\">{choices}</select>"
             f"<label>top <input type=\"number\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>"
-            "<button type=\"submit\" id=\"upload-go\">Search with this video</button>"
-            f"<span>up to {upload['max_bytes'] / 2**20:g} MiB and {upload['max_seconds']:g} s; "
-            f"{upload['frames']} frames are encoded, the file is deleted afterwards</span></form>")
+            f"<button type=\"submit\" id=\"upload-go\">Search with this {one}</button>"
+            f"<span>{bounds}</span></form>")
 
 
 def _source(source: dict[str, Any], result: dict[str, Any], thumbnails: dict[int, str], k: int,
-            texts: bool) -> str:
+            texts: bool, kind: str = "videos") -> str:
     what = "Captions for" if result["direction"] == "v2t" else "More like"
     if "upload" in source:
-        return (f"<div id=\"source\"><div><h2>{what} your video <b>{escape(source['upload'])}</b></h2>"
+        return (f"<div id=\"source\"><div><h2>{what} your {_words(kind)[0]} <b>{escape(source['upload'])}</b></h2>"
                 "<span class=\"status\">(uploaded, encoded and deleted)</span></div></div>")
     url = thumbnails.get(source["item"])
     img = f"<img src=\"{escape(url)}\" alt=\"{escape(source['name'])}\">" if url else ""
@@ -114,11 +125,11 @@ def _source(source: dict[str, Any], result: dict[str, Any], thumbnails: dict[int
             f"{_captions(source.get('captions') or [])}{_video_links(source['name'], k, texts)}</div></div>")
 
 
-def _latency(result: dict[str, Any], params: dict) -> str:
+def _latency(result: dict[str, Any], params: dict, kind: str = "videos") -> str:
     lat = result["latency_ms"]
     first = {"t2v": "text encoding", "v2v": "lookup", "v2t": "lookup"}[result["direction"]]
     if result.get("upload"):
-        first = "video decoding and encoding"
+        first = f"{_words(kind)[0]} decoding and encoding"
     json_link = (f" &middot; <a href=\"/api/search?{escape(urlencode(params))}\">JSON</a>"
                  if not result.get("upload") else "")
     return (f"<p class=\"status\" id=\"latency\">{len(result['results'])} results in {lat['total']:.1f} ms "
@@ -168,19 +179,19 @@ def _text_encoder(info: dict[str, Any]) -> str:
     return f"<span id=\"text-encoder\" data-status=\"{escape(str(status))}\">{shown}</span>"
 
 
-def _video_form(k: int, max_k: int) -> str:
+def _video_form(k: int, max_k: int, kind: str = "videos") -> str:
     """Search from a gallery item by its name (the page without a text box)."""
     return ("<form method=\"get\" action=\"/\" id=\"by-video\"><input type=\"search\" id=\"video\" name=\"video\" "
-            "placeholder=\"a video's name (its line in names.txt)\" required>"
+            f"placeholder=\"{_words(kind)[2]}'s name (its line in names.txt)\" required>"
             f"<label>top <input type=\"number\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>"
             "<button type=\"submit\" id=\"go-video\">More like this</button></form>")
 
 
-def _browse(browse: dict[str, Any], k: int, texts: bool) -> list[str]:
+def _browse(browse: dict[str, Any], k: int, texts: bool, kind: str = "videos") -> list[str]:
     """The gallery's first items (the page without a text box starts from them)."""
     names, thumbs = browse.get("names") or [], browse.get("thumbnails") or {}
     parts = [f"<p class=\"status\" id=\"browse-title\">The gallery's first {len(names)} items: pick one to find "
-             f"videos like it{' or its captions' if texts else ''}.</p>", "<ol id=\"browse\" class=\"videos\">"]
+             f"{_words(kind)[1]} like it{' or its captions' if texts else ''}.</p>", "<ol id=\"browse\" class=\"videos\">"]
     for i, name in enumerate(names):
         url = thumbs.get(i)
         img = f"<img src=\"{escape(url)}\" alt=\"{escape(name)}\" loading=\"lazy\">" if url else "no thumbnail"
@@ -194,7 +205,7 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
                 max_chars: int = 500, result: dict[str, Any] | None = None,
                 thumbnails: dict[int, str] | None = None, error: str | None = None,
                 source: dict[str, Any] | None = None, upload: dict[str, Any] | None = None,
-                upload_error: bool = False, browse: dict[str, Any] | None = None) -> str:
+                upload_error: bool = False, browse: dict[str, Any] | None = None, kind: str = "videos") -> str:
     """The whole page: the query forms, then the results of ``result`` (``Searcher.search``'s dict).
 
     Args:
@@ -209,6 +220,8 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
         upload: the upload form's bounds (``{"available", "max_bytes", "max_seconds", "frames"}``).
         upload_error: the error is an upload's.
         browse: ``{"names", "thumbnails"}`` of the gallery's first items, listed when there is no text box.
+        kind: ``videos`` or ``images`` (:func:`xmodal.serve.images.gallery_kind`): the page's words and the
+            upload form's file (an image for an image gallery).
 
     Without a text encoder (``info["text_encoder"]`` None) there is no text box: the page says why
     (``info["text_reason"]``) and offers a video's name, the gallery's first items and uploads.
@@ -221,7 +234,7 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
         head = (f"{info['items']:,} items &middot; normaliser <b id=\"normalizer\">{escape(str(info['normalizer']))}"
                 f"</b> folded into the index &middot; {_text_encoder(info)} &middot; {_recall(info)}")
         if texts:
-            head += f" &middot; {info['texts']:,} captions for video &rarr; text"
+            head += f" &middot; {info['texts']:,} captions for {_words(kind)[0]} &rarr; text"
         if info.get("normalizer_choice"):  # how the build chose it (xmodal index --normalizer auto)
             head += f"</p><p class=\"note\" id=\"normalizer-choice\">normaliser: {escape(str(info['normalizer_choice'])[:600])}"
     parts = [
@@ -239,23 +252,24 @@ def render_page(*, title: str, info: dict[str, Any] | None, query: str = "", k: 
             f"<label>top <input type=\"number\" id=\"k\" name=\"k\" value=\"{k}\" min=\"1\" max=\"{max_k}\"></label>",
             "<button type=\"submit\" id=\"go\">Search</button></form>"]
     else:
-        uploads = bool(_upload_form(upload or {}, info, k, max_k))
+        uploads = bool(_upload_form(upload or {}, info, k, max_k, kind))
+        one, _, a_one, _ = _words(kind)
         parts += [f"<p class=\"status\" id=\"text-off\">Text search is off: {escape(str(info.get('text_reason')))}"
-                  f". Search from a video instead: its name{', an item below, or a video file' if uploads else ' or an item below'}"
-                  f".</p>", _video_form(k, max_k)]
+                  f". Search from {a_one} instead: its name{f', an item below, or {a_one} file' if uploads else ' or an item below'}"
+                  f".</p>", _video_form(k, max_k, kind)]
     if info is not None:
-        parts.append(_upload_form(upload or {}, info, k, max_k))
+        parts.append(_upload_form(upload or {}, info, k, max_k, kind))
     if error:
         cls = "status error upload-error" if upload_error else "status error"
         parts.append(f"<p class=\"{cls}\" id=\"error\">{escape(error)}</p>")
     elif result is None and browse is not None and info is not None:
-        parts.extend(_browse(browse, k, texts))
+        parts.extend(_browse(browse, k, texts, kind))
     elif result is not None:
         if source is not None:
-            parts.append(_source(source, result, thumbnails, k, texts))
+            parts.append(_source(source, result, thumbnails, k, texts, kind))
         params = ({"q": query, "k": k} if result["direction"] == "t2v" else
                   {"video": result.get("video") or "", "direction": result["direction"], "k": k})
-        parts.append(_latency(result, params))
+        parts.append(_latency(result, params, kind))
         parts.extend(_results(result, thumbnails, k, texts))
     parts.append("</main></body></html>")
     return "".join(parts)

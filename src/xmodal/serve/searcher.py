@@ -22,10 +22,11 @@ class Searcher:
     """An opened index plus its text encoder and optional files: ``search(q, k)``, ``search_video``,
     ``search_embedding`` -> the API's dict (thread-safe)."""
 
-    def __init__(self, index: Any, *, text_encoder: str | None = None) -> None:
+    def __init__(self, index: Any, *, text_encoder: str | None = None, device: str | None = None) -> None:
         from xmodal.retrieval.search import IndexExtras, SearchIndex
 
         self.index = index if isinstance(index, SearchIndex) else SearchIndex(index)
+        self.device = device  # where an hf: / open_clip: encoder of the queries runs (None: CUDA when present)
         #: the encoder of text queries: {"spec" (None: no text search), "status", "reason", "record"}
         self.text_choice = self.index.text_encoder(text_encoder)  # another encoder than recorded: ValueError
         self.text_encoder = self.text_choice["spec"]
@@ -104,7 +105,7 @@ class Searcher:
             raise LookupError(f"q: text search is off for this index: {self.text_choice['reason']}")
         with self._lock:
             t0 = time.perf_counter()
-            feats = self.index.encode_captions([q], text_encoder=self.text_encoder)
+            feats = self.index.encode_captions([q], text_encoder=self.text_encoder, device=self.device)
             t1 = time.perf_counter()
             scores, indices = self.index.search(feats, k)
             t2 = time.perf_counter()
@@ -217,14 +218,14 @@ class IndexHolder:
     (inode, mtime, size) and returns the :class:`Searcher` of what is there now, or raises
     :class:`IndexUnavailable` (deleted, or half-written by ``xmodal index --overwrite``)."""
 
-    def __init__(self, index: Any, *, text_encoder: str | None = None) -> None:
+    def __init__(self, index: Any, *, text_encoder: str | None = None, device: str | None = None) -> None:
         from xmodal.retrieval.search import SearchIndex
 
         self.path = Path(index.path if isinstance(index, SearchIndex) else index)
-        self.text_encoder = text_encoder
+        self.text_encoder, self.device = text_encoder, device
         self._lock = threading.Lock()
         self.signature = self._signature()
-        self.searcher = Searcher(index, text_encoder=text_encoder)  # a bad folder: ValueError here
+        self.searcher = Searcher(index, text_encoder=text_encoder, device=device)  # a bad folder: ValueError here
         self.reloads = 0
         self._failed: tuple[tuple, str] | None = None
 
@@ -255,7 +256,7 @@ class IndexHolder:
             if self._failed is not None and self._failed[0] == sig:  # the same broken files: not reopened
                 raise IndexUnavailable(self._failed[1])
             try:
-                searcher = Searcher(self.path, text_encoder=self.text_encoder)
+                searcher = Searcher(self.path, text_encoder=self.text_encoder, device=self.device)
             except (ValueError, OSError, RuntimeError) as exc:
                 message = f"index: {self.path} cannot be opened now ({str(exc)[:300]})"
                 self._failed = (sig, message)

@@ -102,8 +102,10 @@ def receive_deadline(declared: int, *, max_bytes: int, timeout: float, min_rate:
 
 
 async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
-                  min_rate: float = MIN_RATE, grace: float = RECEIVE_GRACE) -> tuple[Path, str, dict]:
-    """Stream a ``multipart/form-data`` body into ``folder/upload``: ``(path, client file name, fields)``.
+                  min_rate: float = MIN_RATE, grace: float = RECEIVE_GRACE, field: str = "video"
+                  ) -> tuple[Path, str, dict]:
+    """Stream a ``multipart/form-data`` body into ``folder/upload``: ``(path, client file name, fields)``;
+    the file comes in the field named ``field`` (``video``; ``image`` for an image gallery).
 
     The body must arrive within ``min(timeout, grace + Content-Length / min_rate)`` seconds: a client
     trickling a few bytes now and then is cut off after ``grace`` seconds for a small declared body.
@@ -117,7 +119,7 @@ async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
     ctype, options = parse_options_header(request.headers.get("content-type", ""))
     boundary = options.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
-        raise UploadError(415, "upload: send multipart/form-data with the video in a file field named 'video'")
+        raise UploadError(415, f"upload: send multipart/form-data with the {field} in a file field named '{field}'")
     state: dict[str, Any] = {"headers": {}, "field": b"", "value": b"", "file": None, "name": None,
                              "filename": None, "fields": {}, "files": 0, "error": None}
     path = folder / "upload"
@@ -138,8 +140,8 @@ async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
         filename = disp.get(b"filename")
         state["headers"] = {}
         if filename is not None:
-            if state["name"] != "video" or state["files"]:
-                state["error"] = UploadError(400, "upload: one file, in the field named 'video'")
+            if state["name"] != field or state["files"]:
+                state["error"] = UploadError(400, f"upload: one file, in the field named '{field}'")
                 return
             state["files"] += 1
             state["filename"] = filename.decode("utf-8", "replace")[:120]
@@ -197,7 +199,7 @@ async def receive(request: Any, folder: Path, *, max_bytes: int, timeout: float,
         if state["file"] is not None:
             state["file"].close()
     if not state["files"] or not path.is_file() or path.stat().st_size == 0:
-        raise UploadError(400, "upload: no video file (choose one in the field named 'video')")
+        raise UploadError(400, f"upload: no {field} file (choose one in the field named '{field}')")
     fields = {k: v.decode("utf-8", "replace") for k, v in state["fields"].items()}
     return path, state["filename"] or "upload", fields
 
@@ -257,17 +259,19 @@ def scrub(text: str, path: Path) -> str:
 
 
 def embed(path: Path, model: Any, *, frames: int, image_encoder: str, max_decoded: int | None = None,
-          filename: str = "the uploaded file") -> np.ndarray:
+          filename: str = "the uploaded file", device: str | None = None) -> np.ndarray:
     """The run's video embedding ``[D]`` of a video file: ``frames`` frames through ``image_encoder``
     (:func:`xmodal.features.encoders.iter_encode_videos`, as ``xmodal encode videos --frames``; a clip
     encoder takes its own number of frames), then the run's video head on ``[1, F, Dv]`` with every
-    frame real. Decoding stops past ``max_decoded`` frames; errors name ``filename``, never ``path``."""
+    frame real. Decoding stops past ``max_decoded`` frames; errors name ``filename``, never ``path``;
+    ``device``: where an ``hf:`` / ``open_clip:`` encoder runs (None: CUDA when present)."""
     from xmodal.features.encoders import get_encoder, iter_encode_videos
 
     if get_encoder(image_encoder, "video").kind == "video":
         frames = None  # a clip encoder samples exactly its num_frames
     feats = None
-    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder, max_decoded=max_decoded):
+    for _, result in iter_encode_videos([path], frames=frames, model=image_encoder, max_decoded=max_decoded,
+                                        device=device):
         if isinstance(result, Exception):
             text = str(result)
             if text.startswith(f"{path.name}: "):  # iter_encode_videos names the file: the client's name here

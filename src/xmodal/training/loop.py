@@ -94,11 +94,15 @@ def load_splits(cfg: Config, splits: dict | None = None) -> dict:
         if d.test_split and d.test_split in all_splits:
             splits["test"] = all_splits[d.test_split]
     else:
-        splits = {"train": xdata.load_paired_split(d.root, d.train_split)}
+        from xmodal.config import zero_shot_without_train
+
+        splits = {} if zero_shot_without_train(cfg) else {"train": xdata.load_paired_split(d.root, d.train_split)}
         if not d.val_from_train:
             splits["val"] = xdata.load_paired_split(d.root, d.val_split)
         if d.test_split and not xdata.layout.missing_files(d.root, d.test_split):
             splits["test"] = xdata.load_paired_split(d.root, d.test_split)
+        if "train" not in splits:  # a zero-shot run on val / test alone: nothing to shuffle or cut
+            return splits
     train = splits["train"]
     if d.val_from_train:
         train, splits["val"] = carve_validation(train, d.val_from_train)
@@ -165,7 +169,8 @@ def normalized_similarities(name: str, test_time: TestTime | dict, text: torch.T
 
 def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, seed: int, val=None) -> TestTime:
     """Fit the candidate normalisers once: banks of ``bank_size`` random training texts /
-    videos embedded by the final model, and (NCL) the loss's own query queues. DN's means
+    videos embedded by the final model, and (NCL) the loss's own query queues (``train`` None: a
+    zero-shot run without a train split; only ``none``, DN from ``val`` and the oracles are fitted). DN's means
     come from the train banks, or with ``test_time.dn_source: val`` from the embedded
     ``val`` split (the DN paper's protocol: ``dn_num_samples`` random rows, ``dn_seeds`` seeds)."""
     tc = cfg.test_time
@@ -174,6 +179,10 @@ def build_test_time(cfg: Config, model: TwoTower, loss: nn.Module, train, *, see
         if val is None:
             raise ValueError("test_time.dn_source: 'val' needs the validation split")
         dn_bank = embed_split(model, val, cfg.train.eval_batch_size)
+    if train is None:  # a zero-shot run without a train split: no train bank, no held-out queries
+        return fit_test_time(tc.normalizers, text_bank=None, video_bank=None, temperature=model.temperature,
+                             iters=tc.sinkhorn_iters, lam=tc.dn_lam, k=tc.qb_k, beta=tc.qb_beta, dn_bank=dn_bank,
+                             dn_num_samples=tc.dn_num_samples, dn_seeds=tc.dn_seeds, dn_source=tc.dn_source)
     g = np.random.default_rng([seed, 4242])
     ti = np.sort(g.choice(train.num_texts, min(tc.bank_size, train.num_texts), replace=False))
     vi = np.sort(g.choice(train.num_videos, min(tc.bank_size, train.num_videos), replace=False))
@@ -298,7 +307,10 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
         stage(f"train: loading the encoder {cfg.model.encoder}")
         model, processor = finetune.build(cfg)
         splits = finetune.tokenized(splits, processor.tokenizer, cfg.data.max_words)
-    train_split, val_split = splits["train"], splits["val"]
+    val_split = splits["val"]
+    # a zero-shot run without a train split (xmodal.config.zero_shot_without_train): the val split gives the
+    # sizes, no batch is drawn, and the normalisers fitted on train queries are skipped (finish)
+    train_split = splits.get("train", val_split)
     model = model if finetuning else build_model(video_dim=train_split.video.shape[-1], text_dim=train_split.text.shape[-1],
                         kind=cfg.model.kind, text_kind=cfg.model.text_kind or None, dim=cfg.model.dim,
                         width=cfg.model.width, depth=cfg.model.depth, dropout=cfg.model.dropout,
@@ -382,7 +394,7 @@ def _run(cfg: Config, out: Path, *, resume: bool, stop_after_epochs: int | None,
         if resumed and is_main else None  # a resume over changed data: refused before anything is written
     logs = RunLog(out, log_to=tc.log_to, metric=tc.metric, epochs=tc.epochs, history=state["history"],
                   enabled=is_main, echo=verbose, resume_step=state["step"] if state.get("batch") else None)
-    for note in [warmup_note, *_unfitted_notes(cfg, loss_fn)]:
+    for note in [warmup_note, *_unfitted_notes(cfg, loss_fn, has_train="train" in splits)]:
         if note and is_main and (verbose or mode):
             print(f"xmodal train: note: {note}", file=sys.stderr, flush=True)
     prov = provenance.start(out, data_files, command=command, resumed=resumed, hashes=hashes,
@@ -566,12 +578,37 @@ def _epoch_bar(items, total: int, mode: str | None, desc: str):
     return Lines(items, total=total, desc=f"train: {desc}", unit="batch", enabled=mode == "lines")
 
 
-def _unfitted_notes(cfg: Config, loss_fn: nn.Module) -> list[str]:
-    """Normalisers the config lists that this run cannot fit, said before training (not only after it)."""
+def _unfitted_notes(cfg: Config, loss_fn: nn.Module, has_train: bool = True) -> list[str]:
+    """Normalisers the config lists that this run cannot fit, said before training (not only after it):
+    one line each."""
+    if not has_train:
+        return [f"{n}: {why}" for n, why in no_train_reasons(cfg).items()]
     if "ncl" in cfg.test_time.normalizers and not hasattr(loss_fn, "query_bank"):
         return ["test_time.normalizers lists ncl, which is fitted on the NCL loss's query queue "
                 f"(loss.name: ncl); with loss {cfg.loss.name} it is left out"]
     return []
+
+
+def no_train_reasons(cfg: Config) -> dict[str, str]:
+    """``{normaliser: why it is skipped}`` for the listed normalisers a zero-shot run without a train
+    split cannot fit: those fitted on a bank of train queries (Sinkhorn / QB-Norm / IS on ``bank_size``
+    train queries, NCL on its loss's train-query queue, DN with ``dn_source: train``)."""
+    from xmodal.retrieval.testtime import bank_of
+
+    split = cfg.data.train_split
+    out = {}
+    for name in dict.fromkeys(cfg.test_time.normalizers):
+        bank = bank_of(name)
+        if name == "dn" and cfg.test_time.dn_source == "val":
+            continue  # DN's means from the val split (DN Sec. 4.3): no train split needed
+        if bank == "ncl":
+            out[name] = (f"fitted on the NCL loss's queue of train queries; this zero-shot run has no train split "
+                         f"{split!r}, so it is skipped")
+        elif bank == "train":
+            fix = " (test_time.dn_source: val fits DN on the val split, DN Sec. 4.3)" if name == "dn" else ""
+            out[name] = (f"fitted on a bank of train queries (test_time.bank_size); this zero-shot run has no train "
+                         f"split {split!r}, so it is skipped{fix}")
+    return out
 
 
 def dn_per_seed(cfg: Config, test_time: TestTime, model: TwoTower, splits: dict, evaluated: list[str]) -> dict | None:
@@ -666,7 +703,7 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
     model.temperature = loss_temperature(cfg, loss_fn)
     bs, metric = cfg.train.eval_batch_size, cfg.train.metric
     stage("train: fitting the test-time normalisers")
-    test_time = build_test_time(cfg, model, loss_fn, splits["train"], seed=cfg.train.seed, val=splits["val"])
+    test_time = build_test_time(cfg, model, loss_fn, splits.get("train"), seed=cfg.train.seed, val=splits["val"])
     names = list(test_time.names)
     per_query: dict[str, dict] = {"val": {}}
     stage(f"train: evaluating val under {len(names)} normaliser(s)")
@@ -686,9 +723,12 @@ def finish(cfg: Config, out: Path, model: TwoTower, loss_fn: nn.Module, splits: 
         "index_normalizer": selection["index_normalizer"], "selection": selection,
     }
     dropped = [n for n in cfg.test_time.normalizers if n not in names]
+    no_train = no_train_reasons(cfg) if "train" not in splits else {}
     if dropped:  # e.g. ncl listed in the config, but only an NCL loss keeps the query queue it is fitted on
-        summary["dropped_normalizers"] = {n: "needs the NCL loss's query queue (loss.name: ncl)" if n == "ncl"
-                                          else "not fitted for this run" for n in dropped}
+        summary["dropped_normalizers"] = {n: no_train.get(n) or ("needs the NCL loss's query queue (loss.name: ncl)"
+                                          if n == "ncl" else "not fitted for this run") for n in dropped}
+    if "train" not in splits:
+        summary["no_train_split"] = cfg.data.train_split
     if selection.get("index_note"):
         summary["index_note"] = selection["index_note"]
     evaluated = [s for s in ("val", "test") if s in splits]
