@@ -482,6 +482,8 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
         parts.append(f"{s['refused']} truncated (skipped)")
     if s["redone"]:
         parts.append(f"{len(s['redone'])} unfinished .npy redone")
+    if s.get("changed"):
+        parts.append(f"{len(s['changed'])} stored video(s) decoded again (source changed or unrecorded)")
     if s["ignored"]:
         parts.append(f"not encoded: {_skipped_text(s['ignored'])}")
     print(f"looked at {s['looked_at']} file(s): " + "; ".join(parts) +
