@@ -622,6 +622,10 @@ def _check_identity(cfg: "Config") -> None:
 def _check_clip4clip(cfg: "Config") -> None:
     """``model.kind: clip4clip`` (an encoder trained end to end) and the keys that go with it."""
     m, d, o, tr = cfg.model, cfg.data, cfg.optim, cfg.train
+    if m.sim_header == "tightTransf":
+        from xmodal.models.clip4clip import TIGHT_REFUSED
+
+        raise ValueError(TIGHT_REFUSED)
     _one_of(m.sim_header, "model.sim_header", ("meanP", "seqTransf"))
     _one_of(d.frame_pos, "data.frame_pos", ("head", "tail", "uniform"))
     _one_of(tr.precision, "train.precision", ("fp32", "bf16", "fp16"))

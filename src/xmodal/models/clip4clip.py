@@ -16,6 +16,9 @@ Similarity headers (CLIP4Clip Sec. 3.3, ``modules/modeling.py`` ``_loose_similar
       blocks are the first ``temporal_layers`` blocks of CLIP's text transformer (their layer norms
       with CLIP4Clip's ``eps`` 1e-12, ``modules/until_module.py``), so they need CLIP's text width
       equal to its projection width (ViT-B/32 and B/16: 512).
+    - ``tightTransf`` (the tight type, ``_cross_similarity``) is refused (:data:`TIGHT_REFUSED`): it scores
+      pairs with a cross transformer instead of embedding each side, so nothing of the loop, the test-time
+      normalisers, the index or serve could read it.
 
 Frame sampling (``frame_pos``, CLIP4Clip's ``slice_framepos``): a video with more real frames than
 ``max_frames`` keeps the first (``head``), the last (``tail``) or ``np.linspace(0, n - 1, max_frames)``
@@ -40,6 +43,11 @@ from xmodal.models.towers import masked_mean
 from xmodal.models.two_tower import TwoTower
 
 SIM_HEADERS = ("meanP", "seqTransf")
+#: Why CLIP4Clip's third header is refused (one line, said alike by the config check and the library).
+TIGHT_REFUSED = ("model.sim_header: tightTransf (CLIP4Clip Sec. 3.3's tight type) is a cross-encoder: a transformer "
+                 "over each caption-video pair gives that pair's score (B x B passes a batch, every caption x every "
+                 "video at test time) and no embedding of either side, while xmodal's losses, queues, test-time "
+                 "normalisers, index and serve read embeddings; it is not offered: use meanP or seqTransf")
 FRAME_POS = ("head", "tail", "uniform")
 #: CLIP4Clip's TF-style LayerNorm epsilon in its temporal transformer (``modules/until_module.py``).
 TEMPORAL_EPS = 1e-12
@@ -215,6 +223,8 @@ class Clip4ClipSpec:
 
 def check_clip4clip_spec(spec: Clip4ClipSpec) -> Clip4ClipSpec:
     """Validate a :class:`Clip4ClipSpec`; ``ValueError`` naming the field."""
+    if spec.sim_header == "tightTransf":
+        raise ValueError(TIGHT_REFUSED)
     choice(spec.sim_header, "model.sim_header", SIM_HEADERS)
     choice(spec.frame_pos, "data.frame_pos", FRAME_POS)
     integer(spec.max_frames, "data.max_frames", minimum=1, maximum=4096)
@@ -431,6 +441,8 @@ def build_clip4clip(encoder: str, *, sim_header: str = "meanP", temporal_layers:
                     frame_pos: str = "head", max_words: int = 32, freeze_layers: int = -1,
                     gradient_checkpointing: bool = False, temperature: float = 0.05) -> tuple[Clip4Clip, Any]:
     """``(model, processor)``: :class:`Clip4Clip` initialised from the CLIPModel at ``encoder`` (``hf:DIR``)."""
+    if sim_header == "tightTransf":  # before the weights load
+        raise ValueError(TIGHT_REFUSED)
     clip, processor = load_encoder(encoder)
     positions = int(clip.text_model.config.max_position_embeddings)
     if isinstance(max_words, int) and max_words > positions:  # else transformers fails mid-epoch, unhelpfully
