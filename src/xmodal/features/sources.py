@@ -31,12 +31,25 @@ MAX_LINE = 64 + 2 + 4096 + 1
 _LINE = re.compile(r"^([0-9a-f]{64})  (\S.*)\n?$")
 
 
+def _check(out: object, video_ids: object) -> None:
+    """TypeError naming the argument unless ``out`` is a path and ``video_ids`` a list of relative video ids."""
+    from xmodal._validate import short_repr
+
+    if isinstance(out, bool) or not isinstance(out, (str, os.PathLike)) or not str(out):
+        raise TypeError(f"out: expected a frame store folder, got {short_repr(out)}")
+    if not isinstance(video_ids, (list, tuple)) or not all(
+            isinstance(v, str) and v and "\n" not in v and not os.path.isabs(v) and ".." not in Path(v).parts
+            for v in video_ids):
+        raise TypeError(f"video ids: expected a list of video ids (relative names), got {short_repr(video_ids)}")
+
+
 def source_file(out: str | os.PathLike, video_id: str) -> Path:
     """``out/.sources/<video id>.sha256``.
 
     >>> source_file("fr", "sub/clip").as_posix()
     'fr/.sources/sub/clip.sha256'
     """
+    _check(out, [video_id])
     return Path(out) / SOURCES_DIR / f"{video_id}.sha256"
 
 
@@ -58,8 +71,12 @@ def write_source(out: str | os.PathLike, video_id: str, sha256: str, name: str) 
     """Record ``video_id``'s source hash (atomically; after its frames, so a stop between leaves it unrecorded)."""
     from xmodal.runs import atomic_write_text
 
-    if not re.fullmatch(r"[0-9a-f]{64}", sha256) or not name or "\n" in name:
-        raise ValueError(f"{video_id}: expected a SHA-256 and a one-line file name, got {sha256[:70]!r}, {name[:70]!r}")
+    if not isinstance(sha256, str) or not isinstance(name, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256) \
+            or not name or "\n" in name:
+        from xmodal._validate import short_repr
+
+        raise ValueError(f"{short_repr(video_id)}: expected a SHA-256 and a one-line file name, got "
+                         f"{short_repr(sha256)}, {short_repr(name)}")
     path = source_file(out, video_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, f"{sha256}  {name}\n")
@@ -75,6 +92,10 @@ def stale_sources(out: str | os.PathLike, stored: list[tuple[str, Path]]) -> tup
     """
     from xmodal.features.hashing import file_sha256
 
+    if not isinstance(stored, list) or not all(isinstance(v, tuple) and len(v) == 2 and
+                                               isinstance(v[1], (str, os.PathLike)) for v in stored):
+        raise TypeError("stored: expected a list of (video id, path)")
+    _check(out, [vid for vid, _ in stored])
     lines, redo, unrecorded = [], [], []
     for vid, path in stored:
         recorded = read_source(out, vid)
@@ -100,6 +121,7 @@ def stale_sources(out: str | os.PathLike, stored: list[tuple[str, Path]]) -> tup
 def sources_digest(store: str | os.PathLike, video_ids: list[str]) -> str | None:
     """The SHA-256 of the ``sha256sum`` lines (``HASH  VIDEO_ID``, sorted by video id) of ``video_ids``' recorded
     sources: one hash naming every source video of a layout; None when one of them has none recorded."""
+    _check(store, video_ids)
     lines = []
     for vid in sorted(set(video_ids)):
         recorded = read_source(store, vid)
