@@ -328,6 +328,28 @@ def test_seqtransf_needs_matching_widths(tmp_path):
         build_clip4clip(f"hf:{folder}", sim_header="seqTransf", temporal_layers=1, max_words=16)
 
 
+def test_tighttransf_is_refused_in_one_line(clip_dir, tmp_path, capsys):
+    """CLIP4Clip's tight type scores pairs with a cross transformer and embeds neither side: the config check,
+    the library and ``xmodal train`` refuse it in the same one line, before any weight is loaded."""
+    from xmodal.cli import main
+    from xmodal.config import from_dict
+    from xmodal.models.clip4clip import TIGHT_REFUSED, build_clip4clip
+
+    assert TIGHT_REFUSED.startswith("model.sim_header: tightTransf") and "\n" not in TIGHT_REFUSED
+    with pytest.raises(ValueError) as got:
+        from_dict({"model": {"kind": "clip4clip", "encoder": f"hf:{clip_dir}", "sim_header": "tightTransf"}})
+    assert str(got.value) == TIGHT_REFUSED
+    with pytest.raises(ValueError) as got:
+        build_clip4clip(f"hf:{clip_dir}", sim_header="tightTransf", max_words=16)
+    assert str(got.value) == TIGHT_REFUSED
+    assert "Loading weights" not in capsys.readouterr().err  # refused before the weights load
+    assert main(["train", "configs/clip4clip/meanp.yaml", "--out", str(tmp_path / "run"), f"model.encoder=hf:{clip_dir}",
+                 "model.sim_header=tightTransf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and TIGHT_REFUSED in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_payload_round_trip(clip_dir):
     from xmodal.models.io import model_from_payload, model_payload
 

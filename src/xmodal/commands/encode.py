@@ -64,8 +64,9 @@ the shards found. Under torchrun (RANK, WORLD_SIZE) each process takes shard RAN
 frames (extra [video]): a frame store for training the encoder itself (model.kind clip4clip,
 docs/finetune.md): as videos, but each FRAMES/<video id>.npy holds the sampled frames themselves,
 uint8 [F, S*S*3] (short side S, bicubic, centre crop: CLIPImageProcessor's resize and crop;
-default 1 frame per second, S 224); FRAMES/encoder.json names S and the sampling. 'data import
---features FRAMES' makes a layout of them.
+default 1 frame per second, S 224); FRAMES/encoder.json names S and the sampling, and
+FRAMES/.sources/<video id>.sha256 each video's SHA-256 (a sha256sum line): a re-run decodes again,
+naming it, a video whose file changed. 'data import --features FRAMES' makes a layout of them.
 --cluster local:N (N worker processes here) or --cluster tcp://HOST:8786 (a Dask scheduler; extra
 [cluster]) runs those shards as tasks (--cluster-shards N of them): a failed shard or one whose worker
 dies is retried, one progress line counts the videos of all workers, and FEATS gets the same files as
@@ -482,6 +483,8 @@ def _run_videos(args: argparse.Namespace, progress: bool | None, quiet: bool) ->
         parts.append(f"{s['refused']} truncated (skipped)")
     if s["redone"]:
         parts.append(f"{len(s['redone'])} unfinished .npy redone")
+    if s.get("changed"):
+        parts.append(f"{len(s['changed'])} stored video(s) decoded again (source changed or unrecorded)")
     if s["ignored"]:
         parts.append(f"not encoded: {_skipped_text(s['ignored'])}")
     print(f"looked at {s['looked_at']} file(s): " + "; ".join(parts) +

@@ -251,7 +251,7 @@ class ModelConfig:
                                      "embedding of the whole video (paragraph) to its clips (sentences) and "
                                      "concatenate the result (release block: embeddings of 2 x dim)")
     encoder: str = key("", "model.kind clip4clip: the CLIP to fine-tune, hf:DIR (a local transformers CLIPModel "
-                           "folder with its processor)")
+                           "or SiglipModel folder with its processor)")
     sim_header: str = key("meanP", "model.kind clip4clip: meanP (mean of the frame embeddings) | seqTransf "
                                    "(frame positions + a temporal transformer with a residual, from CLIP's text "
                                    "blocks; CLIP4Clip Sec. 3.3)")
@@ -637,6 +637,10 @@ def _check_identity(cfg: "Config") -> None:
 def _check_clip4clip(cfg: "Config") -> None:
     """``model.kind: clip4clip`` (an encoder trained end to end) and the keys that go with it."""
     m, d, o, tr = cfg.model, cfg.data, cfg.optim, cfg.train
+    if m.sim_header == "tightTransf":
+        from xmodal.models.clip4clip import TIGHT_REFUSED
+
+        raise ValueError(TIGHT_REFUSED)
     _one_of(m.sim_header, "model.sim_header", ("meanP", "seqTransf"))
     _one_of(d.frame_pos, "data.frame_pos", ("head", "tail", "uniform"))
     _one_of(tr.precision, "train.precision", ("fp32", "bf16", "fp16"))
@@ -656,7 +660,7 @@ def _check_clip4clip(cfg: "Config") -> None:
             raise ValueError(f"model.encoder: only read by model.kind clip4clip, got model.kind {m.kind}")
         return
     if not m.encoder.startswith("hf:"):
-        raise ValueError(f"model.encoder: model.kind clip4clip needs hf:DIR (a local CLIPModel folder), got "
+        raise ValueError(f"model.encoder: model.kind clip4clip needs hf:DIR (a local CLIPModel or SiglipModel folder), got "
                          f"{_short(m.encoder or '(empty)')}")
     if m.text_kind not in ("", "clip4clip"):
         raise ValueError(f"model.text_kind: a clip4clip model trains CLIP's own text tower, got {m.text_kind}")

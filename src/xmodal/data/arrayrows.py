@@ -27,6 +27,10 @@ class ArrayRow:
     __slots__ = ("path", "row", "array", "name")
 
     def __init__(self, path: Path, row: int, array: np.ndarray, name: str) -> None:
+        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)) or row < 0:
+            from xmodal._validate import short_repr
+
+            raise TypeError(f"row: expected a row index (a non-negative integer), got {short_repr(row)}")
         self.path, self.row, self.array, self.name = path, int(row), array, name
 
     @property

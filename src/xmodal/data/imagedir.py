@@ -22,6 +22,10 @@ def image_files(images: str | os.PathLike, ids: list[str], hints: dict[str, str]
     """``{id: image file}``; ids without one named in one line (``allow_missing``: None instead)."""
     from xmodal.features.encoders import IMAGE_EXTENSIONS
 
+    from xmodal._validate import short_repr
+
+    if hints is not None and not isinstance(hints, dict):
+        raise TypeError(f"hints: expected {{id: file name}} or None, got {short_repr(hints)}")
     root = Path(images)
     if not root.is_dir():
         raise ValueError(f"--images: {root} is not a folder" if root.exists() else f"--images: {root} not found")

@@ -714,7 +714,8 @@ def import_rows(rows: list[dict[str, str]], *, features: str | os.PathLike, out:
         try:
             if texts is None:
                 texts = _encode_captions(tmp, rows, encode, progress)
-            recorded = _write_encoders(tmp, encoders, plans, texts.dim, features, text_features, experts)
+            recorded = _write_encoders(tmp, encoders, plans, texts.dim, features, text_features, experts,
+                                       files={v: files[v] for v in all_videos})
             kind = kind or ("images" if (recorded.get("video") or {}).get("level") == "image" else "videos")
             summary = _write_splits(tmp, rows, plans, texts, files, max_frames, DTYPES[dtype], progress, kind)
             texts.close()
@@ -751,9 +752,11 @@ def import_rows(rows: list[dict[str, str]], *, features: str | os.PathLike, out:
 
 
 def _write_encoders(tmp: Path, given: dict | None, plans: dict, text_dim: int, features: Any, text_features: Any,
-                    experts: dict | None) -> dict:
+                    experts: dict | None, files: dict | None = None) -> dict:
     """``encoders.json`` of the layout: the records given, else those found beside the inputs, each
-    checked against the size of the features it describes; returns the records."""
+    checked against the size of the features it describes; returns the records. A frame store's record
+    gains ``sources_sha256``, the hash of the imported videos' recorded source hashes
+    (:func:`xmodal.features.sources.sources_digest`), when every one of them has one."""
     from xmodal.features import identity
 
     def beside(source: Any, flag: str) -> dict | None:
@@ -780,8 +783,23 @@ def _write_encoders(tmp: Path, given: dict | None, plans: dict, text_dim: int, f
         elif record["dim"] != dims[key]:
             raise ValueError(f"{flags.get(key, f'--expert {key}')}: its encoder record ({record['spec']}) says "
                              f"{record['dim']}-d features, but the files hold {dims[key]}-d ones")
+    if records["video"] is not None and str(records["video"].get("spec", "")).startswith("frames:") and files:
+        records["video"] = {**records["video"], "sources_sha256": _frame_sources(features, files)}
     identity.write_encoders(tmp, records)
     return records
+
+
+def _frame_sources(features: Any, files: dict) -> str | None:
+    """The sources digest of the frame store ``features`` over the videos of ``files`` (video -> its .npy)."""
+    from xmodal.features.sources import sources_digest
+
+    p = Path(features)
+    store = p if p.is_dir() else p.parent
+    try:
+        stems = [Path(os.path.relpath(f, store)).with_suffix("").as_posix() for f in files.values()]
+    except (TypeError, ValueError):  # not files of one folder (rows of one array)
+        return None
+    return None if any(s.startswith("..") for s in stems) else sources_digest(store, stems)
 
 
 def _open_text_features(path: str | os.PathLike, table_rows: int) -> "_TableText":

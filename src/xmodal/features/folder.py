@@ -204,7 +204,9 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
         ``{"looked_at", "videos", "written", "skipped", "failed", "truncated", "refused", "redone", "ignored",
         "frames", "estimate", "dim", "out"}``: ``videos`` counts the videos of the collection (of the shard:
         ``"shard"``, ``"shard_file"`` and ``"collection"`` then say which, where and of how many),
-        ``skipped`` the finished ones already in ``out``, ``ignored`` is ``{reason: [names]}`` of the
+        ``skipped`` the finished ones already in ``out``, ``changed`` the stored ones decoded again because
+        their source video changed or has no recorded hash (a frame store, :mod:`xmodal.features.sources`),
+        ``ignored`` is ``{reason: [names]}`` of the
         entries that are not videos (:func:`scan_videos`).
     """
     import time
@@ -242,9 +244,18 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
     record = _folder_identity(out, model, frames, fps, on_error, device, precision)
     mine = scan.videos if shard is None else [(vid, p) for vid, p in scan.videos if shards_module.in_shard(vid, shard)]
     redone = [vid for vid, _ in mine if (out / f"{vid}.npy").exists() and not feature_file_ok(out / f"{vid}.npy")]
-    todo = [(vid, p) for vid, p in mine if not feature_file_ok(out / f"{vid}.npy")]
-    remove_stale(out, [vid for vid, _ in todo])
     report = on_error or (lambda line: print(line, file=sys.stderr, flush=True))
+    hashed = str(model).startswith("frames:")  # a frame store records and checks its source videos (.sources)
+    changed: list[str] = []
+    if hashed:
+        from xmodal.features.sources import stale_sources
+
+        lines, changed = stale_sources(out, [(vid, p) for vid, p in mine if feature_file_ok(out / f"{vid}.npy")])
+        for line in lines:
+            report(line)
+    again = set(changed)
+    todo = [(vid, p) for vid, p in mine if vid in again or not feature_file_ok(out / f"{vid}.npy")]
+    remove_stale(out, [vid for vid, _ in todo])
     for reason in NAMED:
         for rel in scan.skipped.get(reason, []):
             report(f"xmodal encode: note: skipped {rel}: {reason}")
@@ -261,7 +272,7 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                 + (f" (+ {unknown} video(s) that declare no length)" if unknown else ""))
     summary = {"looked_at": scan.looked_at, "videos": len(mine), "written": 0, "skipped": len(mine) - len(todo),
                "failed": 0,
-               "truncated": 0, "refused": 0, "redone": redone, "ignored": scan.skipped, "frames": 0,
+               "truncated": 0, "refused": 0, "redone": redone, "changed": changed, "ignored": scan.skipped, "frames": 0,
                "estimate": estimate if on_plan is not None else None, "dim": None, "out": out}
     # progress counts frames (a single long video says where it is too), against the estimate when it is whole
     bar = progress_bar(total=estimate if on_plan is not None and not unknown else None, desc="encode videos",
@@ -291,8 +302,21 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
                     on_video(todo[i][0])
                 continue
             target = out / f"{todo[i][0]}.npy"
+            if hashed:
+                digest = _source_hash(todo[i][1])
+                if digest is None:  # the file went away after it was decoded: nothing to vouch for its frames
+                    summary["failed"] += 1
+                    failed.append(todo[i][0])
+                    report(f"xmodal encode: error: {todo[i][1].name}: cannot be read again to hash it")
+                    if on_video is not None:
+                        on_video(todo[i][0])
+                    continue
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_save_npy(target, result)
+            if hashed:  # after the frames: a stop between them leaves the video unrecorded, so decoded again
+                from xmodal.features.sources import write_source
+
+                write_source(out, todo[i][0], digest, _source_name(source, todo[i][1]))
             summary["written"] += 1
             summary["frames"] += result.shape[0]
             summary["dim"] = result.shape[1]
@@ -312,6 +336,22 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             out, shard, summary, collection=[vid for vid, _ in scan.videos], seconds=time.perf_counter() - started,
             failed_names=failed))
     return summary
+
+
+def _source_hash(path: Path) -> str | None:
+    """A video file's SHA-256 (:func:`xmodal.features.hashing.file_sha256`), None when it cannot be read."""
+    from xmodal.features.hashing import file_sha256
+
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None
+
+
+def _source_name(source: str | os.PathLike, path: Path) -> str:
+    """The video's path relative to the folder encoded (a list file's folder), as ``sha256sum`` names it there."""
+    root = Path(source)
+    return Path(os.path.relpath(path, root if root.is_dir() else root.parent)).as_posix()
 
 
 def _folder_identity(out: Path, model: str, frames: int | None, fps: float | None,

@@ -8,7 +8,8 @@ frames at short side 224 (at 3 fps; ``--feature_framerate 1`` samples them at 1 
 
 Everything else about a frame store is ``xmodal encode videos``' folder (:mod:`xmodal.features.folder`):
 one ``FRAMES/<video id>.npy`` per video (here uint8 ``[F, S*S*3]``), ``FRAMES/encoder.json`` naming
-the size and sampling, no silent skips, ``--workers``, ``--shard``, resumable.
+the size and sampling, no silent skips, ``--workers``, ``--shard``, resumable; and, for a frame store only,
+each source video's SHA-256 in ``FRAMES/.sources/`` (:mod:`xmodal.features.sources`), checked on resume.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def encoder_parts(spec: str):
         return {"spec": spec, "kind": "image", "level": "frame", "family": "frames", "hub_name": None,
                 "weights_sha256": None, "preprocessing_sha256": None,
                 "preprocessing": {"resize": f"short side {size}, bicubic", "crop": f"centre {size} x {size}",
-                                  "dtype": "uint8", "layout": f"RGB {size} x {size} x 3, flattened"},
+                                  "dtype": "uint8", "layout": f"RGB {size} x {size} x 3, flattened",
+                                  "source_hashes": "SHA-256 of each video in .sources/<video id>.sha256"},
                 "dim": size * size * 3, "normalized": False}
 
     return fn, identity

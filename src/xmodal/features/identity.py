@@ -8,7 +8,9 @@ An *identity record* is a plain dict (JSON) describing one encoder's output:
 - ``family``, ``hub_name`` (the Hugging Face hub id an ``hf:`` folder's config names, else None);
 - ``weights_sha256``: the SHA-256 of the weights file (of the weight files' ``sha256sum`` lines when sharded);
 - ``preprocessing_sha256`` and ``preprocessing`` (what the inputs go through before the model);
-- ``dim`` (feature size) and ``normalized`` (L2-normalised or not).
+- ``dim`` (feature size) and ``normalized`` (L2-normalised or not);
+- ``sources_sha256`` (a layout imported from a frame store): the SHA-256 of its videos' recorded source
+  hashes (:func:`xmodal.features.sources.sources_digest`).
 
 Where it travels (names fixed by the API contract):
 
@@ -56,7 +58,7 @@ LEVELS = ("sentence", "tokens", "image", "frame", "clip")
 BUILTIN_DIMS = {"text": {"minilm": 384}, "image": {"efficientnet-lite0": 1280}}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FIELDS = {"spec", "kind", "level", "family", "hub_name", "weights_sha256", "preprocessing_sha256", "preprocessing",
-           "dim", "normalized", "dtype", "sampling", "source", "runtime", "spec_relative_to"}
+           "dim", "normalized", "dtype", "sampling", "source", "runtime", "spec_relative_to", "sources_sha256"}
 #: Folder specs (``hf:``, ``open_clip:``) are written relative to the file that holds them (marked by
 #: ``"spec_relative_to": "file"``) and read back as absolute paths: no file names a server's absolute path.
 FOLDER_PREFIXES = ("hf:", "open_clip:")
@@ -100,7 +102,7 @@ def check_record(record: Any, where: str) -> dict | None:
         raise ValueError(f"{where}: 'kind' must be one of {', '.join(KINDS)}")
     if record.get("level") is not None and record["level"] not in LEVELS:
         raise ValueError(f"{where}: 'level' must be one of {', '.join(LEVELS)}")
-    for key in ("weights_sha256", "preprocessing_sha256"):
+    for key in ("weights_sha256", "preprocessing_sha256", "sources_sha256"):
         value = record.get(key)
         if value is not None and (not isinstance(value, str) or not _HEX64.match(value)):
             raise ValueError(f"{where}: {key!r} must be 64 lower-case hex digits or null")

@@ -7,6 +7,14 @@ std``), the text tower CLIP's text encoder on the caption's token ids (``-1`` = 
 trained by the loop of :mod:`xmodal.training.loop`; every loss works on top, since the towers output
 embeddings.
 
+A ``SiglipModel`` folder (Zhai et al. 2023) gives the towers the same way: its image and text
+transformers with their own pooling heads (the attention-pooling head, the last token's linear head)
+in place of CLIP's projections, exactly what its ``get_image_features`` / ``get_text_features`` return.
+Only the towers: the loss is the config's (SigLIP's sigmoid loss is not part of this). Two differences
+from SigLIP's own processor: a frame store's frames are centre-cropped squares (the processor resizes the
+whole image to a square), and the captions are padded to ``data.max_words`` tokens (SigLIP was trained
+padded to ``max_position_embeddings``; set ``data.max_words`` to that to match).
+
 Similarity headers (CLIP4Clip Sec. 3.3, ``modules/modeling.py`` ``_loose_similarity``):
     - ``meanP``: each frame embedding L2-normalised, then the masked mean over the real frames
       (``_mean_pooling_for_similarity_visual``); the loss normalises the mean again.
@@ -16,6 +24,9 @@ Similarity headers (CLIP4Clip Sec. 3.3, ``modules/modeling.py`` ``_loose_similar
       blocks are the first ``temporal_layers`` blocks of CLIP's text transformer (their layer norms
       with CLIP4Clip's ``eps`` 1e-12, ``modules/until_module.py``), so they need CLIP's text width
       equal to its projection width (ViT-B/32 and B/16: 512).
+    - ``tightTransf`` (the tight type, ``_cross_similarity``) is refused (:data:`TIGHT_REFUSED`): it scores
+      pairs with a cross transformer instead of embedding each side, so nothing of the loop, the test-time
+      normalisers, the index or serve could read it.
 
 Frame sampling (``frame_pos``, CLIP4Clip's ``slice_framepos``): a video with more real frames than
 ``max_frames`` keeps the first (``head``), the last (``tail``) or ``np.linspace(0, n - 1, max_frames)``
@@ -40,6 +51,13 @@ from xmodal.models.towers import masked_mean
 from xmodal.models.two_tower import TwoTower
 
 SIM_HEADERS = ("meanP", "seqTransf")
+#: ``model_type`` of the folders a clip4clip model starts from -> (model class, config class) in transformers.
+FAMILIES = {"clip": ("CLIPModel", "CLIPConfig"), "siglip": ("SiglipModel", "SiglipConfig")}
+#: Why CLIP4Clip's third header is refused (one line, said alike by the config check and the library).
+TIGHT_REFUSED = ("model.sim_header: tightTransf (CLIP4Clip Sec. 3.3's tight type) is a cross-encoder: a transformer "
+                 "over each caption-video pair gives that pair's score (B x B passes a batch, every caption x every "
+                 "video at test time) and no embedding of either side, while xmodal's losses, queues, test-time "
+                 "normalisers, index and serve read embeddings; it is not offered: use meanP or seqTransf")
 FRAME_POS = ("head", "tail", "uniform")
 #: CLIP4Clip's TF-style LayerNorm epsilon in its temporal transformer (``modules/until_module.py``).
 TEMPORAL_EPS = 1e-12
@@ -139,14 +157,14 @@ class ClipVideoTower(nn.Module):
                  frame_pos: str, image_mean: list[float], image_std: list[float]) -> None:
         super().__init__()
         self.vision_model = clip.vision_model
-        self.visual_projection = clip.visual_projection
+        self.visual_projection = _projection(clip, "visual_projection")
         self.size = int(clip.config.vision_config.image_size)
         self.sim_header, self.max_frames, self.frame_pos = sim_header, max_frames, frame_pos
         self.register_buffer("mean", torch.tensor(image_mean, dtype=torch.float32).view(1, 3, 1, 1),
                              persistent=False)
         self.register_buffer("std", torch.tensor(image_std, dtype=torch.float32).view(1, 3, 1, 1),
                              persistent=False)
-        dim = clip.visual_projection.out_features
+        dim = embedding_dim(clip)
         self.temporal = TemporalHead(clip.text_model, temporal_layers) if sim_header == "seqTransf" else None
         self.spec = ClipTowerSpec("clip4clip", self.size * self.size * 3, dim, max_frames)
 
@@ -159,7 +177,8 @@ class ClipVideoTower(nn.Module):
         """``(CLIP image features [N, M, D] of the sampled frames, mask [N, M])``; padded frames 0."""
         frames, mask = sample_frames(frames, mask, self.max_frames, self.frame_pos)
         real = frames[mask]
-        pooled = self.vision_model(pixel_values=self.pixels(real).to(self.visual_projection.weight.dtype)).pooler_output
+        dtype = self.vision_model.embeddings.patch_embedding.weight.dtype
+        pooled = self.vision_model(pixel_values=self.pixels(real).to(dtype)).pooler_output
         emb = self.visual_projection(pooled)
         out = emb.new_zeros(*mask.shape, emb.shape[-1])
         return out.masked_scatter(mask[..., None], emb), mask
@@ -184,9 +203,9 @@ class ClipTextTower(nn.Module):
     def __init__(self, clip: nn.Module, *, max_words: int, pad_id: int) -> None:
         super().__init__()
         self.text_model = clip.text_model
-        self.text_projection = clip.text_projection
+        self.text_projection = _projection(clip, "text_projection")
         self.pad_id = int(pad_id)
-        self.spec = ClipTowerSpec("clip4clip", max_words, clip.text_projection.out_features)
+        self.spec = ClipTowerSpec("clip4clip", max_words, embedding_dim(clip))
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if ids.ndim != 2 or ids.is_floating_point():
@@ -215,6 +234,8 @@ class Clip4ClipSpec:
 
 def check_clip4clip_spec(spec: Clip4ClipSpec) -> Clip4ClipSpec:
     """Validate a :class:`Clip4ClipSpec`; ``ValueError`` naming the field."""
+    if spec.sim_header == "tightTransf":
+        raise ValueError(TIGHT_REFUSED)
     choice(spec.sim_header, "model.sim_header", SIM_HEADERS)
     choice(spec.frame_pos, "data.frame_pos", FRAME_POS)
     integer(spec.max_frames, "data.max_frames", minimum=1, maximum=4096)
@@ -233,19 +254,17 @@ class Clip4Clip(TwoTower):
     """
 
     def __init__(self, spec: Clip4ClipSpec, temperature: float = 0.05, clip: nn.Module | None = None) -> None:
-        from transformers import CLIPConfig, CLIPModel
-
         from xmodal.retrieval.testtime import TestTime
 
         nn.Module.__init__(self)
         check_clip4clip_spec(spec)
         if clip is None:
-            clip = CLIPModel(CLIPConfig.from_dict(spec.clip_config))
+            clip = new_model(spec.clip_config)
         text_width = clip.text_model.config.hidden_size
         if spec.sim_header == "seqTransf":
-            if text_width != clip.visual_projection.out_features:
+            if text_width != embedding_dim(clip):
                 raise ValueError(f"model.sim_header: seqTransf reuses CLIP's text blocks, which need the text width "
-                                 f"({text_width}) equal to the projection width ({clip.visual_projection.out_features})")
+                                 f"({text_width}) equal to the projection width ({embedding_dim(clip)})")
             if spec.temporal_layers > len(clip.text_model.encoder.layers):
                 raise ValueError(f"model.temporal_layers: CLIP's text transformer has "
                                  f"{len(clip.text_model.encoder.layers)} blocks, got {spec.temporal_layers}")
@@ -282,7 +301,7 @@ class Clip4Clip(TwoTower):
         for prefix, model in (("video_tower.vision_model.", self.video_tower.vision_model),
                               ("text_tower.text_model.", self.text_tower.text_model)):
             for name, p in model.named_parameters():
-                if name.startswith(("post_layernorm.", "final_layer_norm.")):
+                if name.startswith(("post_layernorm.", "final_layer_norm.", "head.")):  # head.: SigLIP's pooling
                     continue
                 if name.startswith("encoder.layers.") and int(name.split(".")[2]) >= layers:
                     continue
@@ -337,14 +356,15 @@ class Clip4Clip(TwoTower):
         return cls(spec)
 
     def clip_model(self) -> nn.Module:
-        """A ``transformers`` CLIPModel holding the trained encoders (``logit_scale`` = 1 / temperature)."""
-        from transformers import CLIPConfig, CLIPModel
-
-        clip = CLIPModel(CLIPConfig.from_dict(self.spec.clip_config))
+        """A ``transformers`` CLIPModel (SiglipModel) holding the trained encoders (``logit_scale`` = 1 /
+        temperature; a SigLIP's ``logit_bias`` as its config initialises it: the towers are what was trained)."""
+        clip = new_model(self.spec.clip_config)
         clip.vision_model.load_state_dict(self.video_tower.vision_model.state_dict())
-        clip.visual_projection.load_state_dict(self.video_tower.visual_projection.state_dict())
         clip.text_model.load_state_dict(self.text_tower.text_model.state_dict())
-        clip.text_projection.load_state_dict(self.text_tower.text_projection.state_dict())
+        for name, tower in (("visual_projection", self.video_tower.visual_projection),
+                            ("text_projection", self.text_tower.text_projection)):
+            if hasattr(clip, name):
+                getattr(clip, name).load_state_dict(tower.state_dict())
         clip.logit_scale.data.fill_(float(np.log(1.0 / self.temperature)))
         return clip
 
@@ -360,7 +380,7 @@ def save_encoder(model: Clip4Clip, folder: Path) -> Path:
     Raises:
         ValueError: the base model's folder (``model.encoder`` of the run), whose processor is copied, is gone.
     """
-    from transformers import CLIPProcessor
+    from transformers import AutoProcessor
 
     base = Path(model.spec.encoder[3:]) if model.spec.encoder.startswith("hf:") else None
     if base is None or not (base / "config.json").is_file():
@@ -368,7 +388,7 @@ def save_encoder(model: Clip4Clip, folder: Path) -> Path:
                          f"machine; its processor (tokenizer, image settings) goes into the encoder folder")
     folder = Path(folder)
     model.clip_model().save_pretrained(folder)
-    CLIPProcessor.from_pretrained(str(base), local_files_only=True).save_pretrained(folder)
+    AutoProcessor.from_pretrained(str(base), local_files_only=True).save_pretrained(folder)
     return folder
 
 
@@ -379,13 +399,13 @@ def run_tokenizer(model: Clip4Clip, path: Any = None) -> Any:
     Raises:
         ValueError: neither folder is on this machine.
     """
-    from transformers import CLIPProcessor
+    from transformers import AutoProcessor
 
     folders = ([Path(path) / ENCODER_FOLDER] if path is not None else []) + (
         [Path(model.spec.encoder[3:])] if model.spec.encoder.startswith("hf:") else [])
     for folder in folders:
         if (folder / "config.json").is_file():
-            return CLIPProcessor.from_pretrained(str(folder), local_files_only=True).tokenizer
+            return AutoProcessor.from_pretrained(str(folder), local_files_only=True).tokenizer
     raise ValueError(f"run: a clip4clip run tokenises captions with its CLIP's tokenizer; neither "
                      f"{' nor '.join(map(str, folders)) or 'a recorded encoder'} is on this machine")
 
@@ -406,31 +426,75 @@ def plain_config(config: Any) -> dict:
 
 
 def load_encoder(spec: str) -> tuple[nn.Module, Any]:
-    """``(CLIPModel, CLIPProcessor)`` of ``hf:DIR`` (a local folder; nothing is downloaded).
+    """``(model, processor)`` of ``hf:DIR``: a local CLIPModel or SiglipModel folder (nothing is downloaded).
 
     Raises:
-        ValueError: not ``hf:DIR``, no such folder, or not a CLIP model.
+        ValueError: not ``hf:DIR``, no such folder, or neither a CLIP nor a SigLIP model.
     """
     if not isinstance(spec, str) or not spec.startswith("hf:"):
-        raise ValueError(f"model.encoder: expected hf:DIR (a local transformers CLIPModel folder), got {spec!r}")
+        raise ValueError(f"model.encoder: expected hf:DIR (a local transformers CLIPModel or SiglipModel folder), "
+                         f"got {spec!r}")
     folder = Path(spec[3:]).expanduser()
     if not (folder / "config.json").is_file():
         raise ValueError(f"model.encoder: {folder} is not a transformers model folder (no config.json)")
-    from transformers import CLIPModel, CLIPProcessor
+    import transformers
 
     try:
-        clip = CLIPModel.from_pretrained(str(folder), local_files_only=True)
-        processor = CLIPProcessor.from_pretrained(str(folder), local_files_only=True)
+        model_type = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True).model_type
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"model.encoder: {folder} is not a CLIPModel folder ({str(exc).splitlines()[0][:200]})") \
+        raise ValueError(f"model.encoder: {folder}: unreadable config.json ({str(exc).splitlines()[0][:200]})") \
             from None
+    if model_type not in FAMILIES:
+        raise ValueError(f"model.encoder: {folder} holds a {str(model_type)[:40]!r} model; clip4clip fine-tunes "
+                         f"a CLIPModel or a SiglipModel")
+    try:
+        clip = getattr(transformers, FAMILIES[model_type][0]).from_pretrained(str(folder), local_files_only=True)
+        processor = transformers.AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"model.encoder: {folder} is not a {FAMILIES[model_type][0]} folder "
+                         f"({str(exc).splitlines()[0][:200]})") from None
     return clip.float(), processor
+
+
+def new_model(config: dict) -> nn.Module:
+    """A CLIPModel or SiglipModel (by the config's ``model_type``) built from a plain config, random weights."""
+    import transformers
+
+    family = config.get("model_type", "clip") if isinstance(config, dict) else None
+    if family not in FAMILIES:
+        raise ValueError(f"clip_config: model_type {short_repr(family)}, expected one of {', '.join(FAMILIES)}")
+    model_cls, config_cls = (getattr(transformers, name) for name in FAMILIES[family])
+    return model_cls(config_cls.from_dict(config))
+
+
+def _projection(clip: nn.Module, name: str) -> nn.Module:
+    """CLIP's linear projection ``name``; a SigLIP has none (its pooling heads sit inside the towers)."""
+    layer = getattr(clip, name, None)
+    return nn.Identity() if layer is None else layer
+
+
+def config_dim(config: dict) -> int:
+    """:func:`embedding_dim` from a plain config (an export's ``clip_config``): CLIP's ``projection_dim``, a
+    SigLIP's vision ``hidden_size``."""
+    if config.get("model_type", "clip") == "siglip":
+        return int(config["vision_config"]["hidden_size"])
+    return int(config["projection_dim"])
+
+
+def embedding_dim(clip: nn.Module) -> int:
+    """The towers' embedding size: CLIP's projection width, a SigLIP's vision width (what ``get_image_features``
+    returns; its text head maps to the same size)."""
+    if hasattr(clip, "visual_projection"):
+        return int(clip.visual_projection.out_features)
+    return int(clip.config.vision_config.hidden_size)
 
 
 def build_clip4clip(encoder: str, *, sim_header: str = "meanP", temporal_layers: int = 4, max_frames: int = 12,
                     frame_pos: str = "head", max_words: int = 32, freeze_layers: int = -1,
                     gradient_checkpointing: bool = False, temperature: float = 0.05) -> tuple[Clip4Clip, Any]:
     """``(model, processor)``: :class:`Clip4Clip` initialised from the CLIPModel at ``encoder`` (``hf:DIR``)."""
+    if sim_header == "tightTransf":  # before the weights load
+        raise ValueError(TIGHT_REFUSED)
     clip, processor = load_encoder(encoder)
     positions = int(clip.text_model.config.max_position_embeddings)
     if isinstance(max_words, int) and max_words > positions:  # else transformers fails mid-epoch, unhelpfully

@@ -216,9 +216,11 @@ def feature_sizes(arch: dict) -> dict:
     """What the towers take: ``{"video": Dv, "text": Dt, "experts": {name: De}, "joint": D,
     "max_frames": F or None, "max_tokens": L or None, "text_tokens": bool}``."""
     if "clip4clip" in arch:  # an encoder trained end to end: frames and token ids in (xmodal.models.clip4clip)
+        from xmodal.models.clip4clip import config_dim
+
         c = arch["clip4clip"]
         size = int(c["clip_config"]["vision_config"]["image_size"])
-        return {"video": size * size * 3, "text": int(c["max_words"]), "joint": int(c["clip_config"]["projection_dim"]),
+        return {"video": size * size * 3, "text": int(c["max_words"]), "joint": config_dim(c["clip_config"]),
                 "experts": {}, "max_frames": int(c["max_frames"]), "max_tokens": int(c["max_words"]),
                 "text_tokens": False, "frames": True}
     video, text = arch["video"], arch["text"]
