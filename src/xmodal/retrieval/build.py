@@ -63,8 +63,11 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     ``meta.json`` holds ``recall_at_10`` (1.0 for flat; None when the run has no stored text
     embeddings), ``recall_queries``, ``search_params`` (``{"nprobe": p}``, ``{"efSearch": e}``,
     ``{}``), ``target_recall``, ``target_met``, ``recall_source``, ``factory``, ``exact`` and
-    ``curve`` (every setting measured: ``[{"nprobe": p, "recall_at_10": r, "queries_per_s": q}, ...]``;
-    when no setting reaches the target the fastest within 0.005 of the best recall is kept).
+    ``curve`` (every setting measured: ``[{"nprobe": p, "recall_at_10": r, "queries_per_s": q}, ...]``, with
+    the exact scan for ivf / hnsw; the kept row is one no other row beats, :mod:`xmodal.retrieval.curve`;
+    when no setting reaches the target the fastest within 0.005 of the best recall is kept), ``curve_rate``
+    (how queries/s was timed), ``kind_advice`` (the exact scan won: exact search kept, ``search_params``
+    ``{"exact": true}``) and ``nlist_choice`` (the cell counts measured, ``BiasedIndex.nlist_choice``).
 
     ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines);
     ``texts`` (:func:`caption_texts`) adds the search page's video -> text files (:func:`write_extras`);
@@ -148,10 +151,12 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                 "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
                 "dim": int(rows.dim), "text_dim": _text_dim(model),
                 **encoders, "names": names is not None,
-                "factory": index.factory, "exact": kind == "flat",
+                "factory": index.factory, "exact": kind == "flat" or index.search_params.get("exact") is True,
                 "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
                 "search_params": dict(index.search_params), "target_recall": index.target_recall,
-                "target_met": index.target_met, "recall_source": recall_source, "curve": list(index.curve)}
+                "target_met": index.target_met, "recall_source": recall_source, "curve": list(index.curve),
+                "curve_rate": _curve_rate(index), "kind_advice": getattr(index, "kind_advice", None),
+                "nlist_choice": list(index.nlist_choice)}
         if "fallback_from" in folded:
             meta["fallback_from"] = folded["fallback_from"]
         meta["normalizer_choice"] = choice
@@ -227,6 +232,15 @@ def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict |
     if record["chosen"] == "none":
         return none, record
     return {k: v for k, v in folded.items() if not k.startswith("extra")}, record
+
+
+def _curve_rate(index: Any) -> str | None:
+    """How the curve's queries/s column was measured (``meta.json["curve_rate"]``)."""
+    from xmodal.retrieval.curve import RATE_PASSES
+
+    if not index.curve:
+        return None
+    return f"best of {RATE_PASSES} timed passes over {index.recall_queries} queries, one thread pool, this machine"
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -422,7 +436,7 @@ def _texts_index(emb: np.ndarray, videos: Any, kind: str, target_recall: float |
     if kind != "flat":
         queries = take_rows(videos, sample_rows(int(videos.shape[0]), RECALL_QUERIES, seed))
     index = BiasedIndex(emb, kind=kind, queries=queries, target_recall=target_recall, seed=seed)
-    info = {"kind": kind, "factory": index.factory, "exact": kind == "flat", "recall_at_10": index.recall_at_10,
+    info = {"kind": kind, "factory": index.factory, "exact": kind == "flat" or index.search_params.get("exact") is True, "recall_at_10": index.recall_at_10,
             "recall_queries": int(index.recall_queries), "search_params": dict(index.search_params),
             "target_met": index.target_met, "curve": list(index.curve)}
     return index, info

@@ -20,8 +20,9 @@ An approximate index states its quality: given a sample of queries (``queries=``
 trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95
 by default), the build searches them exactly (:func:`xmodal.retrieval.recall.exact_topk`,
 blockwise brute force over the same folded vectors) and approximately, and keeps the
-smallest ``nprobe`` / ``efSearch`` whose recall@10 reaches the target
-(:func:`~xmodal.retrieval.recall.smallest_reaching`); ``recall_at_10``,
+cheapest ``nprobe`` / ``efSearch`` whose recall@10 reaches the target
+(:func:`~xmodal.retrieval.recall.smallest_reaching`) that no other measured row, the exact scan included,
+beats (:mod:`xmodal.retrieval.curve`; when the exact scan wins, exact search); ``recall_at_10``,
 ``recall_queries`` and ``search_params`` record it. ``search(..., nprobe=, ef_search=)``
 overrides the parameter, ``exact=True`` searches exactly (``ivf``: every cell; ``hnsw``:
 its flat storage; not ``ivfpq``, which keeps no exact vectors).
@@ -285,7 +286,8 @@ class BiasedIndex:
         as the vectors compared per query (centroids + the probed cells' rows, cell sizes from the
         training sample). The cheapest (cells, nprobe) reaching the target wins; none reaching it: the
         largest candidate. Returns ``(nlist, its centroids, [{"nlist", "nprobe", "recall_at_10",
-        "compared"}, ...])`` (each candidate's cheapest setting reaching the target, or its best)."""
+        "compared", "reaches_target", "chosen"}, ...])`` (each candidate's cheapest setting reaching the
+        target, or its best; ``xmodal index`` prints it and stores it as ``meta.json["nlist_choice"]``)."""
         faiss = import_faiss()
         from xmodal.retrieval.recall import sample_rows
 
@@ -324,6 +326,8 @@ class BiasedIndex:
             if row["reaches_target"] and (best is None or row["compared"] < best["compared"]):
                 best = row
         chosen = best["nlist"] if best is not None else candidates[-1]
+        for row in table:
+            row["chosen"] = row["nlist"] == chosen
         _release_freed_memory()
         return chosen, centroids[chosen], table
 
@@ -390,51 +394,92 @@ class BiasedIndex:
         return exact_topk(q, blocks(), k)[1]
 
     def _tune(self, queries: np.ndarray, blocks) -> None:
-        """The smallest setting reaching the target; when none does, the smallest (the fastest: the
-        search's cost grows with nprobe / efSearch) within :data:`RECALL_TOLERANCE` of the best recall
-        measured. Every setting tried goes into :attr:`curve` with its recall and queries/s."""
+        """Measure the curve and keep a setting no row of it dominates (:func:`xmodal.retrieval.curve.keep`).
+
+        The settings tried are those :func:`~xmodal.retrieval.recall.smallest_reaching` visits on its way
+        to the target (when none reaches it, also on its way to the best recall less
+        :data:`RECALL_TOLERANCE`); ``ivf`` and ``hnsw`` also time an exact scan (``ivf``: every cell;
+        ``hnsw``: its flat storage). Each row's queries/s is the best of
+        :data:`~xmodal.retrieval.curve.RATE_PASSES` passes. Among the rows reaching the target (else the
+        best recall less the tolerance) the cheapest within the timing noise of the fastest is kept: on a
+        small gallery that is often the exact scan, and then the index keeps exact search
+        (``search_params == {"exact": True}``, :meth:`search`'s default) and :attr:`kind_advice` says
+        the kind is the wrong one for this gallery."""
+        from xmodal.retrieval import curve as curves
         from xmodal.retrieval.recall import recall_at_k, smallest_reaching
 
         q = self._fold_queries(queries)
         k = min(10, self.num_items)
         exact = self._exact_rows  # computed before the build (the cell count was chosen on it)
         speed: dict[int, float] = {}
+        name = self._param_name
 
         def measure(v: int) -> float:
-            start = time.perf_counter()
-            got = self._search_with(q, k, v)
-            speed[v] = q.shape[0] / max(time.perf_counter() - start, 1e-9)
-            return recall_at_k(got, exact, k)
+            got = {}
+
+            def run() -> None:
+                got.setdefault("rows", self._search_with(q, k, v))
+
+            speed[v] = curves.timed_rate(run, q.shape[0], {name: int(v)})
+            return recall_at_k(got["rows"], exact, k)
 
         candidates = self._candidates(k)
-        best, recall, met, tried = smallest_reaching(measure, candidates, self.target_recall)
-        if not met:  # the best trade-off: nothing reaches the target, so the cheapest near the best recall
+        _, _, met, tried = smallest_reaching(measure, candidates, self.target_recall)
+        if not met:  # nothing reaches the target: the cheap settings near the best recall are measured too
             top = max(tried.values())
             cached = lambda v: tried[v] if v in tried else measure(v)  # noqa: E731
-            best, recall, _, tried2 = smallest_reaching(cached, candidates, top - RECALL_TOLERANCE)
-            tried.update(tried2)
-        self._set_params(best)
-        self.recall_at_10, self.recall_queries, self.target_met = recall, int(q.shape[0]), met
+            tried.update(smallest_reaching(cached, candidates, top - RECALL_TOLERANCE)[3])
         self.recall_tried = tried
-        self.curve = [{self._param_name: int(v), "recall_at_10": float(tried[v]),
-                       "queries_per_s": float(speed[v])} for v in sorted(tried)]
-        if self.kind == "hnsw":  # an exact scan of the stored vectors: the point a high efSearch competes with
-            start = time.perf_counter()
-            import_faiss().downcast_index(self.index.storage).search(q, k)
-            self.curve.append({self._param_name: None, "exact": True, "recall_at_10": 1.0,
-                               "queries_per_s": float(q.shape[0] / max(time.perf_counter() - start, 1e-9))})
+        self.curve = [{name: int(v), "recall_at_10": float(tried[v]), "queries_per_s": float(speed[v])}
+                      for v in sorted(tried)]
+        if self.kind in ("ivf", "hnsw"):  # an exact scan of the stored vectors: the point every setting competes with
+            got = {}
+
+            def scan() -> None:
+                got.setdefault("rows", self._exact_search(q, k))
+
+            rate = curves.timed_rate(scan, q.shape[0], {name: None, "exact": True})
+            self.curve.append({name: None, "exact": True, "recall_at_10": float(recall_at_k(got["rows"], exact, k)),
+                               "queries_per_s": float(rate)})
+        best = max(p["recall_at_10"] for p in self.curve)
+        met = best >= self.target_recall
+        kept = curves.keep(self.curve, self.target_recall if met else best - RECALL_TOLERANCE)
+        self.kind_advice = None
+        if kept.get("exact"):
+            self._keep_exact()
+            self.kind_advice = (f"an exact scan ({kept['queries_per_s']:,.0f} queries/s) is as fast as every {self.kind} "
+                                f"setting reaching recall@10 {self.target_recall:.3f} on this gallery, so the index "
+                                f"keeps exact search: --kind flat is the index for this gallery")
+        else:
+            self._set_params(kept[name])
+        self.recall_at_10, self.recall_queries, self.target_met = kept["recall_at_10"], int(q.shape[0]), met
+
+    def _exact_search(self, q: np.ndarray, k: int) -> np.ndarray:
+        """Exact top-``k`` rows through the index's own vectors (``ivf``: every cell; ``hnsw``: its storage)."""
+        if self.kind == "hnsw":
+            return import_faiss().downcast_index(self.index.storage).search(q, k)[1]
+        return self._search_with(q, k, self.nlist)
+
+    def _keep_exact(self) -> None:
+        """Exact search as the index's default (``ivf``: the saved nprobe is every cell, exact by itself)."""
+        if self.kind == "ivf":
+            import_faiss().extract_index_ivf(self.index).nprobe = self.nlist
+        self.search_params = {"exact": True}
+        self.default_exact = True
 
     def _measure_fixed(self, queries: np.ndarray, blocks) -> None:
         from xmodal.retrieval.recall import recall_at_k
 
         q = self._fold_queries(queries)
         k = min(10, self.num_items)
-        start = time.perf_counter()
-        got = self.index.search(q, k)[1]
-        qps = q.shape[0] / max(time.perf_counter() - start, 1e-9)
-        self.recall_at_10 = recall_at_k(got, self._exact(q, blocks, k), k)
-        self.recall_queries = int(q.shape[0])
+        from xmodal.retrieval import curve as curves
+
+        got = {}
         (name, value), = self.search_params.items()
+        qps = curves.timed_rate(lambda: got.setdefault("rows", self.index.search(q, k)[1]), q.shape[0],
+                                {name: int(value)})
+        self.recall_at_10 = recall_at_k(got["rows"], self._exact(q, blocks, k), k)
+        self.recall_queries = int(q.shape[0])
         self.curve = [{name: int(value), "recall_at_10": float(self.recall_at_10), "queries_per_s": float(qps)}]
 
     # -- search ---------------------------------------------------------------------------
@@ -461,6 +506,8 @@ class BiasedIndex:
             raise TypeError(f"bias: expected True or False, got {short_repr(bias)}")
         q = self._fold_queries(_float32(queries, "queries"), bias)
         k = min(int(k), self.num_items)
+        if not exact and nprobe is None and ef_search is None and getattr(self, "default_exact", False):
+            exact = True  # the build measured exact search as fast as every setting reaching the target
         if exact:
             if nprobe is not None or ef_search is not None:
                 raise ValueError("exact: give exact or a search parameter (nprobe / ef_search), not both")
