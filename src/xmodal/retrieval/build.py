@@ -223,14 +223,19 @@ def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict |
                              f"folds the run's choice, --select-split measures it on a split"}
     extra = pairs.get("video")
     t2v = np.asarray(pairs["text_to_video"], dtype=np.int64) + (n if extra is not None else 0)
-    say(f"index: fitting {candidate} on {n} gallery embeddings and measuring it on {len(t2v)} captions")
-    folded = fold_run_normalizer(model, rows, candidate, metric=metric, extra=extra)
-    record = foldcheck.choose_fold(rows, folded, pairs["text"], t2v, extra=extra, seed=seed)
+    size = foldcheck.SAMPLE_ROWS
+    say(f"index: fitting {candidate} on {min(n, size):,} of the {n:,} gallery embeddings (a seeded sample, "
+        f"with the captions' videos) and measuring it on {len(t2v):,} captions")
+    fit = lambda g, x: fold_run_normalizer(model, g, candidate, metric=metric, extra=x)  # noqa: E731
+    record, folded = foldcheck.choose_on_sample(rows, fit, pairs["text"], t2v, extra=extra, size=size, neighbours=foldcheck.NEIGHBOURS, seed=seed)
     record.update(given="auto", source=pairs.get("source", "held-out train captions of the run"),
                   gallery=n, added_videos=0 if extra is None else int(len(extra)), bank_note=note(candidate))
     record["why"] = foldcheck.describe_choice(record)
     if record["chosen"] == "none":
         return none, record
+    if folded is None:  # measured on a sample: the fold is fitted on the whole gallery only now it is kept
+        say(f"index: {candidate} is clear of none on the sample: fitting it on the {n:,} gallery embeddings")
+        folded = fold_run_normalizer(model, rows, candidate, metric=metric)
     return {k: v for k, v in folded.items() if not k.startswith("extra")}, record
 
 
