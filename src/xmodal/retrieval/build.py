@@ -128,7 +128,10 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                          f"({MIN_POINTS_PER_CENTROID} per centroid); this gallery has {n} video{'s' * (n != 1)}: "
                          f"use kind flat (exact, and as fast at this size)")
     say(f"index: encoding {n} gallery videos with the run's video head")
-    rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names)
+    show = getattr(log, "show", False) if log is not None else False  # the stage reporter's choice (Stages.show)
+    if show is not False and hasattr(log, "clear"):
+        log.clear()  # the counted lines below say where the encoding is
+    rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names, progress=show)
     created = not out.exists()
     try:
         folded, choice = _fold(model, rows, normalizer, _run_metric(run), select_on, say, seed)
@@ -140,7 +143,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
                             queries=None if queries is None else queries - shift[None, :],
                             target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
-                            block_rows=block_rows, seed=seed)
+                            block_rows=block_rows, seed=seed, progress=show)
         from xmodal.features.identity import spec_to_file
 
         here = Path(out).resolve()  # folders named relative to the index: no absolute path of this machine
@@ -303,7 +306,7 @@ def _rows(x: Any, sl: slice) -> Any:
 
 
 def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: int, *,
-                   names: list[str] | None = None):
+                   names: list[str] | None = None, progress: bool | None = False):
     """The gallery's embeddings ``[N, D]`` in a :class:`~xmodal.retrieval.rowstore.RowStore`,
     encoded ``block_rows`` videos at a time (a large store is a temporary file beside ``out``;
     stale ones of a killed build are removed first). A row whose embedding is not finite (finite
@@ -320,15 +323,19 @@ def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: 
         for stale in directory.glob(prefix + "*"):
             stale.unlink(missing_ok=True)
     store = None
+    from xmodal.progress import progress as reporter
+
     try:
-        for start in range(0, n, block_rows):
-            sl = slice(start, min(n, start + block_rows))
-            # batches of 8192 as model.encode_video(features) takes them: the same numbers
-            emb = model.encode_video(_rows(features, sl), _rows(mask, sl), batch_size=min(block_rows, 8192))
-            _check_finite_rows(emb, start, names, features)
-            if store is None:
-                store = RowStore(n, emb.shape[1], directory=directory, prefix=prefix)
-            store.append(emb)
+        with reporter(total=n, desc="index: encoding the gallery", unit="video", show=progress) as bar:
+            for start in range(0, n, block_rows):
+                sl = slice(start, min(n, start + block_rows))
+                # batches of 8192 as model.encode_video(features) takes them: the same numbers
+                emb = model.encode_video(_rows(features, sl), _rows(mask, sl), batch_size=min(block_rows, 8192))
+                _check_finite_rows(emb, start, names, features)
+                if store is None:
+                    store = RowStore(n, emb.shape[1], directory=directory, prefix=prefix)
+                store.append(emb)
+                bar.update(sl.stop - sl.start)
     except BaseException:
         if store is not None:
             store.close()

@@ -14,7 +14,7 @@ only on :data:`MIN_FOLD_QUERIES` captions or more (fewer could not reach p < 0.0
 of them gained).
 
 The measurement runs on a sample of the gallery (:func:`choose_on_sample`): the candidate is fitted on
-:data:`SAMPLE_ROWS` seeded rows, and the videos each caption ranks highest (its :data:`NEIGHBOURS` best
+:data:`SAMPLE_ROWS` seeded rows, and the videos each caption ranks highest (about its :data:`NEIGHBOURS` best
 by cosine) and its own video get the bias that fit gives them, so a candidate that is not folded is
 never fitted on the whole gallery. The Sinkhorn / NCL bias of a video depends on the rest of the gallery
 only through the row scaling ``alpha``, an average over the gallery's videos that a uniform sample
@@ -36,7 +36,7 @@ __all__ = ["fold_ranks", "choose_fold", "choose_on_sample", "fold_sample", "held
 #: Gallery rows (a seeded sample, plus the captions' own videos) the candidate is fitted and measured on.
 SAMPLE_ROWS = 50_000
 #: Each caption's best-scoring videos (cosine) added to the sample: the videos competing for its top ranks.
-NEIGHBOURS = 100
+NEIGHBOURS = 50
 
 #: Videos a bank query may stand for before the build says the bank is small for the gallery.
 SMALL_BANK_RATIO = 10
@@ -213,22 +213,11 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
     return record
 
 
-def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
-                neighbours: int = NEIGHBOURS, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The gallery rows the fold is measured on: ``(uniform, near, text_to_video)``, or None when the gallery
-    has at most ``size`` rows (all of it is measured).
-
-    ``uniform``: ``size`` seeded rows (the candidate is fitted on them); ``near``: the other rows among each
-    caption's ``neighbours`` best-scoring videos (cosine, one blockwise pass over the gallery: the videos that
-    compete for its top ranks) and, unless ``added``, the captions' own videos; ``text_to_video``: each
-    caption's video as a row of the measurement gallery ``[rows[uniform], rows[near], added videos]``
-    (``added``: the captions' videos follow the gallery, ``text_to_video >= N``).
-
-    Shape:
-        rows ``[N, D]``, queries ``[H, D]``, text_to_video ``[H]`` -> ``[S]``, ``[M]``, ``[H]``.
-    """
+def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
+    """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors)."""
     from xmodal._validate import int_array, whole_number
-    from xmodal.retrieval.recall import exact_topk, sample_rows
+    from xmodal.retrieval.recall import sample_rows
+    from xmodal.retrieval.rowstore import take_rows
 
     n = int(rows.shape[0])
     size, neighbours = whole_number(size, "size", minimum=1), whole_number(neighbours, "neighbours")
@@ -236,24 +225,49 @@ def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, siz
     if n <= size:
         return None
     uniform = sample_rows(n, size, seed)
-    near = t2v[t2v < n] if not added else np.zeros(0, np.int64)
+    part = torch.from_numpy(np.ascontiguousarray(take_rows(rows, uniform), dtype=np.float32))
+    near = [t2v[t2v < n]] if not added else []
     if neighbours:
-        q = np.ascontiguousarray(torch.as_tensor(queries).detach().float().cpu().numpy())
+        q = torch.as_tensor(queries).detach().float().cpu()
+        # the score of each caption's neighbours-th best video, estimated from the sample's
+        # (neighbours * size / n)-th best: one pass over the gallery then keeps about that many a caption
+        k = max(1, min(size, int(np.ceil(neighbours * size / n))))
+        threshold = torch.topk(q @ part.T, k, dim=1).values[:, -1:]
         step = max(256, (1 << 22) // max(1, q.shape[0]))
-
-        def blocks():
-            for start in range(0, n, step):
-                g = rows[start:min(n, start + step)]
-                g = g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)
-                yield start, min(n, start + step), np.ascontiguousarray(g, dtype=np.float32)
-
-        near = np.union1d(near, exact_topk(q, blocks(), min(neighbours, n))[1].ravel())
-    near = np.setdiff1d(near, uniform).astype(np.int64)
+        for start in range(0, n, step):
+            g = rows[start:min(n, start + step)]
+            g = torch.as_tensor(g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)).float()
+            hit = ((q @ g.T) >= threshold).any(0)
+            near.append(start + torch.nonzero(hit).reshape(-1).numpy().astype(np.int64))
+    near = np.setdiff1d(np.concatenate(near) if near else np.zeros(0, np.int64), uniform).astype(np.int64)
     measured = np.concatenate([uniform, near])
     if added:
-        return uniform, near, t2v - n + len(measured)
-    order = np.argsort(measured, kind="stable")
-    return uniform, near, order[np.searchsorted(measured[order], t2v)].astype(np.int64)
+        mapped = t2v - n + len(measured)
+    else:
+        order = np.argsort(measured, kind="stable")
+        mapped = order[np.searchsorted(measured[order], t2v)].astype(np.int64)
+    near_rows = torch.from_numpy(np.ascontiguousarray(take_rows(rows, near), dtype=np.float32)
+                                 .reshape(len(near), part.shape[1]))
+    return uniform, part, near, near_rows, mapped
+
+
+def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
+                neighbours: int = NEIGHBOURS, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The gallery rows the fold is measured on: ``(uniform, near, text_to_video)``, or None when the gallery
+    has at most ``size`` rows (all of it is measured).
+
+    ``uniform``: ``size`` seeded rows (the candidate is fitted on them); ``near``: the other rows scoring at
+    least each caption's ``neighbours``-th best score (cosine; estimated from the sample's, then one pass
+    over the gallery: the videos that compete for its top ranks, about ``neighbours`` a caption) and, unless
+    ``added``, the captions' own videos; ``text_to_video``: each caption's video as a row of the
+    measurement gallery ``[rows[uniform], rows[near], added videos]`` (``added``: the captions' videos
+    follow the gallery, ``text_to_video >= N``).
+
+    Shape:
+        rows ``[N, D]``, queries ``[H, D]``, text_to_video ``[H]`` -> ``[S]``, ``[M]``, ``[H]``.
+    """
+    got = _sample(rows, queries, text_to_video, added, size, neighbours, seed)
+    return None if got is None else (got[0], got[2], got[4])
 
 
 def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, extra: Any = None,
@@ -272,18 +286,13 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         sample is the whole gallery (else None: a folded candidate is then fitted on the gallery).
     """
     n = int(rows.shape[0])
-    picked = fold_sample(rows, queries, text_to_video, added=extra is not None, size=size, neighbours=neighbours,
-                         seed=seed)
+    picked = _sample(rows, queries, text_to_video, extra is not None, size, neighbours, seed)
     if picked is None:
         folded = fit(rows, extra)
         record = choose_fold(rows, folded, queries, text_to_video, extra=extra, seed=seed, n_boot=n_boot)
         record.update(sample_rows=n, near_rows=0)
         return record, folded
-    from xmodal.retrieval.rowstore import take_rows
-
-    uniform, near, t2v = picked
-    part = torch.from_numpy(np.ascontiguousarray(take_rows(rows, uniform), dtype=np.float32))
-    near_rows = torch.from_numpy(np.ascontiguousarray(take_rows(rows, near), dtype=np.float32).reshape(-1, part.shape[1]))
+    uniform, part, near, near_rows, t2v = picked
     x = None if extra is None else torch.as_tensor(extra).detach().float().cpu()
     further = near_rows if x is None else torch.cat([near_rows, x])
     fitted = fit(part, further if len(further) else None)

@@ -175,6 +175,9 @@ class BiasedIndex:
             (``nprobe`` default 8 without queries; ``ef_search`` default 64).
         block_rows: gallery rows per block while building.
         seed: of the training sample and the k-means.
+        progress: the long steps' progress (the exact top-10, the cell counts, adding, the settings
+            measured) as :func:`xmodal.progress.progress`'s ``show``: False (silent, the default), None (a
+            bar on a terminal, else a line every 30 s) or True.
 
     Attributes:
         recall_at_10: measured recall@10 at ``search_params`` (1.0 for ``flat``; None when
@@ -191,8 +194,10 @@ class BiasedIndex:
 
     def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat", queries: Any = None,
                  target_recall: float | None = None, nlist: int | None = None, nprobe: int | None = None,
-                 ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0) -> None:
+                 ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0,
+                 progress: bool | None = False) -> None:
         faiss = import_faiss()
+        self._show = progress
         self.kind = option(kind, "kind", KINDS)
         if gallery is None:
             raise TypeError("gallery: expected [N, D] embeddings (numpy or torch), got None")
@@ -254,12 +259,12 @@ class BiasedIndex:
             _release_freed_memory()  # the training sample's pages, before the index grows
             if self.kind == "ivfpqr":  # fast-scan lists and the refine codes: FAISS's own add, block by block
                 self.index.k_factor = REFINE_K_FACTOR
-                for _, _, block in blocks():
+                for _, _, block in _counted(blocks, n, "index: adding", progress)():
                     self.index.add(block)
             else:
-                _add_presized(ivf, blocks, n)
+                _add_presized(ivf, blocks, n, progress)
         else:
-            for _, _, block in blocks():
+            for _, _, block in _counted(blocks, n, "index: adding", progress)():
                 self.index.add(block)
         _release_freed_memory()
         self.recall_at_10: float | None = 1.0 if self.kind == "flat" else None
@@ -298,6 +303,10 @@ class BiasedIndex:
         top_vecs = _place(_take(rows, top_rows), b[top_rows], self.width)
         where = {int(r): i for i, r in enumerate(top_rows)}
         best, table, centroids = None, [], {}
+        from xmodal.progress import progress
+
+        bar = progress(total=len(candidates), desc="index: training the cell quantisers", unit="cell count",
+                       show=getattr(self, "_show", False))
         for c in candidates:
             ivf = faiss.index_factory(self.width, f"IVF{c},Flat", faiss.METRIC_INNER_PRODUCT)
             ivf.cp.niter, ivf.cp.seed = 10, int(seed)
@@ -325,6 +334,8 @@ class BiasedIndex:
             del ivf, x
             if row["reaches_target"] and (best is None or row["compared"] < best["compared"]):
                 best = row
+            bar.update(1)
+        bar.close()
         chosen = best["nlist"] if best is not None else candidates[-1]
         for row in table:
             row["chosen"] = row["nlist"] == chosen
@@ -391,7 +402,8 @@ class BiasedIndex:
     def _exact(self, q: np.ndarray, blocks, k: int) -> np.ndarray:
         from xmodal.retrieval.recall import exact_topk
 
-        return exact_topk(q, blocks(), k)[1]
+        return exact_topk(q, _counted(blocks, self.num_items, f"index: exact top-{k} of {q.shape[0]} recall queries",
+                                      getattr(self, "_show", False))(), k)[1]
 
     def _tune(self, queries: np.ndarray, blocks) -> None:
         """Measure the curve and keep a setting no row of it dominates (:func:`xmodal.retrieval.curve.keep`).
@@ -413,6 +425,10 @@ class BiasedIndex:
         exact = self._exact_rows  # computed before the build (the cell count was chosen on it)
         speed: dict[int, float] = {}
         name = self._param_name
+        from xmodal.progress import progress
+
+        bar = progress(desc=f"index: measuring recall@10 and queries/s ({name})", unit="setting",
+                       show=getattr(self, "_show", False))
 
         def measure(v: int) -> float:
             got = {}
@@ -421,6 +437,8 @@ class BiasedIndex:
                 got.setdefault("rows", self._search_with(q, k, v))
 
             speed[v] = curves.timed_rate(run, q.shape[0], {name: int(v)})
+            bar.set_postfix_str(f"{name} {v}")
+            bar.update(1)
             return recall_at_k(got["rows"], exact, k)
 
         candidates = self._candidates(k)
@@ -441,6 +459,7 @@ class BiasedIndex:
             rate = curves.timed_rate(scan, q.shape[0], {name: None, "exact": True})
             self.curve.append({name: None, "exact": True, "recall_at_10": float(recall_at_k(got["rows"], exact, k)),
                                "queries_per_s": float(rate)})
+        bar.close()
         best = max(p["recall_at_10"] for p in self.curve)
         met = best >= self.target_recall
         kept = curves.keep(self.curve, self.target_recall if met else best - RECALL_TOLERANCE)
@@ -604,23 +623,39 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _add_presized(ivf: Any, blocks: Any, n: int) -> None:
+def _add_presized(ivf: Any, blocks: Any, n: int, progress: bool | None = False) -> None:
     """Fill an IVF index in two passes over the blocks: assign every vector to its cell, give
     each cell's list exactly that capacity, then add with the assignments. A list growing by
-    doubling would hold up to twice the index at its peak."""
+    doubling would hold up to twice the index at its peak. ``progress``: each pass's (:func:`_counted`)."""
     faiss = import_faiss()
     assign = np.empty(n, np.int64)
-    for start, stop, block in blocks():
+    for start, stop, block in _counted(blocks, n, "index: assigning cells", progress)():
         assign[start:stop] = ivf.quantizer.search(block, 1)[1][:, 0]
     lists = faiss.downcast_InvertedLists(ivf.invlists)
     for cell, count in enumerate(np.bincount(assign, minlength=ivf.nlist).tolist()):
         if count:
             lists.resize(cell, count)  # allocates exactly count entries ...
             lists.resize(cell, 0)      # ... and keeps them while empty
-    for start, stop, block in blocks():
+    for start, stop, block in _counted(blocks, n, "index: adding", progress)():
         block = np.ascontiguousarray(block, dtype=np.float32)
         ids = np.arange(start, stop, dtype=np.int64)
         ivf.add_core(stop - start, faiss.swig_ptr(block), faiss.swig_ptr(ids), faiss.swig_ptr(assign[start:stop]))
+
+
+def _counted(blocks: Any, n: int, desc: str, show: bool | None) -> Any:
+    """``blocks`` (a function yielding ``(start, stop, rows)``) reporting the rows done through
+    :func:`xmodal.progress.progress` (count, fraction, rate and time left); ``show`` False: ``blocks`` itself."""
+    if show is False:
+        return blocks
+
+    def counted():
+        from xmodal.progress import progress
+
+        with progress(total=int(n), desc=desc, unit="video", show=show) as bar:
+            for item in blocks():
+                yield item
+                bar.update(int(item[1]) - int(item[0]))
+    return counted
 
 
 def _is_source(x: Any) -> bool:
