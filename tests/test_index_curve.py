@@ -20,6 +20,14 @@ from xmodal.retrieval.curve import RATE_NOISE, dominating, keep  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+REAL_RATE = curves.timed_rate  # the wall clock's (tests/conftest.py gives the suite a cost model)
+
+
+def test_timed_rate_is_the_best_of_its_passes():
+    calls = []
+    rate = REAL_RATE(lambda: calls.append(1), 50, {"nprobe": 4}, passes=3)
+    assert len(calls) == 3 and rate > 0
+
 
 def naive_dominated(row, rows, noise):
     """True when some other row is at least as accurate and faster by more than ``noise``: a loop."""
