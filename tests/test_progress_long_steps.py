@@ -72,7 +72,7 @@ def test_index_build_steps_report_count_fraction_rate_and_time_left(run_dir, tmp
     from xmodal.progress import Stages
     from xmodal.retrieval.build import write_index
 
-    run, p = run_dir
+    run, _ = run_dir
     gallery = np.random.default_rng(4).standard_normal((8000, 64)).astype(np.float32)  # 2+ cell counts to try
     monkeypatch.setenv("XMODAL_PROGRESS_SECONDS", "0")
     with Stages(show=None) as stage:
