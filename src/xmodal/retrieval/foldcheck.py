@@ -215,20 +215,33 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
 
 def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
     """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors)."""
-    from xmodal._validate import int_array, whole_number
+    from xmodal._validate import float_matrix, int_array, short_repr, whole_number
     from xmodal.retrieval.recall import sample_rows
     from xmodal.retrieval.rowstore import take_rows
 
-    n = int(rows.shape[0])
+    shape = getattr(rows, "shape", None)
+    if isinstance(rows, (str, bytes)) or shape is None or len(shape) != 2 or not hasattr(rows, "__getitem__") \
+            or not int(shape[0]) or not int(shape[1]):
+        raise TypeError(f"rows: expected gallery embeddings [N, D] (a tensor, an array or a row source), got "
+                        f"{short_repr(rows)}")
+    n = int(shape[0])
+    q = float_matrix(queries, "queries").detach().float().cpu()
+    if q.shape[1] != int(shape[1]):
+        raise ValueError(f"queries: expected [H, {int(shape[1])}] embeddings (the gallery's size), got {list(q.shape)}")
     size, neighbours = whole_number(size, "size", minimum=1), whole_number(neighbours, "neighbours")
+    seed = whole_number(seed, "seed")
+    if not isinstance(added, bool):
+        raise TypeError(f"added: expected True or False, got {short_repr(added)}")
     t2v = np.asarray(int_array(text_to_video, "text_to_video"), dtype=np.int64)
+    if t2v.shape != (q.shape[0],) or (t2v.size and (t2v.min() < (n if added else 0) or (not added and t2v.max() >= n))):
+        raise ValueError(f"text_to_video: expected {q.shape[0]} videos, " +
+                         (f"added after the gallery (>= {n})" if added else f"gallery rows in [0, {n})"))
     if n <= size:
         return None
     uniform = sample_rows(n, size, seed)
     part = torch.from_numpy(np.ascontiguousarray(take_rows(rows, uniform), dtype=np.float32))
     near = [t2v[t2v < n]] if not added else []
     if neighbours:
-        q = torch.as_tensor(queries).detach().float().cpu()
         # the score of each caption's neighbours-th best video, estimated from the sample's
         # (neighbours * size / n)-th best: one pass over the gallery then keeps about that many a caption
         k = max(1, min(size, int(np.ceil(neighbours * size / n))))
@@ -287,21 +300,29 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         gallery when it is no larger) and ``"near_rows"``, and ``folded``, the gallery's own fit when the
         sample is the whole gallery (else None: a folded candidate is then fitted on the gallery).
     """
+    from xmodal._validate import float_matrix, short_repr
+
+    if not callable(fit):
+        raise TypeError(f"fit: expected a callable (gallery rows, further rows) -> folded record, got {short_repr(fit)}")
+    x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
+    picked = _sample(rows, queries, text_to_video, x is not None, size, neighbours, seed)
     n = int(rows.shape[0])
-    picked = _sample(rows, queries, text_to_video, extra is not None, size, neighbours, seed)
     if picked is None:
-        folded = fit(rows, extra)
-        record = choose_fold(rows, folded, queries, text_to_video, extra=extra, seed=seed, n_boot=n_boot)
+        folded = fit(rows, x)
+        record = choose_fold(rows, folded, queries, text_to_video, extra=x, seed=seed, n_boot=n_boot)
         record.update(sample_rows=n, near_rows=0)
         return record, folded
     uniform, part, near, near_rows, t2v = picked
-    x = None if extra is None else torch.as_tensor(extra).detach().float().cpu()
     further = near_rows if x is None else torch.cat([near_rows, x])
     fitted = fit(part, further if len(further) else None)
+    _check_folded(fitted, part.shape[1])
     folded = {"normalizer": fitted["normalizer"], "query_shift": fitted.get("query_shift"), "bias": None}
     if fitted.get("bias") is not None:
         bias = torch.as_tensor(fitted["bias"]).float().cpu()
-        more = torch.as_tensor(fitted["extra_bias"]).float().cpu() if len(further) else torch.zeros(0)
+        more = fitted.get("extra_bias") if len(further) else torch.zeros(0)
+        if more is None or len(more) != len(further):
+            raise ValueError(f"fit: expected an extra_bias of {len(further)} values for the further rows")
+        more = torch.as_tensor(more).float().cpu()
         folded["bias"] = torch.cat([bias, more[:len(near)]])
         if x is not None:
             folded["extra_bias"] = more[len(near):]
