@@ -58,6 +58,8 @@ def _duration(seconds: float) -> str:
 def _plural(unit: str, n: float) -> str:
     if n == 1 or not unit or unit.endswith("s"):
         return unit
+    if len(unit) > 1 and unit.endswith("y") and unit[-2] not in "aeiou":
+        return unit[:-1] + "ies"  # queries, not querys
     return unit + ("es" if unit.endswith(("ch", "sh", "x")) else "s")  # batches, not batchs
 
 

@@ -259,9 +259,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"encoders: {named or 'none recorded'} ({args.out}/encoders.json)")
         print(f"wrote {args.out}, {args.dtype} features (check it with: xmodal data check {args.out})")
         return 0
+    from xmodal.commands import progress_choice
     from xmodal.data.check import check_directory
 
-    res = check_directory(args.root, args.split, _configured(args.config))
+    res = check_directory(args.root, args.split, _configured(args.config), progress=progress_choice(args))
     total = 0
     for split, lines in res["summaries"].items():
         print(f"[{split}]")

@@ -124,10 +124,10 @@ def _mode(args: argparse.Namespace) -> str:
 def evaluate(args: argparse.Namespace) -> tuple[dict, str, dict]:
     """Run the evaluation the flags describe; returns (results, kind, info)."""
     from xmodal import metrics
-    from xmodal.commands import parse_ks, progress_enabled
+    from xmodal.commands import parse_ks, progress_choice
 
     ks = parse_ks(args.ks)
-    progress = progress_enabled(args)
+    progress = progress_choice(args)  # None: a line every 30 s without a terminal (progress_enabled was False there)
     mode = _mode(args)
     l2 = "cosine (--l2)" if args.l2 else "dot product"
     if args.bias and mode != "embeddings":
@@ -322,14 +322,14 @@ def _stream_run(args: argparse.Namespace, model, name: str, text: tuple, video: 
     text -> video only (one line says v2t was skipped)."""
     import sys
 
-    from xmodal.commands import progress_enabled
+    from xmodal.commands import progress_choice
     from xmodal.retrieval.streaming import captioned_everywhere, embed_rows, run_metrics
 
     t2v = np.asarray(t2v)
     if t2v.ndim != 1 or not np.issubdtype(t2v.dtype, np.integer):
         raise ValueError(f"text_to_video: expected integer video indices [T], got {t2v.dtype} {list(t2v.shape)}")
     text_emb = model.encode_text(*text)
-    video_emb = embed_rows(lambda f, m: model.encode_video(f, m), *video)
+    video_emb = embed_rows(lambda f, m: model.encode_video(f, m), *video, progress=progress_choice(args))
     if t2v.shape[0] != text_emb.shape[0] or (t2v.size and not (t2v.min() >= 0 and t2v.max() < video_emb.shape[0])):
         raise ValueError(f"text_to_video: expected {text_emb.shape[0]} video indices in [0, {video_emb.shape[0]})")
     both = captioned_everywhere(t2v, int(video_emb.shape[0]))
@@ -338,7 +338,7 @@ def _stream_run(args: argparse.Namespace, model, name: str, text: tuple, video: 
         print(f"note: v2t skipped: {missing:,} of {video_emb.shape[0]:,} videos have no caption; text -> video only",
               file=sys.stderr)
     res = run_metrics(model.test_time, name, text_emb, video_emb, t2v, ks=ks, ties=args.ties, v2t=args.v2t,
-                      block_size=args.block_size, progress=progress_enabled(args))
+                      block_size=args.block_size, progress=progress_choice(args))
     info = {"texts": int(text_emb.shape[0]), "videos": int(video_emb.shape[0]),
             "v2t": args.v2t if both else "skipped (uncaptioned videos)",
             "scores": f"run {args.run}: heads -> cosine -> normaliser {name} (" +

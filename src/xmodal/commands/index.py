@@ -254,8 +254,14 @@ def run(args: argparse.Namespace) -> int:
     if choice.get("bank_note"):
         print(f"note: {choice['bank_note']}", file=sys.stderr)
     print(recall_line(meta))
+    if meta.get("nlist_choice"):
+        print(nlist_table(meta))
     if meta.get("curve") and meta["kind"] != "flat":
         print(curve_table(meta))
+        if meta.get("curve_rate"):
+            print(f"queries/s: {meta['curve_rate']}")
+    if meta.get("kind_advice"):
+        print(f"note: {meta['kind_advice']}", file=sys.stderr)
     if meta["target_met"] is False:
         print(f"warning: {miss_warning(meta)}", file=sys.stderr)
     elif meta["recall_at_10"] is None:
@@ -269,12 +275,27 @@ def curve_table(meta: dict) -> str:
 
     word = _param_word(meta)
     kept = (meta.get("search_params") or {}).get(word)
+    kept_exact = (meta.get("search_params") or {}).get("exact") is True
     rows = []
     for point in meta["curve"]:
         setting = "exact scan" if point.get("exact") else str(point.get(word))
-        mark = " (kept)" if not point.get("exact") and point.get(word) == kept else ""
+        mark = " (kept)" if (kept_exact if point.get("exact") else point.get(word) == kept) else ""
         rows.append([setting + mark, f"{point['recall_at_10']:.3f}", f"{point['queries_per_s']:,.0f}"])
     return markdown_table([word, "recall@10", "queries/s"], rows)
+
+
+def nlist_table(meta: dict) -> str:
+    """The cell counts the build measured (``meta.json["nlist_choice"]``): ``nlist | nprobe | recall@10 |
+    vectors compared per query``, the chosen one marked."""
+    from xmodal.commands import markdown_table
+
+    rows = []
+    for c in meta["nlist_choice"]:
+        mark = " (chosen)" if c.get("chosen") else ""
+        reach = "" if c.get("reaches_target", True) else " (short of the target)"
+        rows.append([f"{c['nlist']}{mark}", str(c["nprobe"]), f"{c['recall_at_10']:.3f}{reach}",
+                     f"{c['compared']:,.0f}"])
+    return markdown_table(["nlist", "nprobe", "recall@10", "vectors compared per query"], rows)
 
 
 def miss_warning(meta: dict) -> str:
@@ -354,6 +375,8 @@ def _param_word(meta: dict) -> str:
 
 def recall_line(meta: dict, *, short: bool = False) -> str:
     """``recall@10 0.953 (nprobe 32, measured on 1000 held-out queries; target 0.95)`` or ``exact``."""
+    if meta.get("exact") and meta.get("kind") not in (None, "flat"):
+        return f"exact search kept: recall@10 1.000 (the build measured it as fast as every {meta['kind']} setting)"
     if meta.get("exact"):
         return "exact search: recall@10 1.000 by construction"
     params = ", ".join(f"{k} {v}" for k, v in (meta.get("search_params") or {}).items())

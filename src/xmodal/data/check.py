@@ -117,20 +117,24 @@ def _dims(root: Path, split: str, arrays: dict) -> dict[str, tuple[int, str]]:
     return out
 
 
-def _row_hashes(x: Any) -> tuple[np.ndarray, np.ndarray]:
+def _row_hashes(x: Any, progress: bool | None = False, desc: str = "data check: hashing rows"
+                ) -> tuple[np.ndarray, np.ndarray]:
     """``(hashes, rows)``: a 16-byte hash (``V16``) of each video's feature row as float32 values and the
-    row, all-zero rows left out; read in row blocks."""
+    row, all-zero rows left out; read in row blocks (``progress``: :func:`xmodal.progress.progress`'s ``show``)."""
     from xmodal.data.types import row_blocks
+    from xmodal.progress import progress as reporter
 
     if not isinstance(x, np.ndarray) or x.ndim not in (2, 3) or not x.size:
         return np.zeros(0, "V16"), np.zeros(0, np.int64)
     hashes, rows = [], []
-    for sl in row_blocks(x):
-        block = np.asarray(x[sl], dtype=np.float32).reshape(sl.stop - sl.start, -1)
-        keep = np.flatnonzero(block.any(1))
-        hashes.append(np.frombuffer(b"".join(hashlib.blake2b(block[i].tobytes(), digest_size=16).digest()
-                                             for i in keep), dtype="V16"))
-        rows.append(sl.start + keep)
+    with reporter(total=int(x.shape[0]), desc=desc, unit="video", show=progress) as bar:
+        for sl in row_blocks(x):
+            block = np.asarray(x[sl], dtype=np.float32).reshape(sl.stop - sl.start, -1)
+            keep = np.flatnonzero(block.any(1))
+            hashes.append(np.frombuffer(b"".join(hashlib.blake2b(block[i].tobytes(), digest_size=16).digest()
+                                                 for i in keep), dtype="V16"))
+            rows.append(sl.start + keep)
+            bar.update(sl.stop - sl.start)
     return np.concatenate(hashes), np.concatenate(rows)
 
 
@@ -144,9 +148,10 @@ def _shared_rows(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarr
 
 
 def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
-                         reference: str | None = None) -> list[str]:
+                         reference: str | None = None, *, progress: bool | None = False) -> list[str]:
     """Problems between splits: feature sizes and experts against ``reference`` (the
-    training split; default ``train`` when present, else the first), and shared videos."""
+    training split; default ``train`` when present, else the first), and shared videos
+    (``progress``: the rows hashed, as :func:`xmodal.progress.progress`'s ``show``)."""
     root = Path(_path(root, "root"))
     if not isinstance(arrays, dict) or not all(isinstance(v, dict) for v in arrays.values()):
         raise TypeError(f"arrays: expected {{split: inspected arrays (a dict)}}, got {short_repr(arrays)}")
@@ -189,7 +194,7 @@ def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
                     continue
             for s in (a, b):
                 if s not in hashes:
-                    hashes[s] = _row_hashes(arrays[s].get("video"))
+                    hashes[s] = _row_hashes(arrays[s].get("video"), progress, f"data check: hashing {s} videos")
             rows_a, rows_b, count = _shared_rows(hashes[a], hashes[b])
             if count:
                 problems.append(f"{count} video(s) of {a!r} and {b!r} have identical features (leakage?): "
@@ -198,7 +203,7 @@ def cross_split_problems(root: str | os.PathLike, arrays: dict[str, dict],
 
 
 def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
-                    configured: tuple[str, ...] | None = None) -> dict[str, Any]:
+                    configured: tuple[str, ...] | None = None, *, progress: bool | None = False) -> dict[str, Any]:
     """Inspect every split of ``root`` and the splits against each other.
 
     Args:
@@ -207,6 +212,9 @@ def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
         configured: the config's split names (train, val, test first); default
             :data:`DEFAULT_SPLITS`. Names differing from one only in case are problems;
             other unconfigured names are notes.
+        progress: where the long steps are (the splits inspected, the rows hashed), as
+            :func:`xmodal.progress.progress`'s ``show`` (False: silent; None: a bar on a terminal, else a
+            line every 30 s with the count, fraction, rate and time left).
 
     Returns:
         ``{"problems": {split: [...]}, "summaries": {split: [...]}, "across": [...],
@@ -224,10 +232,15 @@ def check_directory(root: str | os.PathLike, splits: list[str] | None = None,
         raise ValueError(f"root: no split in {root} (no *_text_to_video.npy or alias; see docs/data.md "
                          f"section 'Your data')")
     problems, summaries, arrays = {}, {}, {}
-    for split in found:
-        arrays[split], problems[split] = inspect_split(root, split, uncaptioned=True, mmap=True)
-        summaries[split] = summarize(arrays[split])
-    across = cross_split_problems(root, arrays, configured[0])
+    from xmodal.progress import progress as reporter
+
+    with reporter(total=len(found), desc="data check: inspecting", unit="split", show=progress) as bar:
+        for split in found:
+            bar.set_postfix_str(split)
+            arrays[split], problems[split] = inspect_split(root, split, uncaptioned=True, mmap=True)
+            summaries[split] = summarize(arrays[split])
+            bar.update(1)
+    across = cross_split_problems(root, arrays, configured[0], progress=progress)
     notes = []
     for note in split_name_notes(found, configured):
         (across if "only in case" in note else notes).append(note)

@@ -44,15 +44,20 @@ def _bias(bias: Any, n: int, like: torch.Tensor, name: str) -> torch.Tensor | No
     return b.to(device=like.device, dtype=like.dtype)
 
 
-def _blocks(n: int, g: int, block_size: int, progress: bool, desc: str):
+def _blocks(n: int, g: int, block_size: int, progress: bool | None, desc: str):
+    """Query blocks ``(start, stop)``; ``progress`` as :func:`xmodal.progress.progress`'s ``show`` (False:
+    silent, the default; None: a bar on a terminal, else a line every 30 s; True: a bar), counting queries."""
     b = max(1, min(block_size, MAX_BLOCK_SCORES // max(1, g)))
-    starts = range(0, n, b)
-    if progress:
-        from tqdm.auto import tqdm
+    if progress is False:
+        for start in range(0, n, b):
+            yield start, min(n, start + b)
+        return
+    from xmodal.progress import progress as reporter
 
-        starts = tqdm(starts, desc=desc, unit="block", total=len(starts))
-    for start in starts:
-        yield start, min(n, start + b)
+    with reporter(total=n, desc=desc, unit="query", show=progress) as bar:
+        for start in range(0, n, b):
+            yield start, min(n, start + b)
+            bar.update(min(n, start + b) - start)
 
 
 def _scores(q: torch.Tensor, g: torch.Tensor, bias: torch.Tensor | None,
@@ -73,7 +78,7 @@ def _scores(q: torch.Tensor, g: torch.Tensor, bias: torch.Tensor | None,
 def streaming_retrieval(queries: Any, gallery: Any, positives: Any, *,
                         ks: Sequence[int] = (1, 5, 10, 50), ties: str = "pessimistic",
                         bias: Any = None, transform: Callable | None = None,
-                        block_size: int = 4096, progress: bool = False) -> dict:
+                        block_size: int = 4096, progress: bool | None = False) -> dict:
     """:func:`xmodal.metrics.retrieval` on ``queries @ gallery.T (+ bias)``, block by block.
 
     Args:
@@ -86,7 +91,8 @@ def streaming_retrieval(queries: Any, gallery: Any, positives: Any, *,
             bias); it must treat rows independently, or results depend on blocking.
         block_size: query rows per block, capped so that a block holds at most
             ``MAX_BLOCK_SCORES`` scores.
-        progress: show a tqdm progress bar.
+        progress: False (silent), True (a tqdm bar) or None (a bar on a terminal, else a line every
+            ``XMODAL_PROGRESS_SECONDS`` s with the count, fraction, rate and time left).
 
     Returns:
         The same dict as ``retrieval``, equal to it on the dense matrix.
@@ -114,7 +120,7 @@ def streaming_text_video(text: Any, video: Any, text_to_video: Any, *,
                          ks: Sequence[int] = (1, 5, 10, 50), ties: str = "pessimistic",
                          v2t: str = "all-captions", t2v_bias: Any = None, v2t_bias: Any = None,
                          transform: Callable | None = None, block_size: int = 4096,
-                         progress: bool = False) -> dict:
+                         progress: bool | None = False) -> dict:
     """:func:`xmodal.metrics.text_video` on ``text @ video.T`` without building it.
 
     Args:
@@ -146,7 +152,7 @@ def streaming_text_video(text: Any, video: Any, text_to_video: Any, *,
 def streaming_video_text(video: Any, text: Any, text_to_video: Any, *, ks: Sequence[int] = (1, 5, 10, 50),
                          ties: str = "pessimistic", v2t: str = "all-captions", bias: Any = None,
                          transform: Callable | None = None, block_size: int = 4096,
-                         progress: bool = False) -> dict:
+                         progress: bool | None = False) -> dict:
     """The ``v2t`` half of :func:`streaming_text_video`: videos as queries against the captions, in
     blocks of videos, with its own ``bias`` ``[T]`` / row-wise ``transform`` (a normaliser fitted for
     this direction, as :meth:`xmodal.retrieval.testtime.TestTime.similarities` fits one).

@@ -63,8 +63,11 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     ``meta.json`` holds ``recall_at_10`` (1.0 for flat; None when the run has no stored text
     embeddings), ``recall_queries``, ``search_params`` (``{"nprobe": p}``, ``{"efSearch": e}``,
     ``{}``), ``target_recall``, ``target_met``, ``recall_source``, ``factory``, ``exact`` and
-    ``curve`` (every setting measured: ``[{"nprobe": p, "recall_at_10": r, "queries_per_s": q}, ...]``;
-    when no setting reaches the target the fastest within 0.005 of the best recall is kept).
+    ``curve`` (every setting measured: ``[{"nprobe": p, "recall_at_10": r, "queries_per_s": q}, ...]``, with
+    the exact scan for ivf / hnsw; the kept row is one no other row beats, :mod:`xmodal.retrieval.curve`;
+    when no setting reaches the target the fastest within 0.005 of the best recall is kept), ``curve_rate``
+    (how queries/s was timed), ``kind_advice`` (the exact scan won: exact search kept, ``search_params``
+    ``{"exact": true}``) and ``nlist_choice`` (the cell counts measured, ``BiasedIndex.nlist_choice``).
 
     ``log(line)``, when given, hears where the build is (``xmodal index``'s progress lines);
     ``texts`` (:func:`caption_texts`) adds the search page's video -> text files (:func:`write_extras`);
@@ -125,7 +128,10 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                          f"({MIN_POINTS_PER_CENTROID} per centroid); this gallery has {n} video{'s' * (n != 1)}: "
                          f"use kind flat (exact, and as fast at this size)")
     say(f"index: encoding {n} gallery videos with the run's video head")
-    rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names)
+    show = getattr(log, "show", False) if log is not None else False  # the stage reporter's choice (Stages.show)
+    if show is not False and hasattr(log, "clear"):
+        log.clear()  # the counted lines below say where the encoding is
+    rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names, progress=show)
     created = not out.exists()
     try:
         folded, choice = _fold(model, rows, normalizer, _run_metric(run), select_on, say, seed)
@@ -137,7 +143,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
                             queries=None if queries is None else queries - shift[None, :],
                             target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
-                            block_rows=block_rows, seed=seed)
+                            block_rows=block_rows, seed=seed, progress=show)
         from xmodal.features.identity import spec_to_file
 
         here = Path(out).resolve()  # folders named relative to the index: no absolute path of this machine
@@ -148,10 +154,12 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                 "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n),
                 "dim": int(rows.dim), "text_dim": _text_dim(model),
                 **encoders, "names": names is not None,
-                "factory": index.factory, "exact": kind == "flat",
+                "factory": index.factory, "exact": kind == "flat" or index.search_params.get("exact") is True,
                 "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
                 "search_params": dict(index.search_params), "target_recall": index.target_recall,
-                "target_met": index.target_met, "recall_source": recall_source, "curve": list(index.curve)}
+                "target_met": index.target_met, "recall_source": recall_source, "curve": list(index.curve),
+                "curve_rate": _curve_rate(index), "kind_advice": getattr(index, "kind_advice", None),
+                "nlist_choice": list(index.nlist_choice)}
         if "fallback_from" in folded:
             meta["fallback_from"] = folded["fallback_from"]
         meta["normalizer_choice"] = choice
@@ -218,15 +226,29 @@ def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict |
                              f"folds the run's choice, --select-split measures it on a split"}
     extra = pairs.get("video")
     t2v = np.asarray(pairs["text_to_video"], dtype=np.int64) + (n if extra is not None else 0)
-    say(f"index: fitting {candidate} on {n} gallery embeddings and measuring it on {len(t2v)} captions")
-    folded = fold_run_normalizer(model, rows, candidate, metric=metric, extra=extra)
-    record = foldcheck.choose_fold(rows, folded, pairs["text"], t2v, extra=extra, seed=seed)
+    size = foldcheck.SAMPLE_ROWS
+    say(f"index: fitting {candidate} on {min(n, size):,} of the {n:,} gallery embeddings (a seeded sample, "
+        f"with the captions' videos) and measuring it on {len(t2v):,} captions")
+    fit = lambda g, x: fold_run_normalizer(model, g, candidate, metric=metric, extra=x)  # noqa: E731
+    record, folded = foldcheck.choose_on_sample(rows, fit, pairs["text"], t2v, extra=extra, size=size, neighbours=foldcheck.NEIGHBOURS, seed=seed)
     record.update(given="auto", source=pairs.get("source", "held-out train captions of the run"),
                   gallery=n, added_videos=0 if extra is None else int(len(extra)), bank_note=note(candidate))
     record["why"] = foldcheck.describe_choice(record)
     if record["chosen"] == "none":
         return none, record
+    if folded is None:  # measured on a sample: the fold is fitted on the whole gallery only now it is kept
+        say(f"index: {candidate} is clear of none on the sample: fitting it on the {n:,} gallery embeddings")
+        folded = fold_run_normalizer(model, rows, candidate, metric=metric)
     return {k: v for k, v in folded.items() if not k.startswith("extra")}, record
+
+
+def _curve_rate(index: Any) -> str | None:
+    """How the curve's queries/s column was measured (``meta.json["curve_rate"]``)."""
+    from xmodal.retrieval.curve import RATE_PASSES
+
+    if not index.curve:
+        return None
+    return f"best of {RATE_PASSES} timed passes over {index.recall_queries} queries, one thread pool, this machine"
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -284,7 +306,7 @@ def _rows(x: Any, sl: slice) -> Any:
 
 
 def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: int, *,
-                   names: list[str] | None = None):
+                   names: list[str] | None = None, progress: bool | None = False):
     """The gallery's embeddings ``[N, D]`` in a :class:`~xmodal.retrieval.rowstore.RowStore`,
     encoded ``block_rows`` videos at a time (a large store is a temporary file beside ``out``;
     stale ones of a killed build are removed first). A row whose embedding is not finite (finite
@@ -301,15 +323,19 @@ def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: 
         for stale in directory.glob(prefix + "*"):
             stale.unlink(missing_ok=True)
     store = None
+    from xmodal.progress import progress as reporter
+
     try:
-        for start in range(0, n, block_rows):
-            sl = slice(start, min(n, start + block_rows))
-            # batches of 8192 as model.encode_video(features) takes them: the same numbers
-            emb = model.encode_video(_rows(features, sl), _rows(mask, sl), batch_size=min(block_rows, 8192))
-            _check_finite_rows(emb, start, names, features)
-            if store is None:
-                store = RowStore(n, emb.shape[1], directory=directory, prefix=prefix)
-            store.append(emb)
+        with reporter(total=n, desc="index: encoding the gallery", unit="video", show=progress) as bar:
+            for start in range(0, n, block_rows):
+                sl = slice(start, min(n, start + block_rows))
+                # batches of 8192 as model.encode_video(features) takes them: the same numbers
+                emb = model.encode_video(_rows(features, sl), _rows(mask, sl), batch_size=min(block_rows, 8192))
+                _check_finite_rows(emb, start, names, features)
+                if store is None:
+                    store = RowStore(n, emb.shape[1], directory=directory, prefix=prefix)
+                store.append(emb)
+                bar.update(sl.stop - sl.start)
     except BaseException:
         if store is not None:
             store.close()
@@ -422,7 +448,7 @@ def _texts_index(emb: np.ndarray, videos: Any, kind: str, target_recall: float |
     if kind != "flat":
         queries = take_rows(videos, sample_rows(int(videos.shape[0]), RECALL_QUERIES, seed))
     index = BiasedIndex(emb, kind=kind, queries=queries, target_recall=target_recall, seed=seed)
-    info = {"kind": kind, "factory": index.factory, "exact": kind == "flat", "recall_at_10": index.recall_at_10,
+    info = {"kind": kind, "factory": index.factory, "exact": kind == "flat" or index.search_params.get("exact") is True, "recall_at_10": index.recall_at_10,
             "recall_queries": int(index.recall_queries), "search_params": dict(index.search_params),
             "target_met": index.target_met, "curve": list(index.curve)}
     return index, info

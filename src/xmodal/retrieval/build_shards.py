@@ -144,6 +144,7 @@ def merge_folder(out: str | Path, shards: list | None = None, *, recall_queries:
                           queries=None if queries is None else queries - shift[None, :])
     meta.update(recall_at_10=result["recall_at_10"], recall_queries=result["recall_queries"],
                 search_params=result["search_params"], target_met=result["target_met"], curve=result["curve"],
+                exact=result["search_params"].get("exact") is True,  # exact search kept: it beat every nprobe
                 recall_source=source, target_recall=None if queries is None else (target_recall or 0.95))
     meta["ondisk"] = {**meta["ondisk"], "stage": MERGED, "shards": result["shards"], "lists": "lists.ivfdata"}
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")

@@ -12,6 +12,15 @@ when it is clear of ``none`` by the paired rule of :mod:`xmodal.retrieval.select
 of the paired bootstrap interval of its text -> video R@1 + R@5 + R@10 minus ``none``'s above 0), and
 only on :data:`MIN_FOLD_QUERIES` captions or more (fewer could not reach p < 0.05 even if every one
 of them gained).
+
+The measurement runs on a sample of the gallery (:func:`choose_on_sample`): the candidate is fitted on
+:data:`SAMPLE_ROWS` seeded rows, and the videos each caption ranks highest (about its :data:`NEIGHBOURS` best
+by cosine) and its own video get the bias that fit gives them, so a candidate that is not folded is
+never fitted on the whole gallery. The Sinkhorn / NCL bias of a video depends on the rest of the gallery
+only through the row scaling ``alpha``, an average over the gallery's videos that a uniform sample
+estimates (Park et al. 2022, sec. 3.4); the near videos keep the top of each caption's ranking, which a
+uniform sample alone would thin out (a 10% sample keeps one in ten of the videos that outrank a
+caption's own).
 """
 
 from __future__ import annotations
@@ -21,7 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["fold_ranks", "choose_fold", "heldout_pairs", "describe_choice"]
+__all__ = ["fold_ranks", "choose_fold", "choose_on_sample", "fold_sample", "heldout_pairs", "describe_choice",
+           "SAMPLE_ROWS", "NEIGHBOURS"]
+
+#: Gallery rows (a seeded sample, plus the captions' own videos) the candidate is fitted and measured on.
+SAMPLE_ROWS = 50_000
+#: Each caption's best-scoring videos (cosine) added to the sample: the videos competing for its top ranks.
+NEIGHBOURS = 50
 
 #: Videos a bank query may stand for before the build says the bank is small for the gallery.
 SMALL_BANK_RATIO = 10
@@ -198,6 +213,124 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
     return record
 
 
+def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
+    """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors)."""
+    from xmodal._validate import float_matrix, int_array, short_repr, whole_number
+    from xmodal.retrieval.recall import sample_rows
+    from xmodal.retrieval.rowstore import take_rows
+
+    shape = getattr(rows, "shape", None)
+    if isinstance(rows, (str, bytes)) or shape is None or len(shape) != 2 or not hasattr(rows, "__getitem__") \
+            or not int(shape[0]) or not int(shape[1]):
+        raise TypeError(f"rows: expected gallery embeddings [N, D] (a tensor, an array or a row source), got "
+                        f"{short_repr(rows)}")
+    n = int(shape[0])
+    q = float_matrix(queries, "queries").detach().float().cpu()
+    if q.shape[1] != int(shape[1]):
+        raise ValueError(f"queries: expected [H, {int(shape[1])}] embeddings (the gallery's size), got {list(q.shape)}")
+    size, neighbours = whole_number(size, "size", minimum=1), whole_number(neighbours, "neighbours")
+    seed = whole_number(seed, "seed")
+    if not isinstance(added, bool):
+        raise TypeError(f"added: expected True or False, got {short_repr(added)}")
+    t2v = np.asarray(int_array(text_to_video, "text_to_video"), dtype=np.int64)
+    if t2v.shape != (q.shape[0],) or (t2v.size and (t2v.min() < (n if added else 0) or (not added and t2v.max() >= n))):
+        raise ValueError(f"text_to_video: expected {q.shape[0]} videos, " +
+                         (f"added after the gallery (>= {n})" if added else f"gallery rows in [0, {n})"))
+    if n <= size:
+        return None
+    uniform = sample_rows(n, size, seed)
+    part = torch.from_numpy(np.ascontiguousarray(take_rows(rows, uniform), dtype=np.float32))
+    near = [t2v[t2v < n]] if not added else []
+    if neighbours:
+        # the score of each caption's neighbours-th best video, estimated from the sample's
+        # (neighbours * size / n)-th best: one pass over the gallery then keeps about that many a caption
+        k = max(1, min(size, int(np.ceil(neighbours * size / n))))
+        threshold = torch.topk(q @ part.T, k, dim=1).values[:, -1].reshape(1, -1)
+        step = max(256, (1 << 22) // max(1, q.shape[0]))
+        for start in range(0, n, step):
+            g = rows[start:min(n, start + step)]
+            g = torch.as_tensor(g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)).float()
+            s = g @ q.T  # [b, H]: a video's margins over the captions' thresholds, reduced along the row
+            s.sub_(threshold)
+            hit = s.amax(1) >= 0  # twice as fast as comparing every score, then any()
+            near.append(start + torch.nonzero(hit).reshape(-1).numpy().astype(np.int64))
+    near = np.setdiff1d(np.concatenate(near) if near else np.zeros(0, np.int64), uniform).astype(np.int64)
+    measured = np.concatenate([uniform, near])
+    if added:
+        mapped = t2v - n + len(measured)
+    else:
+        order = np.argsort(measured, kind="stable")
+        mapped = order[np.searchsorted(measured[order], t2v)].astype(np.int64)
+    near_rows = torch.from_numpy(np.ascontiguousarray(take_rows(rows, near), dtype=np.float32)
+                                 .reshape(len(near), part.shape[1]))
+    return uniform, part, near, near_rows, mapped
+
+
+def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
+                neighbours: int = NEIGHBOURS, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The gallery rows the fold is measured on: ``(uniform, near, text_to_video)``, or None when the gallery
+    has at most ``size`` rows (all of it is measured).
+
+    ``uniform``: ``size`` seeded rows (the candidate is fitted on them); ``near``: the other rows scoring at
+    least each caption's ``neighbours``-th best score (cosine; estimated from the sample's, then one pass
+    over the gallery: the videos that compete for its top ranks, about ``neighbours`` a caption) and, unless
+    ``added``, the captions' own videos; ``text_to_video``: each caption's video as a row of the
+    measurement gallery ``[rows[uniform], rows[near], added videos]`` (``added``: the captions' videos
+    follow the gallery, ``text_to_video >= N``).
+
+    Shape:
+        rows ``[N, D]``, queries ``[H, D]``, text_to_video ``[H]`` -> ``[S]``, ``[M]``, ``[H]``.
+    """
+    got = _sample(rows, queries, text_to_video, added, size, neighbours, seed)
+    return None if got is None else (got[0], got[2], got[4])
+
+
+def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, extra: Any = None,
+                     size: int = SAMPLE_ROWS, neighbours: int = NEIGHBOURS, seed: int = 0,
+                     n_boot: int = 10000) -> tuple[dict, dict | None]:
+    """:func:`choose_fold` on a sample of the gallery (:func:`fold_sample`): the candidate is fitted on
+    ``size`` seeded rows only (``fit(gallery_rows [S, D], further_rows [U, D] or None)``,
+    :func:`xmodal.retrieval.index.fold_run_normalizer` of the candidate with ``extra``), and the captions'
+    near videos and own videos get the bias the fitted scaling gives them (one column update,
+    :func:`xmodal.retrieval.index.gallery_bias`'s ``extra``), so a candidate not folded costs a fit on
+    ``size`` rows and one pass of the captions over the gallery, never a fit on the gallery.
+
+    Returns:
+        ``(record, folded)``: :func:`choose_fold`'s record plus ``"sample_rows"`` (rows fitted on: the whole
+        gallery when it is no larger) and ``"near_rows"``, and ``folded``, the gallery's own fit when the
+        sample is the whole gallery (else None: a folded candidate is then fitted on the gallery).
+    """
+    from xmodal._validate import float_matrix, short_repr
+
+    if not callable(fit):
+        raise TypeError(f"fit: expected a callable (gallery rows, further rows) -> folded record, got {short_repr(fit)}")
+    x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
+    picked = _sample(rows, queries, text_to_video, x is not None, size, neighbours, seed)
+    n = int(rows.shape[0])
+    if picked is None:
+        folded = fit(rows, x)
+        record = choose_fold(rows, folded, queries, text_to_video, extra=x, seed=seed, n_boot=n_boot)
+        record.update(sample_rows=n, near_rows=0)
+        return record, folded
+    uniform, part, near, near_rows, t2v = picked
+    further = near_rows if x is None else torch.cat([near_rows, x])
+    fitted = fit(part, further if len(further) else None)
+    _check_folded(fitted, part.shape[1])
+    folded = {"normalizer": fitted["normalizer"], "query_shift": fitted.get("query_shift"), "bias": None}
+    if fitted.get("bias") is not None:
+        bias = torch.as_tensor(fitted["bias"]).float().cpu()
+        more = fitted.get("extra_bias") if len(further) else torch.zeros(0)
+        if more is None or len(more) != len(further):
+            raise ValueError(f"fit: expected an extra_bias of {len(further)} values for the further rows")
+        more = torch.as_tensor(more).float().cpu()
+        folded["bias"] = torch.cat([bias, more[:len(near)]])
+        if x is not None:
+            folded["extra_bias"] = more[len(near):]
+    record = choose_fold(torch.cat([part, near_rows]), folded, queries, t2v, extra=x, seed=seed, n_boot=n_boot)
+    record.update(sample_rows=int(len(uniform)), near_rows=int(len(near)))
+    return record, None
+
+
 def describe_choice(record: dict) -> str:
     """One line: how the index's normaliser was chosen (``xmodal index`` prints it, the search page shows it)."""
     if not isinstance(record, dict):
@@ -206,8 +339,14 @@ def describe_choice(record: dict) -> str:
         return str(record.get("why", ""))
     cand, n, f, t = record["candidate"], record["none"], record["fold"], record["test"]
     where = f"{record['queries']:,} {record.get('source', 'captions')}"
+    sample, gallery = record.get("sample_rows"), record.get("gallery", 0)
+    of = f"a seeded sample of {sample:,} of the {gallery:,} gallery videos and the captions' " \
+         f"{record.get('near_rows', 0):,} nearest" if sample and sample < gallery else \
+        f"the {gallery:,}-video gallery"
     if record.get("added_videos"):
-        where += f" (their {record['added_videos']:,} videos added to the {record.get('gallery', 0):,}-video gallery)"
+        where += f" (their {record['added_videos']:,} videos added to {of})"
+    elif sample and sample < gallery:
+        where += f" against {of} (their own videos included)"
     if record.get("too_few"):
         return f"measured on {where}: {record['too_few']}"
     verdict = (f"{cand} is clear of none, folded" if t["clear"] else f"{cand} is not clear of none, none folded")

@@ -20,8 +20,9 @@ An approximate index states its quality: given a sample of queries (``queries=``
 trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95
 by default), the build searches them exactly (:func:`xmodal.retrieval.recall.exact_topk`,
 blockwise brute force over the same folded vectors) and approximately, and keeps the
-smallest ``nprobe`` / ``efSearch`` whose recall@10 reaches the target
-(:func:`~xmodal.retrieval.recall.smallest_reaching`); ``recall_at_10``,
+cheapest ``nprobe`` / ``efSearch`` whose recall@10 reaches the target
+(:func:`~xmodal.retrieval.recall.smallest_reaching`) that no other measured row, the exact scan included,
+beats (:mod:`xmodal.retrieval.curve`; when the exact scan wins, exact search); ``recall_at_10``,
 ``recall_queries`` and ``search_params`` record it. ``search(..., nprobe=, ef_search=)``
 overrides the parameter, ``exact=True`` searches exactly (``ivf``: every cell; ``hnsw``:
 its flat storage; not ``ivfpq``, which keeps no exact vectors).
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +174,9 @@ class BiasedIndex:
             (``nprobe`` default 8 without queries; ``ef_search`` default 64).
         block_rows: gallery rows per block while building.
         seed: of the training sample and the k-means.
+        progress: the long steps' progress (the exact top-10, the cell counts, adding, the settings
+            measured) as :func:`xmodal.progress.progress`'s ``show``: False (silent, the default), None (a
+            bar on a terminal, else a line every 30 s) or True.
 
     Attributes:
         recall_at_10: measured recall@10 at ``search_params`` (1.0 for ``flat``; None when
@@ -190,8 +193,10 @@ class BiasedIndex:
 
     def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat", queries: Any = None,
                  target_recall: float | None = None, nlist: int | None = None, nprobe: int | None = None,
-                 ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0) -> None:
+                 ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0,
+                 progress: bool | None = False) -> None:
         faiss = import_faiss()
+        self._show = progress
         self.kind = option(kind, "kind", KINDS)
         if gallery is None:
             raise TypeError("gallery: expected [N, D] embeddings (numpy or torch), got None")
@@ -253,12 +258,12 @@ class BiasedIndex:
             _release_freed_memory()  # the training sample's pages, before the index grows
             if self.kind == "ivfpqr":  # fast-scan lists and the refine codes: FAISS's own add, block by block
                 self.index.k_factor = REFINE_K_FACTOR
-                for _, _, block in blocks():
+                for _, _, block in _counted(blocks, n, "index: adding", progress)():
                     self.index.add(block)
             else:
-                _add_presized(ivf, blocks, n)
+                _add_presized(ivf, blocks, n, progress)
         else:
-            for _, _, block in blocks():
+            for _, _, block in _counted(blocks, n, "index: adding", progress)():
                 self.index.add(block)
         _release_freed_memory()
         self.recall_at_10: float | None = 1.0 if self.kind == "flat" else None
@@ -285,7 +290,8 @@ class BiasedIndex:
         as the vectors compared per query (centroids + the probed cells' rows, cell sizes from the
         training sample). The cheapest (cells, nprobe) reaching the target wins; none reaching it: the
         largest candidate. Returns ``(nlist, its centroids, [{"nlist", "nprobe", "recall_at_10",
-        "compared"}, ...])`` (each candidate's cheapest setting reaching the target, or its best)."""
+        "compared", "reaches_target", "chosen"}, ...])`` (each candidate's cheapest setting reaching the
+        target, or its best; ``xmodal index`` prints it and stores it as ``meta.json["nlist_choice"]``)."""
         faiss = import_faiss()
         from xmodal.retrieval.recall import sample_rows
 
@@ -296,6 +302,10 @@ class BiasedIndex:
         top_vecs = _place(_take(rows, top_rows), b[top_rows], self.width)
         where = {int(r): i for i, r in enumerate(top_rows)}
         best, table, centroids = None, [], {}
+        from xmodal.progress import progress
+
+        bar = progress(total=len(candidates), desc="index: training the cell quantisers", unit="cell count",
+                       show=getattr(self, "_show", False))
         for c in candidates:
             ivf = faiss.index_factory(self.width, f"IVF{c},Flat", faiss.METRIC_INNER_PRODUCT)
             ivf.cp.niter, ivf.cp.seed = 10, int(seed)
@@ -323,7 +333,11 @@ class BiasedIndex:
             del ivf, x
             if row["reaches_target"] and (best is None or row["compared"] < best["compared"]):
                 best = row
+            bar.update(1)
+        bar.close()
         chosen = best["nlist"] if best is not None else candidates[-1]
+        for row in table:
+            row["chosen"] = row["nlist"] == chosen
         _release_freed_memory()
         return chosen, centroids[chosen], table
 
@@ -387,54 +401,103 @@ class BiasedIndex:
     def _exact(self, q: np.ndarray, blocks, k: int) -> np.ndarray:
         from xmodal.retrieval.recall import exact_topk
 
-        return exact_topk(q, blocks(), k)[1]
+        return exact_topk(q, _counted(blocks, self.num_items, f"index: exact top-{k} of {q.shape[0]} recall queries",
+                                      getattr(self, "_show", False))(), k)[1]
 
     def _tune(self, queries: np.ndarray, blocks) -> None:
-        """The smallest setting reaching the target; when none does, the smallest (the fastest: the
-        search's cost grows with nprobe / efSearch) within :data:`RECALL_TOLERANCE` of the best recall
-        measured. Every setting tried goes into :attr:`curve` with its recall and queries/s."""
+        """Measure the curve and keep a setting no row of it dominates (:func:`xmodal.retrieval.curve.keep`).
+
+        The settings tried are those :func:`~xmodal.retrieval.recall.smallest_reaching` visits on its way
+        to the target (when none reaches it, also on its way to the best recall less
+        :data:`RECALL_TOLERANCE`); ``ivf`` and ``hnsw`` also time an exact scan (``ivf``: every cell;
+        ``hnsw``: its flat storage). Each row's queries/s is the best of
+        :data:`~xmodal.retrieval.curve.RATE_PASSES` passes. Among the rows reaching the target (else the
+        best recall less the tolerance) the cheapest within the timing noise of the fastest is kept: on a
+        small gallery that is often the exact scan, and then the index keeps exact search
+        (``search_params == {"exact": True}``, :meth:`search`'s default) and :attr:`kind_advice` says
+        the kind is the wrong one for this gallery."""
+        from xmodal.retrieval import curve as curves
         from xmodal.retrieval.recall import recall_at_k, smallest_reaching
 
         q = self._fold_queries(queries)
         k = min(10, self.num_items)
         exact = self._exact_rows  # computed before the build (the cell count was chosen on it)
         speed: dict[int, float] = {}
+        name = self._param_name
+        from xmodal.progress import progress
+
+        bar = progress(desc=f"index: measuring recall@10 and queries/s ({name})", unit="setting",
+                       show=getattr(self, "_show", False))
 
         def measure(v: int) -> float:
-            start = time.perf_counter()
-            got = self._search_with(q, k, v)
-            speed[v] = q.shape[0] / max(time.perf_counter() - start, 1e-9)
-            return recall_at_k(got, exact, k)
+            got = {}
+
+            def run() -> None:
+                got.setdefault("rows", self._search_with(q, k, v))
+
+            speed[v] = curves.timed_rate(run, q.shape[0], {name: int(v)})
+            bar.set_postfix_str(f"{name} {v}")
+            bar.update(1)
+            return recall_at_k(got["rows"], exact, k)
 
         candidates = self._candidates(k)
-        best, recall, met, tried = smallest_reaching(measure, candidates, self.target_recall)
-        if not met:  # the best trade-off: nothing reaches the target, so the cheapest near the best recall
+        _, _, met, tried = smallest_reaching(measure, candidates, self.target_recall)
+        if not met:  # nothing reaches the target: the cheap settings near the best recall are measured too
             top = max(tried.values())
             cached = lambda v: tried[v] if v in tried else measure(v)  # noqa: E731
-            best, recall, _, tried2 = smallest_reaching(cached, candidates, top - RECALL_TOLERANCE)
-            tried.update(tried2)
-        self._set_params(best)
-        self.recall_at_10, self.recall_queries, self.target_met = recall, int(q.shape[0]), met
+            tried.update(smallest_reaching(cached, candidates, top - RECALL_TOLERANCE)[3])
         self.recall_tried = tried
-        self.curve = [{self._param_name: int(v), "recall_at_10": float(tried[v]),
-                       "queries_per_s": float(speed[v])} for v in sorted(tried)]
-        if self.kind == "hnsw":  # an exact scan of the stored vectors: the point a high efSearch competes with
-            start = time.perf_counter()
-            import_faiss().downcast_index(self.index.storage).search(q, k)
-            self.curve.append({self._param_name: None, "exact": True, "recall_at_10": 1.0,
-                               "queries_per_s": float(q.shape[0] / max(time.perf_counter() - start, 1e-9))})
+        self.curve = [{name: int(v), "recall_at_10": float(tried[v]), "queries_per_s": float(speed[v])}
+                      for v in sorted(tried)]
+        if self.kind in ("ivf", "hnsw"):  # an exact scan of the stored vectors: the point every setting competes with
+            got = {}
+
+            def scan() -> None:
+                got.setdefault("rows", self._exact_search(q, k))
+
+            rate = curves.timed_rate(scan, q.shape[0], {name: None, "exact": True})
+            self.curve.append({name: None, "exact": True, "recall_at_10": float(recall_at_k(got["rows"], exact, k)),
+                               "queries_per_s": float(rate)})
+        bar.close()
+        best = max(p["recall_at_10"] for p in self.curve)
+        met = best >= self.target_recall
+        kept = curves.keep(self.curve, self.target_recall if met else best - RECALL_TOLERANCE)
+        self.kind_advice = None
+        if kept.get("exact"):
+            self._keep_exact()
+            self.kind_advice = (f"an exact scan ({kept['queries_per_s']:,.0f} queries/s) is as fast as every {self.kind} "
+                                f"setting reaching recall@10 {self.target_recall:.3f} on this gallery, so the index "
+                                f"keeps exact search: --kind flat is the index for this gallery")
+        else:
+            self._set_params(kept[name])
+        self.recall_at_10, self.recall_queries, self.target_met = kept["recall_at_10"], int(q.shape[0]), met
+
+    def _exact_search(self, q: np.ndarray, k: int) -> np.ndarray:
+        """Exact top-``k`` rows through the index's own vectors (``ivf``: every cell; ``hnsw``: its storage)."""
+        if self.kind == "hnsw":
+            return import_faiss().downcast_index(self.index.storage).search(q, k)[1]
+        return self._search_with(q, k, self.nlist)
+
+    def _keep_exact(self) -> None:
+        """Exact search as the index's default (``ivf``: the saved nprobe is every cell, exact by itself)."""
+        if self.kind == "ivf":
+            import_faiss().extract_index_ivf(self.index).nprobe = self.nlist
+        self.search_params = {"exact": True}
+        self.default_exact = True
 
     def _measure_fixed(self, queries: np.ndarray, blocks) -> None:
         from xmodal.retrieval.recall import recall_at_k
 
         q = self._fold_queries(queries)
         k = min(10, self.num_items)
-        start = time.perf_counter()
-        got = self.index.search(q, k)[1]
-        qps = q.shape[0] / max(time.perf_counter() - start, 1e-9)
-        self.recall_at_10 = recall_at_k(got, self._exact(q, blocks, k), k)
-        self.recall_queries = int(q.shape[0])
+        from xmodal.retrieval import curve as curves
+
+        got = {}
         (name, value), = self.search_params.items()
+        qps = curves.timed_rate(lambda: got.setdefault("rows", self.index.search(q, k)[1]), q.shape[0],
+                                {name: int(value)})
+        self.recall_at_10 = recall_at_k(got["rows"], self._exact(q, blocks, k), k)
+        self.recall_queries = int(q.shape[0])
         self.curve = [{name: int(value), "recall_at_10": float(self.recall_at_10), "queries_per_s": float(qps)}]
 
     # -- search ---------------------------------------------------------------------------
@@ -461,6 +524,8 @@ class BiasedIndex:
             raise TypeError(f"bias: expected True or False, got {short_repr(bias)}")
         q = self._fold_queries(_float32(queries, "queries"), bias)
         k = min(int(k), self.num_items)
+        if not exact and nprobe is None and ef_search is None and getattr(self, "default_exact", False):
+            exact = True  # the build measured exact search as fast as every setting reaching the target
         if exact:
             if nprobe is not None or ef_search is not None:
                 raise ValueError("exact: give exact or a search parameter (nprobe / ef_search), not both")
@@ -557,23 +622,39 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _add_presized(ivf: Any, blocks: Any, n: int) -> None:
+def _add_presized(ivf: Any, blocks: Any, n: int, progress: bool | None = False) -> None:
     """Fill an IVF index in two passes over the blocks: assign every vector to its cell, give
     each cell's list exactly that capacity, then add with the assignments. A list growing by
-    doubling would hold up to twice the index at its peak."""
+    doubling would hold up to twice the index at its peak. ``progress``: each pass's (:func:`_counted`)."""
     faiss = import_faiss()
     assign = np.empty(n, np.int64)
-    for start, stop, block in blocks():
+    for start, stop, block in _counted(blocks, n, "index: assigning cells", progress)():
         assign[start:stop] = ivf.quantizer.search(block, 1)[1][:, 0]
     lists = faiss.downcast_InvertedLists(ivf.invlists)
     for cell, count in enumerate(np.bincount(assign, minlength=ivf.nlist).tolist()):
         if count:
             lists.resize(cell, count)  # allocates exactly count entries ...
             lists.resize(cell, 0)      # ... and keeps them while empty
-    for start, stop, block in blocks():
+    for start, stop, block in _counted(blocks, n, "index: adding", progress)():
         block = np.ascontiguousarray(block, dtype=np.float32)
         ids = np.arange(start, stop, dtype=np.int64)
         ivf.add_core(stop - start, faiss.swig_ptr(block), faiss.swig_ptr(ids), faiss.swig_ptr(assign[start:stop]))
+
+
+def _counted(blocks: Any, n: int, desc: str, show: bool | None) -> Any:
+    """``blocks`` (a function yielding ``(start, stop, rows)``) reporting the rows done through
+    :func:`xmodal.progress.progress` (count, fraction, rate and time left); ``show`` False: ``blocks`` itself."""
+    if show is False:
+        return blocks
+
+    def counted():
+        from xmodal.progress import progress
+
+        with progress(total=int(n), desc=desc, unit="video", show=show) as bar:
+            for item in blocks():
+                yield item
+                bar.update(int(item[1]) - int(item[0]))
+    return counted
 
 
 def _is_source(x: Any) -> bool:

@@ -29,10 +29,12 @@ __all__ = ["embed_rows", "run_metrics", "captioned_everywhere"]
 
 
 @torch.no_grad()
-def embed_rows(encode: Callable, features: Any, mask: Any = None, *, block_rows: int = 8192) -> torch.Tensor:
+def embed_rows(encode: Callable, features: Any, mask: Any = None, *, block_rows: int = 8192,
+               progress: bool | None = False) -> torch.Tensor:
     """``encode(features[a:b], mask[a:b])`` block by block into one preallocated float32 ``[N, D]`` tensor
     (``model.encode_video`` would hold every block and their concatenation: twice the embeddings).
-    ``features`` / ``mask``: arrays or dicts of them (experts), sliced by rows.
+    ``features`` / ``mask``: arrays or dicts of them (experts), sliced by rows. ``progress``: as
+    :func:`xmodal.progress.progress`'s ``show`` (False: silent), counting rows.
 
     >>> embed_rows(lambda x, m: torch.as_tensor(x) * 2, np.ones((5, 2)), block_rows=2).tolist()[-1]
     [2.0, 2.0]
@@ -47,12 +49,16 @@ def embed_rows(encode: Callable, features: Any, mask: Any = None, *, block_rows:
         raise TypeError(f"features: expected rows [N, ...] (or a dict of them), got {short_repr(features)}")
     n = int(first.shape[0])
     out = None
-    for start in range(0, n, block_rows):
-        sl = slice(start, min(n, start + block_rows))
-        emb = encode(_rows(features, sl), _rows(mask, sl))
-        if out is None:
-            out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
-        out[sl] = emb.float()
+    from xmodal.progress import progress as reporter
+
+    with reporter(total=n, desc="embed videos", unit="video", show=progress) as bar:
+        for start in range(0, n, block_rows):
+            sl = slice(start, min(n, start + block_rows))
+            emb = encode(_rows(features, sl), _rows(mask, sl))
+            if out is None:
+                out = torch.empty((n, emb.shape[1]), dtype=torch.float32)
+            out[sl] = emb.float()
+            bar.update(sl.stop - sl.start)
     if out is None:
         raise ValueError("features: no rows (0)")
     return out

@@ -34,6 +34,8 @@ class Searcher:
         self.text_dim = int(arch["text"]["in_dim"]) if "text" in arch else None
         self.num_items = int(self.index.index.num_items)
         self.extras = IndexExtras(self.index.path, num_items=self.num_items, dim=int(self.index.shift.shape[0]))
+        if self.extras.texts_index is not None:  # a build that measured exact search the fastest keeps it
+            self.extras.texts_index.default_exact = _kept_exact(self.meta.get("texts_index"))
         names = self.index.names
         self._items: dict[str, int] = {}
         for i, n in enumerate(names if names is not None else (str(i) for i in range(self.num_items))):
@@ -58,7 +60,7 @@ class Searcher:
         """The FAISS index's measured recall: ``{"recall_at_10", "recall_queries", "search_params", "exact"}``
         (from ``meta.json``; an exact index has recall 1)."""
         meta = self.meta
-        exact = meta.get("kind", "flat") == "flat"  # FAISS's flat index is exact search
+        exact = meta.get("kind", "flat") == "flat" or _kept_exact(meta)  # flat, or exact kept by the build
         recall = 1.0 if exact else meta.get("recall_at_10")
         return {"recall_at_10": recall if isinstance(recall, (int, float)) else None,
                 "recall_queries": meta.get("recall_queries"), "search_params": meta.get("search_params"),
@@ -189,7 +191,7 @@ class Searcher:
     def _how(self, index: Any, params: Any) -> dict:
         """The quality of a video-query search through ``index``: exact for flat, else approximate with
         the recall not measured for video queries (the stored recall is the text queries')."""
-        exact = index.kind == "flat"
+        exact = index.kind == "flat" or bool(getattr(index, "default_exact", False))
         return {"exact": exact, "recall_at_10": 1.0 if exact else None, "recall_queries": None,
                 "search_params": None if exact else params}
 
@@ -266,3 +268,9 @@ class IndexHolder:
             self.searcher, self.signature = searcher, sig
             self.reloads += 1
             return searcher
+
+
+def _kept_exact(meta: Any) -> bool:
+    """Whether an index's ``meta.json`` record keeps exact search (``search_params == {"exact": true}``)."""
+    params = meta.get("search_params") if isinstance(meta, dict) else None
+    return isinstance(params, dict) and params.get("exact") is True
