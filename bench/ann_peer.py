@@ -467,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collections", nargs="+", default=["synthetic", "flickr8k"])
     p.add_argument("--root", default="/tmp/ann_peer")
     p.add_argument("--peer-python", default=str(ROOT / ".peer-venv" / "bin" / "python"))
+    p.add_argument("--budgets", nargs="+", default=[b for b, _ in BUDGETS], choices=[b for b, _ in BUDGETS],
+                   help="which budgets to build (default all)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cli", action="store_true", help="also xmodal index (CLI) vs autofaiss, same factory")
@@ -496,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         n, d = np.load(coll["emb"], mmap_mode="r").shape
         built = []
         for label, budget in budgets(n, d):
+            if label not in args.budgets:
+                continue
             built += build_pair(work, coll, label.replace("%", "pct"), budget, args)
             built[-2]["budget"] = built[-1]["budget"] = label
         if args.cli and name == "synthetic":
