@@ -361,7 +361,7 @@ def evaluate(entries: list[dict], coll: dict, repeats: int) -> None:
     del flat, g
     searchers = []
     for e in entries:
-        if e["who"] == "xmodal":
+        if e["who"].startswith("xmodal"):
             idx = BiasedIndex.load(e["path"], dim=q.shape[1])
             searchers.append(lambda idx=idx: idx.search(q, 10)[1])
             e["compared"] = compared_per_query(idx.index, idx._fold_queries(q))
@@ -386,14 +386,17 @@ def evaluate(entries: list[dict], coll: dict, repeats: int) -> None:
 
 # ----------------------------------------------------------------------------- the bench
 def build_pair(work: Path, coll: dict, label: str, budget: int, args: argparse.Namespace,
-               index_key: str | None = None) -> list[dict]:
+               index_key: str | None = None, sides: tuple = ("autofaiss", "xmodal")) -> list[dict]:
     """autofaiss and xmodal built in child processes within ``budget`` bytes."""
     d = int(np.load(coll["emb"], mmap_mode="r").shape[1])
     n = int(np.load(coll["emb"], mmap_mode="r").shape[0])
     out = []
-    for who in ("autofaiss", "xmodal"):
+    for who in sides:
         folder = work / f"{label}_{who}"
         folder.mkdir(parents=True, exist_ok=True)
+        if args.reuse and (folder / "cost.json").is_file():  # built by an earlier run of this command
+            out.append(_entry(who, label, budget, json.loads((folder / "cost.json").read_text()), folder))
+            continue
         for stale in folder.glob("*"):
             stale.unlink()
         me = [str(HERE / "ann_peer.py"), f"child-{who}", "--out", str(folder), "--budget", f"{budget}B",
@@ -405,34 +408,44 @@ def build_pair(work: Path, coll: dict, label: str, budget: int, args: argparse.N
             kind = kind_for_budget(budget, n, d)
             cmd = [sys.executable, *me, "--emb", str(coll["emb"]), "--tune", str(coll["tune"]), "--kind", kind]
         cost = run_child(cmd, folder / "log.txt", args.threads)
-        info = json.loads((folder / "child.json").read_text())
-        e = {"who": who, "budget": label, "budget_bytes": budget, **cost}
-        if who == "autofaiss":
-            infos = info["infos"] or {}
-            e.update(path=folder / "knn.index", factory=infos.get("index_key", "?"),
-                     index_param=infos.get("index_param", ""), setting=infos.get("index_param", ""))
-        else:
-            e.update(path=folder / "index.faiss", factory=info["factory"], kind=info["kind"],
-                     setting=",".join(f"{k}={v}" for k, v in info["search_params"].items()),
-                     budget_option=info["budget_option"], choice=info.get("choice"))
-        out.append(e)
+        (folder / "cost.json").write_text(json.dumps(cost))
+        out.append(_entry(who, label, budget, cost, folder))
     return out
+
+
+def _entry(who: str, label: str, budget: int, cost: dict, folder: Path) -> dict:
+    """A built index's row: its build cost and what the child recorded (``child.json``)."""
+    info = json.loads((folder / "child.json").read_text())
+    e = {"who": who, "budget": label, "budget_bytes": budget, **cost}
+    if who == "autofaiss":
+        infos = info["infos"] or {}
+        e.update(path=folder / "knn.index", factory=infos.get("index_key", "?"),
+                 index_param=infos.get("index_param", ""), setting=infos.get("index_param", ""))
+    else:
+        e.update(path=folder / "index.faiss", factory=info["factory"], kind=info["kind"],
+                 setting=",".join(f"{k}={v}" for k, v in info["search_params"].items()),
+                 budget_option=info["budget_option"], choice=info.get("choice"))
+    return e
 
 
 def cli_rows(work: Path, coll: dict, args: argparse.Namespace) -> list[dict]:
     """``xmodal index --kind ivf --normalizer none`` of the raw gallery against autofaiss with its factory."""
-    folder = work / "cli_xmodal"
-    cost = run_child([sys.executable, "-m", "xmodal", "index", "--run", str(coll["run"]), "--video-features",
-                      str(coll["raw"]), "--kind", "ivf", "--normalizer", "none", "--out", str(folder),
-                      "--overwrite", "--threads", str(args.threads), "--no-progress"], work / "cli_log.txt",
-                     args.threads)
+    folder = work / "cli_index"
+    if args.reuse and (work / "cli_cost.json").is_file():
+        cost = json.loads((work / "cli_cost.json").read_text())
+    else:
+        cost = run_child([sys.executable, "-m", "xmodal", "index", "--run", str(coll["run"]), "--video-features",
+                          str(coll["raw"]), "--kind", "ivf", "--normalizer", "none", "--out", str(folder),
+                          "--overwrite", "--threads", str(args.threads), "--no-progress"], work / "cli_log.txt",
+                         args.threads)
+        (work / "cli_cost.json").write_text(json.dumps(cost))
     meta = json.loads((folder / "meta.json").read_text())
     x = {"who": "xmodal index (CLI)", "budget": "same factory", "factory": meta["factory"],
          "setting": ",".join(f"{k}={v}" for k, v in meta["search_params"].items()),
          "path": folder / "index.faiss", "kind": "ivf", **cost}
     n = int(np.load(coll["emb"], mmap_mode="r").shape[0])
-    peer = build_pair(work, coll, "cli", 4 * n * (DIM + 2) * 2, args, index_key=meta["factory"])[0]
-    peer["budget"] = "same factory"
+    peer = build_pair(work, coll, "cli", 4 * n * (DIM + 2) * 2, args, index_key=meta["factory"], sides=("autofaiss",))[0]
+    peer["budget"], peer["budget_bytes"] = "same factory", None  # no budget: the factory is given
     return [x, peer]
 
 
@@ -471,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="which budgets to build (default all)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--reuse", action="store_true", help="keep the indexes (and their measured build cost) an earlier "
+                   "run under --root left; build only the missing ones")
     p.add_argument("--cli", action="store_true", help="also xmodal index (CLI) vs autofaiss, same factory")
     p.add_argument("--write", default=None, help="the result file (docs/results/data/ann_peer.json)")
     # children
