@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench docs venv clean
+.PHONY: demo test bench docs venv clean peer-env
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -42,5 +42,18 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench_normalize.py --quick --repeats 1
 	$(BIN)/python bench/bench_gpu.py --quick
 
+# bench/ann_peer.py's peer: autofaiss in its own environment (never in .venv: it pins numpy < 2).
+# faiss-cpu 1.13.2: the newest whose Python wrappers take the keyword arguments autofaiss 2.18.0 passes
+# (1.14 and 1.15 refuse faiss.OPQMatrix(d, M=..., d2=...)); both index files are searched under the project's FAISS.
+PEER_VENV ?= .peer-venv
+PEER_STAMP := $(PEER_VENV)/.installed
+PEER_PINS := autofaiss==2.18.0 faiss-cpu==1.13.2 numpy==1.26.4 pandas==2.2.3 pyarrow==18.1.0
+$(PEER_STAMP):
+	$(PY) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet $(PEER_PINS)
+	touch $(PEER_STAMP)
+
+peer-env: $(PEER_STAMP)
+
 clean:
-	rm -rf $(VENV) runs site .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PEER_VENV) runs site .pytest_cache .hypothesis

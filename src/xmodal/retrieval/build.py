@@ -132,6 +132,9 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     if show is not False and hasattr(log, "clear"):
         log.clear()  # the counted lines below say where the encoding is
     rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names, progress=show)
+    from xmodal.retrieval.index import _release_freed_memory
+
+    _release_freed_memory()  # the encoder's freed block buffers, before the index grows (issue 43 item 7)
     created = not out.exists()
     try:
         folded, choice = _fold(model, rows, normalizer, _run_metric(run), select_on, say, seed)
@@ -256,7 +259,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         np.save(f, array, allow_pickle=False)
 
 
-def write_rows_npy(path: str | os.PathLike, rows: Any, *, dtype: Any = np.float32, block_rows: int = 65536) -> None:
+def write_rows_npy(path: str | os.PathLike, rows: Any, *, dtype: Any = np.float32, block_rows: int = 16384) -> None:
     """Write ``rows`` (``[N, D]``: an array, a tensor, or a row source sliced as ``rows[a:b]``) to a ``.npy``
     file of ``dtype`` one block at a time, with plain writes: never through a memory map, on which a
     full disk is a SIGBUS instead of an ``OSError``. Memory: one block.
@@ -287,7 +290,7 @@ def write_rows_npy(path: str | os.PathLike, rows: Any, *, dtype: Any = np.float3
         for start in range(0, n, block_rows):
             block = rows[start:start + block_rows]
             block = block.detach().cpu().numpy() if hasattr(block, "detach") else np.asarray(block)
-            f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+            f.write(np.ascontiguousarray(block, dtype=dtype).data)  # the array's own buffer: no bytes copy
 
 
 def _num_rows(features: Any) -> int:
