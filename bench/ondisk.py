@@ -228,23 +228,33 @@ def _table(columns: list[str], formats: list, rows: list[list]) -> dict:
 def tables(results: dict) -> dict:
     """The stages, the queries/s and the projection as tables for ``docs/hooks/numbers.py``."""
     dash = "–"
-    g, tr, sh, me = results["gallery"], results["train"], results["shards_stage"], results["merge"]
-    stages = [
-        ["generate the float16 gallery (seeded)", 1, g["wall_s"], g["cpu_s"], g["peak_anon_mb"]],
-        [f"train {tr['factory']} on {tr['train_rows']:,} sampled rows", 1, tr["wall_s"], tr["cpu_s"],
-         tr["peak_anon_mb"]],
-        [f"{len(sh['cpu_s_per_task'])} shards added as tasks on {results['cluster']} (per task: max)",
-         len(sh["worker_pids"]), sh["wall_s"], sum(sh["cpu_s_per_task"]), max(sh["peak_anon_mb_per_task"])],
-        ["the same, the driver (client and scheduler)", 1, dash, sh["driver_cpu_s"], sh["driver_peak_anon_mb"]],
-        [f"merge + recall ({me['recall_queries']:,} queries, exact search)", 1, me["wall_s"], me["cpu_s"],
-         me["peak_anon_mb"]],
-        ["search, lists on disk (memory-mapped)", 1, dash, dash, results["search_disk"]["peak_anon_mb"]],
-    ]
+    stages = []
+    if "gallery" in results:
+        g = results["gallery"]
+        stages.append(["generate the float16 gallery (seeded)", 1, g["wall_s"], g["cpu_s"], g["peak_anon_mb"]])
+    if "train" in results:
+        tr = results["train"]
+        stages.append([f"train {tr['factory']} on {tr['train_rows']:,} sampled rows", 1, tr["wall_s"], tr["cpu_s"],
+                       tr["peak_anon_mb"]])
+    if "shards_stage" in results:
+        sh = results["shards_stage"]
+        stages += [[f"{len(sh['cpu_s_per_task'])} shards added as tasks on {results['cluster']} (per task: max)",
+                    len(sh["worker_pids"]), sh["wall_s"], sum(sh["cpu_s_per_task"]), max(sh["peak_anon_mb_per_task"])],
+                   ["the same, the driver (client and scheduler)", 1, dash, sh["driver_cpu_s"],
+                    sh["driver_peak_anon_mb"]]]
+    if "merge" in results:
+        me = results["merge"]
+        stages.append([f"merge + recall ({me['recall_queries']:,} queries, exact search)", 1, me["wall_s"],
+                       me["cpu_s"], me["peak_anon_mb"]])
+    if "search_disk" in results:
+        stages.append(["search, lists on disk (memory-mapped)", 1, dash, dash, results["search_disk"]["peak_anon_mb"]])
     if results.get("search_both"):
         stages.append(["search, on disk and the same lists in memory (one process)", 1, dash, dash,
                        results["search_both"]["peak_anon_mb"]])
     out = {"stages": _table(["stage", "processes", "wall s", "CPU s", "peak RssAnon MB"],
                             [None, None, ".0f", ".0f", ".0f"], stages)}
+    if not {"shards_stage", "merge", "search_disk"} <= set(results):
+        return out  # a run cut short (--from-log): its finished stages only
     both = results.get("search_both") or {"runs": []}
     out["search"] = _table(["nprobe", "on disk, cold", "on disk, warm", "in memory", "cold / memory",
                             "warm / memory"], [None, ".0f", ".0f", ".0f", ".2f", ".2f"],
@@ -260,6 +270,40 @@ def tables(results: dict) -> dict:
           f"{r['sample_rows']:,}", r["lists_gb"], r["gallery_gb"], r["train_cpu_h"], r["add_cpu_h"],
           r["merge_cpu_h"], f"{r['shards']:,}"] for r in proj["rows"]])
     return out
+
+
+def from_log(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--from-log LOG --write FILE``: the stage lines (``NAME {...}``) a run printed, as a result file whose
+    ``command`` is that run's (these flags without ``--from-log``) and whose ``stages_done`` names what it had
+    finished; its tables hold those stages only."""
+    import ast
+
+    sys.path.insert(0, str(ROOT_SRC))
+    from resultfile import provenance, write_json
+
+    if not args.write:
+        raise SystemExit("--from-log: give --write FILE.json")
+    names = {"gallery": "gallery", "train": "train", "shards": "shards_stage", "merge": "merge"}
+    results: dict = {"videos": args.videos, "dim": args.dim, "kind": args.kind, "shards": args.shards,
+                     "cluster": args.cluster}
+    for line in Path(args.from_log).read_text().splitlines():
+        name, _, rest = line.partition(" ")
+        if name in names and rest.startswith("{"):
+            results[names[name]] = ast.literal_eval(rest)
+    results["stages_done"] = [k for k in names.values() if k in results]
+    results["tables"] = tables(results)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run_argv = [a for i, a in enumerate(argv) if a not in ("--from-log", "--log-commit")
+                and (i == 0 or argv[i - 1] not in ("--from-log", "--log-commit"))]
+
+    data = provenance("bench/ondisk.py", run_argv, f"bench/ondisk.py --from-log: the stages this run had printed "
+                      f"to its log ({', '.join(results['stages_done'])}) when the file was written; the run's "
+                      f"later stages are not in it")
+    if args.log_commit:  # the numbers are the logged run's: its commit, this checkout's as the parser's
+        data.update(commit=args.log_commit, dirty=False, parsed_at_commit=data["commit"])
+    write_json(args.write, {**data, **results})
+    print(f"wrote {args.write}: {', '.join(results['stages_done'])}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,8 +324,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="stages to run (the others' files are reused from --root)")
     p.add_argument("--json", default=None)
     p.add_argument("--write", default=None, help="a result file (docs/results/data/NAME.json) with the tables")
+    p.add_argument("--from-log", default=None, metavar="LOG", help="with --write: the result file of the stages a "
+                   "run (given the same other flags) printed to LOG so far (a run cut short or still running)")
+    p.add_argument("--log-commit", default=None, help="--from-log: the commit the logged run ran at (a clean checkout)")
     p.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.from_log:
+        return from_log(args, argv)
     if args.stage:
         print(json.dumps(stage(args.stage, args)))
         return 0
