@@ -290,8 +290,6 @@ def _encode_rows(args: argparse.Namespace, items: list, show: bool | None) -> np
     kind = "text" if args.kind == "text" else "images"
     model = args.model or ("minilm" if kind == "text" else "efficientnet-lite0")
     batch = (256 if kind == "text" else 32) if args.batch_size is None else args.batch_size
-    if batch < 1:
-        raise ValueError(f"--batch-size: expected a positive integer, got {batch}")
     if getattr(args, "cluster", None) is not None:
         from xmodal.execute.rows import encode_rows_on_cluster
 
