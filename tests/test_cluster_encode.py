@@ -120,7 +120,7 @@ def test_bad_cluster_flags_are_one_line(folder, tmp_path, capsys, flags, message
     assert len(err) == 1 and message in err[0], err
 
 
-def test_cluster_is_only_for_videos(tmp_path, capsys):
-    assert main(["encode", "text", "--captions", "x.txt", "--out", str(tmp_path / "t.npy"),
-                 "--cluster", "local:2"]) == 2
-    assert "--cluster: only for 'xmodal encode videos'" in capsys.readouterr().err
+def test_shard_is_only_for_videos(tmp_path, capsys):
+    # text and images take --cluster (tests/test_cluster_encode_rows.py), not --shard K/N
+    assert main(["encode", "text", "--captions", "x.txt", "--out", str(tmp_path / "t.npy"), "--shard", "1/2"]) == 2
+    assert "--shard: only for 'xmodal encode videos'" in capsys.readouterr().err

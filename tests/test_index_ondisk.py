@@ -109,3 +109,30 @@ def test_shards_added_on_a_local_cluster_merge_to_the_one_process_shards(tmp_pat
     for k in (1, 2, 3):
         one = add_shard(trained, rows, (k, 3), tmp_path / "one", bias=bias)
         assert (tmp_path / "cluster" / one.name).read_bytes() == one.read_bytes()
+
+
+def test_train_rows_sets_the_sample_the_coarse_quantiser_is_trained_on(tmp_path, gallery):
+    """``train_rows``: the k-means runs on that many seeded rows; the reference trains FAISS's IVF directly on
+    the same rows (the fold written out: the row, then the bias)."""
+    import faiss
+
+    from xmodal.retrieval.ondisk import train_empty
+    from xmodal.retrieval.recall import sample_rows
+
+    rows, bias, _ = gallery
+    n, d = rows.shape
+    info = train_empty(rows, tmp_path / "t.faiss", bias=bias, kind="ivf", nlist=20, seed=3, train_rows=300)
+    assert info["train_rows"] == 300
+    pick = sample_rows(n, 300, 3)
+    ref = faiss.index_factory(d + 1, "IVF20,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.extract_index_ivf(ref)
+    ivf.cp.niter, ivf.cp.seed = 10, 3
+    ref.train(np.hstack([rows[pick], bias[pick, None]]).astype(np.float32))
+    loaded = faiss.read_index(str(tmp_path / "t.faiss"))  # kept alive: the IVF view points into it
+    got = faiss.extract_index_ivf(loaded)
+    centroids = lambda index: faiss.downcast_index(index.quantizer).reconstruct_n(0, 20)  # noqa: E731
+    np.testing.assert_array_equal(centroids(got), centroids(ivf))
+    default = train_empty(rows, tmp_path / "d.faiss", bias=bias, kind="ivf", nlist=20, seed=3)
+    assert default["train_rows"] == min(n, 800)  # 40 a cell
+    with pytest.raises(ValueError, match="train_rows: 10 sampled rows cannot train 20 cells"):
+        train_empty(rows, tmp_path / "x.faiss", kind="ivf", nlist=20, train_rows=10)

@@ -152,3 +152,20 @@ def test_more_like_this_searches_the_merged_lists(run_dir, tmp_path, capsys):
     emb = np.load(out / "videos.npy")[7].astype(np.float32)
     found = ref.search(np.hstack([emb, [0.0]])[None, :].astype(np.float32), 6)[1][0]
     assert got == {int(j) for j in found if j != 7} and len(got) == 5
+
+
+def test_train_rows_is_checked_in_one_line(run_dir, tmp_path, capsys):
+    def flags(out):
+        return ["--run", str(run_dir / "run"), "--video-features", str(run_dir / "v.npy"), "--out", str(out),
+                "--kind", "ivf", "--nlist", "16"]
+
+    base = flags(tmp_path / "i")
+    assert _index(*base, "--train-rows", "100") == 2  # without --train-only
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--train-rows: only with --train-only" in err[0], err
+    assert _index(*base, "--train-only", "--train-rows", "10") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--train-rows: 10 sampled rows cannot train 16 cells" in err[0], err
+    assert _index(*base, "--train-only", "--train-rows", "640") == 0  # 40 a cell: the default sample, the same bytes
+    assert _index(*flags(tmp_path / "j"), "--train-only") == 0
+    assert (tmp_path / "i" / "trained.faiss").read_bytes() == (tmp_path / "j" / "trained.faiss").read_bytes()

@@ -70,7 +70,9 @@ naming it, a video whose file changed. 'data import --features FRAMES' makes a l
 --cluster local:N (N worker processes here) or --cluster tcp://HOST:8786 (a Dask scheduler; extra
 [cluster]) runs those shards as tasks (--cluster-shards N of them): a failed shard or one whose worker
 dies is retried, one progress line counts the videos of all workers, and FEATS gets the same files as
-one process (docs/scale.md: SLURM array jobs with --shard).
+one process (docs/scale.md: SLURM array jobs with --shard). Frames likewise. text and images encode in
+blocks of about 2048 rows (whole batches; a block's features depend on the block alone), and --cluster
+runs shards of whole blocks as tasks (text: not with --tokens): OUT holds the bytes one process writes.
 Other encoders registered with xmodal.features.encoders.register_encoder are selected with --model."""
 
 
@@ -104,11 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="videos: encode shard K of N of the collection (1 <= K <= N, N at most the "
                              "videos found and 100000; default: all, or RANK+1/WORLD_SIZE under torchrun)")
     parser.add_argument("--cluster", default=None, metavar="local:N|ADDRESS",
-                        help="videos: run the shards of --shard K/N as tasks on a Dask cluster (extra [cluster]): "
-                             "local:N starts N worker processes here, else a scheduler address (tcp://HOST:8786); "
-                             "failed or killed shards are retried; the same files as one process")
+                        help="videos, frames, text, images: run the shards (of --shard K/N; text and images: whole "
+                             "blocks of rows) as tasks on a Dask cluster (extra [cluster]): local:N starts N worker "
+                             "processes here, else a scheduler address (tcp://HOST:8786); failed or killed shards "
+                             "are retried; the same bytes as one process")
     parser.add_argument("--cluster-shards", type=int, default=None, metavar="N",
-                        help="videos --cluster: the number of shards N (default: 4 per worker)")
+                        help="--cluster: the number of shards N (default: 4 per worker)")
     parser.add_argument("--summary", action="store_true",
                         help="videos: encode nothing; add up the shard summaries in --out")
     parser.add_argument("--max-pixels", type=int, default=None, metavar="N",
@@ -159,10 +162,16 @@ def run(args: argparse.Namespace) -> int:
     video_only = [f for f, v in (("--frames", args.frames), ("--fps", args.fps), ("--all-frames", args.all_frames),
                                  ("--recursive", args.recursive), ("--truncated", args.truncated != "keep"),
                                  ("--max-pixels", args.max_pixels), ("--workers", args.workers != 1),
-                                 ("--shard", args.shard), ("--summary", args.summary),
-                                 ("--cluster", getattr(args, "cluster", None))) if v not in (None, False)]
+                                 ("--shard", args.shard), ("--summary", args.summary)) if v not in (None, False)]
     if video_only:
         raise ValueError(f"{video_only[0]}: only for 'xmodal encode videos'")
+    if getattr(args, "cluster", None) is not None or getattr(args, "cluster_shards", None) is not None:
+        from xmodal.commands._encode_cluster import check_cluster_flags
+
+        check_cluster_flags(args)
+        if getattr(args, "tokens", False):
+            raise ValueError("--tokens: not with --cluster yet (token arrays are padded to the longest caption of "
+                             "all); encode them in one process")
     if (getattr(args, "tokens", False) or getattr(args, "mask_out", None)) and args.kind != "text":
         raise ValueError("--tokens/--mask-out: only for 'xmodal encode text'")
     if getattr(args, "mask_out", None) and not args.tokens:
@@ -185,17 +194,11 @@ def run(args: argparse.Namespace) -> int:
                     captions, model=args.model or "minilm",
                     batch_size=256 if args.batch_size is None else args.batch_size, progress=progress)
             else:
-                feats = _in_blocks(lambda items, p: encoders.encode_text(
-                    items, model=args.model or "minilm", batch_size=256 if args.batch_size is None else args.batch_size,
-                    progress=p, device=args.device, precision=args.precision), captions, "encode text", "caption", progress_choice(args))
+                feats = _encode_rows(args, captions, progress_choice(args))
         else:
             if not args.dir:
                 raise ValueError("--dir: required for 'xmodal encode images'")
-            paths = _image_paths(args.dir, args.list)
-            feats = _in_blocks(lambda items, p: encoders.encode_images(
-                items, model=args.model or "efficientnet-lite0",
-                batch_size=32 if args.batch_size is None else args.batch_size, progress=p, device=args.device,
-                precision=args.precision), paths, "encode images", "image", progress_choice(args))
+            feats = _encode_rows(args, _image_paths(args.dir, args.list), progress_choice(args))
     except ModuleNotFoundError as exc:  # a missing optional extra is a user error, not a bug
         raise ValueError(str(exc)) from None
     out = Path(args.out)
@@ -219,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
     write_sidecar(out, record)
     shape = " x ".join(map(str, feats.shape))
     extra = f"; token mask {mask_out}" if mask is not None else ""
+    if getattr(args, "cluster", None) is not None:
+        extra += f"; in shards on {args.cluster}"
     print(f"wrote {out}: {shape}{extra} ({time.perf_counter() - start:.1f} s)")
     return 0
 
@@ -275,25 +280,29 @@ def _identity(args: argparse.Namespace, feats: np.ndarray, *, tokens: bool) -> d
     return record
 
 
-#: Items per call of the encoder when progress goes to a log file as lines.
-BLOCK = 2048
-
-
-def _in_blocks(fn, items: list, desc: str, unit: str, show: bool | None) -> np.ndarray:
-    """``fn(items, progress)``; without a terminal (``show`` None) in blocks of :data:`BLOCK` items with a
-    progress line every 30 s (:mod:`xmodal.progress`), else with the encoder's own bar or none."""
-    import sys
-
-    if show is not None or sys.stderr.isatty():
-        return fn(items, bool(show if show is not None else True))
+def _encode_rows(args: argparse.Namespace, items: list, show: bool | None) -> np.ndarray:
+    """``encode text|images``: the features of ``items`` block by block here, or in shards of whole blocks on
+    ``--cluster`` (the same bytes: :mod:`xmodal.features.blocks`); one progress line (``show``:
+    :func:`xmodal.progress.progress`)."""
+    from xmodal.features import encoders
+    from xmodal.features.blocks import encode_blocks
     from xmodal.progress import progress
 
-    out = []
-    with progress(total=len(items), desc=desc, unit=unit, show=None) as bar:
-        for start in range(0, len(items), BLOCK):
-            out.append(fn(items[start:start + BLOCK], False))
-            bar.update(len(out[-1]))
-    return np.concatenate(out)
+    kind = "text" if args.kind == "text" else "images"
+    model = args.model or ("minilm" if kind == "text" else "efficientnet-lite0")
+    batch = (256 if kind == "text" else 32) if args.batch_size is None else args.batch_size
+    if getattr(args, "cluster", None) is not None:
+        from xmodal.execute.rows import encode_rows_on_cluster
+
+        return encode_rows_on_cluster(items, args.out, kind=kind, model=model, batch_size=batch, cluster=args.cluster,
+                                      shards=args.cluster_shards, threads=getattr(args, "threads", None),
+                                      progress=show)
+    encode = encoders.encode_text if kind == "text" else encoders.encode_images
+    with progress(total=len(items), desc=f"encode {kind}", unit="caption" if kind == "text" else "image",
+                  show=show) as bar:
+        return encode_blocks(lambda part: encode(part, model=model, batch_size=batch, progress=False,
+                                                 device=args.device, precision=args.precision),
+                             items, batch_size=batch, on_block=bar.update)
 
 
 def _check_out(path: str, flag: str) -> None:

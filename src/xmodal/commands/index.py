@@ -138,6 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-only", action="store_true",
                         help="ivf/ivfpq built in shards: fold the gallery, train the quantisers on a sample and write "
                              "an empty index to --out (then --shard K/N or --cluster, then --merge)")
+    parser.add_argument("--train-rows", type=int, default=None, metavar="N",
+                        help="--train-only: rows of the seeded training sample (default 40 per IVF cell; fewer "
+                             "make the k-means faster and smaller, FAISS warns below 39 per cell)")
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="add shard K of N of a --train-only folder's gallery (into OUT/shards/)")
     parser.add_argument("--merge", nargs="*", default=None, metavar="SHARD",
@@ -163,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
 
     from xmodal.commands import _index_ondisk
 
+    if getattr(args, "train_rows", None) is not None and not args.train_only:
+        raise ValueError("--train-rows: only with --train-only (the sample the quantisers are trained on)")
     if _index_ondisk.wanted(args) and not args.train_only:  # a step on a folder --train-only wrote
         return _index_ondisk.run_ondisk(args, None, recall_line)
     start = time.perf_counter()
@@ -205,11 +210,16 @@ def run(args: argparse.Namespace) -> int:
         from xmodal.retrieval.build_shards import write_trained
 
         def build_trained() -> dict:
-            with Stages(show=progress_choice(args)) as stage:
-                return write_trained(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind,
-                                     nlist=args.nlist, names=names, text_encoder=args.text_encoder,
-                                     overwrite=args.overwrite, video_mask=mask, log=stage, model=model,
-                                     store=args.store, select_on=select_on)
+            try:
+                with Stages(show=progress_choice(args)) as stage:
+                    return write_trained(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind,
+                                         nlist=args.nlist, names=names, text_encoder=args.text_encoder,
+                                         overwrite=args.overwrite, video_mask=mask, log=stage, model=model,
+                                         store=args.store, select_on=select_on, train_rows=args.train_rows)
+            except ValueError as exc:
+                if str(exc).startswith("train_rows:"):
+                    raise ValueError("--train-rows:" + str(exc).removeprefix("train_rows:")) from None
+                raise
 
         return _index_ondisk.run_ondisk(args, build_trained, recall_line)
     try:

@@ -23,19 +23,36 @@ May import: the standard library, :mod:`xmodal.progress`; ``distributed`` lazily
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["parse_cluster", "connect", "run_shards", "report_item", "DEFAULT_RETRIES"]
+__all__ = ["parse_cluster", "connect", "run_shards", "report_item", "kill_once", "DEFAULT_RETRIES", "KILL_ONCE_ENV"]
 
 #: Attempts after the first for a shard whose task fails or whose worker dies.
 DEFAULT_RETRIES = 3
 #: Largest ``local:N``.
 MAX_LOCAL_WORKERS = 256
+#: Test hook: a path; the first task to call :func:`kill_once` creates it (O_EXCL) and SIGKILLs its own worker
+#: process, so the tests see a worker die mid-shard exactly once.
+KILL_ONCE_ENV = "XMODAL_TEST_KILL_WORKER_ONCE"
+
+
+def kill_once() -> None:
+    """From inside a task, after an item: the test hook of :data:`KILL_ONCE_ENV` (a no-op when unset)."""
+    marker = os.environ.get(KILL_ONCE_ENV)
+    if not marker:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def parse_cluster(text: Any, flag: str = "--cluster") -> tuple[str, Any]:
@@ -79,10 +96,18 @@ def connect(spec: tuple[str, Any], *, retries: int = DEFAULT_RETRIES) -> Iterato
         # the scheduler runs in this process: a worker killed mid-task is rescheduled up to `retries` times;
         # its HTTP server on a free port (":0"), never a warning about a busy 8787
         with dask.config.set({"distributed.scheduler.allowed-failures": retries}):
-            with distributed.LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
-                                          dashboard_address=":0", silence_logs=40) as cluster:
+            cluster = distributed.LocalCluster(n_workers=value, threads_per_worker=1, processes=True,
+                                               dashboard_address=":0", silence_logs=40)
+            try:
                 with distributed.Client(cluster) as client:
                     yield client
+            finally:
+                try:
+                    cluster.close()
+                except TimeoutError:
+                    # a worker restarted after a kill may still be starting: its nanny kills it, but the wait
+                    # for its exit can time out; the shards' results are already in
+                    pass
         return
     try:
         client = distributed.Client(value, timeout="30s")
@@ -105,8 +130,10 @@ def report_item(topic: str | None, **fields: Any) -> None:
 
 
 def run_shards(client: Any, task: Callable[..., dict], n: int, *, kwargs: dict, retries: int = DEFAULT_RETRIES,
-               bar: Any = None, on_result: Callable[[int, dict], None] | None = None) -> dict[int, dict]:
-    """Run ``task(shard=(K, n), topic=TOPIC, **kwargs)`` for K = 1..n on ``client``; ``{K: result}``.
+               bar: Any = None, on_result: Callable[[int, dict], None] | None = None,
+               shard_kwargs: Callable[[int], dict] | None = None) -> dict[int, dict]:
+    """Run ``task(shard=(K, n), topic=TOPIC, **kwargs, **shard_kwargs(K))`` for K = 1..n on ``client``;
+    ``{K: result}``.
 
     Args:
         client: a ``distributed.Client`` (:func:`connect`).
@@ -117,6 +144,7 @@ def run_shards(client: Any, task: Callable[..., dict], n: int, *, kwargs: dict, 
         bar: a progress bar (:func:`xmodal.progress.progress`) that each :func:`report_item` advances by its
             ``items`` field (default 1).
         on_result: called in this thread with ``(K, result)`` as each shard finishes.
+        shard_kwargs: shard K's own keyword arguments (its share of a list of items), sent to its task only.
 
     Raises:
         ValueError: one line naming the shard when a task still fails (or its worker keeps dying) after the
@@ -132,8 +160,10 @@ def run_shards(client: Any, task: Callable[..., dict], n: int, *, kwargs: dict, 
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise TypeError(f"kwargs: expected a dict of keyword arguments, got {short_repr(kwargs)}")
     retries = whole_number(retries, "retries")
-    if on_result is not None and not callable(on_result):
-        raise TypeError(f"on_result: expected a function of (K, result), got {short_repr(on_result)}")
+    for name, fn in (("on_result", on_result), ("shard_kwargs", shard_kwargs)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name}: expected a function of the shard number, got {short_repr(fn)}")
+    own = shard_kwargs or (lambda k: {})
     topic = f"xmodal-progress-{uuid.uuid4().hex[:12]}"
     lock = threading.Lock()
 
@@ -144,7 +174,7 @@ def run_shards(client: Any, task: Callable[..., dict], n: int, *, kwargs: dict, 
                 bar.update(int(msg.get("items", 1)))
 
     client.subscribe_topic(topic, advance)
-    futures = {client.submit(task, shard=(k, n), topic=topic, **kwargs, key=f"xmodal-shard-{k}-of-{n}-{topic}",
+    futures = {client.submit(task, shard=(k, n), topic=topic, **kwargs, **own(k), key=f"xmodal-shard-{k}-of-{n}-{topic}",
                              retries=retries, pure=False): k for k in range(1, n + 1)}
     results: dict[int, dict] = {}
     try:

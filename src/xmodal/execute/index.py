@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["add_index_shards", "add_shard_task", "PeakAnon"]
@@ -48,7 +49,8 @@ class PeakAnon:
 def add_shard_task(*, shard: tuple[int, int], topic: str | None, trained: str, rows: str, bias: str | None,
                    out_dir: str, threads: int | None = 1) -> dict:
     """One shard's task (on a worker): the gallery ``rows`` (``.npy``, memory-mapped) and ``bias`` (``.npy``
-    or None) of shard ``shard`` added to a copy of ``trained``; ``{"path", "rows", "peak_anon_kb", "pid"}``."""
+    or None) of shard ``shard`` added to a copy of ``trained``; ``{"path", "rows", "peak_anon_kb", "pid", "cpu_s"}``
+    (``cpu_s``: this process's CPU seconds for the task, all its threads)."""
     import numpy as np
 
     from xmodal.execute.cluster import report_item
@@ -57,13 +59,15 @@ def add_shard_task(*, shard: tuple[int, int], topic: str | None, trained: str, r
 
     if threads is not None:
         import_faiss().omp_set_num_threads(int(threads))
+    cpu = time.process_time()
     with PeakAnon() as peak:
         gallery = np.load(rows, mmap_mode="r", allow_pickle=False)
         b = None if bias is None else np.load(bias, mmap_mode="r", allow_pickle=False)
         path = add_shard(trained, gallery, shard, out_dir, bias=b)
     start, stop = shard_rows(int(gallery.shape[0]), shard)
     report_item(topic, items=stop - start)
-    return {"path": str(path), "rows": stop - start, "peak_anon_kb": peak.peak_kb, "pid": os.getpid()}
+    return {"path": str(path), "rows": stop - start, "peak_anon_kb": peak.peak_kb, "pid": os.getpid(),
+            "cpu_s": time.process_time() - cpu}
 
 
 def add_index_shards(trained: str | os.PathLike, rows: str | os.PathLike, out_dir: str | os.PathLike, *, shards: int,

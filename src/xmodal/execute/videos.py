@@ -13,26 +13,12 @@ attempt that finished (a killed attempt's lines are dropped with it).
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from xmodal.execute.cluster import KILL_ONCE_ENV, kill_once
+
 __all__ = ["encode_videos_on_cluster", "encode_shard", "KILL_ONCE_ENV"]
-
-#: Test hook: a path; the first task to finish a video creates it (O_EXCL) and SIGKILLs its own worker process,
-#: so the tests see a worker die mid-shard exactly once.
-KILL_ONCE_ENV = "XMODAL_TEST_KILL_WORKER_ONCE"
-
-
-def _kill_once() -> None:
-    marker = os.environ.get(KILL_ONCE_ENV)
-    if not marker:
-        return
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def encode_shard(*, shard: tuple[int, int], topic: str | None, source: str, out: str, threads: int | None,
@@ -59,7 +45,7 @@ def encode_shard(*, shard: tuple[int, int], topic: str | None, source: str, out:
 
     def on_video(video_id: str) -> None:
         report_item(topic, items=1)
-        _kill_once()
+        kill_once()
 
     summary = encode_video_folder(source, out, progress=False, on_error=lines.append, shard=shard,
                                   on_video=on_video, **kwargs)

@@ -44,8 +44,10 @@ def _meta(out: Path) -> dict:
 def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer: str = "auto", kind: str = "ivf",
                   nlist: int | None = None, names: list[str] | None = None, text_encoder: str | None = None,
                   overwrite: bool = False, video_mask: Any = None, block_rows: int | None = None, seed: int = 0,
-                  log: Any = None, model: Any = None, store: str = "float16", select_on: dict | None = None) -> dict:
-    """``xmodal index --train-only``: the folder of a trained, empty on-disk index (module doc); its meta."""
+                  log: Any = None, model: Any = None, store: str = "float16", select_on: dict | None = None,
+                  train_rows: int | None = None) -> dict:
+    """``xmodal index --train-only``: the folder of a trained, empty on-disk index (module doc); its meta
+    (``train_rows``: the training sample's size, :func:`xmodal.retrieval.ondisk.train_empty`)."""
     from xmodal._validate import option, whole_number
     from xmodal.features.identity import index_encoders
     from xmodal.models.io import model_files
@@ -89,7 +91,7 @@ def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer:
             stage.write("gallery.npy", lambda tmp: build.write_rows_npy(tmp, gallery, dtype=np.float32))
             stage.write("gallery_bias.npy", lambda tmp: build._save_npy(tmp, bias))
             stage.write("trained.faiss", lambda tmp: meta.update(factory=train_empty(
-                gallery, tmp, bias=bias, kind=kind, nlist=nlist, seed=seed)["factory"]))
+                gallery, tmp, bias=bias, kind=kind, nlist=nlist, seed=seed, train_rows=train_rows)["factory"]))
             stage.write("query_shift.npy", lambda tmp: build._save_npy(tmp, shift))
             sources = model_files(run)
             for name in ("model.pt", "model.safetensors", "config.json"):

@@ -85,13 +85,15 @@ def _sha(path: Path) -> str:
 
 
 def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: str = "ivf", nlist: int | None = None,
-                seed: int = 0) -> dict:
+                seed: int = 0, train_rows: int | None = None) -> dict:
     """Train ``kind``'s quantisers on a seeded sample of ``rows`` (``[N, D]``; ``bias`` ``[N]``) and write the
-    empty index to ``out``; returns ``{"kind", "nlist", "factory", "num_items", "dim", "width"}``.
+    empty index to ``out``; returns ``{"kind", "nlist", "factory", "num_items", "dim", "width", "train_rows"}``.
 
     The sample and the k-means are those of :class:`~xmodal.retrieval.index.BiasedIndex` (``40 nlist`` rows,
     ``ivfpq`` at least ``256 x 39``; 10 iterations; ``seed``), so an index trained here and one built in one
-    process with the same arguments share their quantisers.
+    process with the same arguments share their quantisers. ``train_rows`` sets the sample's size instead
+    (the k-means' time and memory grow with it: at a billion clips ``40 nlist`` rows no longer fit in one
+    process); fewer than ``nlist`` rows is refused, fewer than ``39 nlist`` makes FAISS warn.
     """
     from xmodal._validate import option, whole_number
     from xmodal.retrieval.index import BiasedIndex, _default_nlist, _take, _width, import_faiss
@@ -103,6 +105,12 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     nlist = _default_nlist(n) if nlist is None else whole_number(nlist, "nlist", minimum=1)
     if nlist > n:
         raise ValueError(f"nlist: must be in [1, {n}], got {nlist}")
+    size = max(40 * nlist, 256 * 39 if kind == "ivfpq" else 0)
+    if train_rows is not None:
+        size = whole_number(train_rows, "train_rows", minimum=1)
+        if min(size, n) < nlist:
+            raise ValueError(f"train_rows: {min(size, n)} sampled rows cannot train {nlist} cells (at least one row "
+                             f"a cell; FAISS asks for 39)")
     width = _width(d, kind)
     spec = BiasedIndex.__new__(BiasedIndex)
     spec.kind, spec.nlist, spec.width = kind, nlist, width
@@ -113,7 +121,7 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     if kind == "ivfpq":
         pq = faiss.downcast_index(ivf).pq
         pq.cp.niter, pq.cp.seed = 10, int(seed)
-    train = sample_rows(n, max(40 * nlist, 256 * 39 if kind == "ivfpq" else 0), seed)
+    train = sample_rows(n, size, seed)
     from xmodal.retrieval.index import _finite, _place
 
     b = np.zeros(len(train), np.float32) if bias is None else np.asarray(bias, np.float32)[train]
@@ -122,7 +130,8 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write(index, out)
-    return {"kind": kind, "nlist": nlist, "factory": factory, "num_items": n, "dim": d, "width": width}
+    return {"kind": kind, "nlist": nlist, "factory": factory, "num_items": n, "dim": d, "width": width,
+            "train_rows": int(len(train))}
 
 
 def add_shard(trained: str | os.PathLike, rows: Any, shard: tuple[int, int], out_dir: str | os.PathLike, *,
