@@ -103,7 +103,7 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     nlist = _default_nlist(n) if nlist is None else whole_number(nlist, "nlist", minimum=1)
     if nlist > n:
         raise ValueError(f"nlist: must be in [1, {n}], got {nlist}")
-    width = _width(d, kind)
+    width = _width(d, kind, bias is not None)  # a bias column only with a bias
     spec = BiasedIndex.__new__(BiasedIndex)
     spec.kind, spec.nlist, spec.width = kind, nlist, width
     factory = spec._factory_string(n)
