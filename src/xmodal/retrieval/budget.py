@@ -46,6 +46,9 @@ _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 *
           "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
 #: Bytes FAISS writes per inverted-list entry beside its code (the int64 id).
 ID_BYTES = 8
+#: Candidates predicted over the budget built in search of the next budget up (a prediction is an upper
+#: bound, so one may fit after all: it is then measured as a candidate).
+MAX_NEXT_BUILDS = 3
 #: Slack on a prediction: headers and rounding FAISS adds.
 HEADER_BYTES = 4096
 
@@ -217,21 +220,27 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
                 + ("" if row["fits"] else f" (over {format_size(max_bytes)})"))
             return index, row
 
+        def consider(index: Any, row: dict) -> None:
+            nonlocal kept, chosen
+            if row["fits"] and (kept is None or _better(row, chosen, RECALL_TOLERANCE)):
+                kept, chosen = index, row
+
         for c in todo:
             index, row = build(c)
             rows.append(row)
-            if not row["fits"]:
-                continue
-            if kept is None or _better(row, chosen, RECALL_TOLERANCE):
-                kept, chosen = index, row
+            consider(index, row)
             del index
         nxt = None
-        if next_up:
-            over = [c for c in cands if c["predicted_bytes"] > max_bytes
-                    and not any(r["kind"] == c["kind"] and r["predicted_bytes"] == c["predicted_bytes"] for r in rows)]
-            if over:
-                _, nxt = build(over[0])
-                nxt["fits"] = False
+        over = [c for c in cands if c["predicted_bytes"] > max_bytes
+                and not any(r["kind"] == c["kind"] and r["predicted_bytes"] == c["predicted_bytes"] for r in rows)]
+        for c in over[:MAX_NEXT_BUILDS] if next_up else []:
+            index, row = build(c)  # the prediction is an upper bound: a candidate predicted over may still fit
+            if not row["fits"]:
+                nxt = row
+                break
+            rows.append(row)
+            consider(index, row)
+            del index
     if chosen is None:
         least = min(r["bytes"] for r in rows)
         raise ValueError(f"--max-memory: {format_size(max_bytes)} holds none of the indexes built (the smallest "
