@@ -136,3 +136,32 @@ def test_a_budget_nothing_fits_names_the_smallest_size():
     with pytest.raises(ValueError, match=r"--max-memory: .* is below the smallest index .* needs about"):
         choose_index(g, max_bytes=10_000, queries=x)
     assert predicted_bytes("flat", 1200, 8) > g.nbytes
+
+
+def test_the_cli_keeps_the_choice_within_the_budget_and_says_so(tmp_path, capsys):
+    import json
+
+    from xmodal.cli import main
+    from xmodal.config import from_dict
+    from xmodal.training.loop import train
+
+    cfg = from_dict({
+        "data": {"name": "synthetic", "synthetic": {"num_train": 300, "num_val": 60, "num_test": 60,
+                                                     "num_concepts": 10}},
+        "model": {"kind": "linear", "dim": 8},
+        "loss": {"name": "infonce", "temperature": 0.05},
+        "test_time": {"normalizers": ["none"], "bank_size": 100},
+        "train": {"seed": 0, "epochs": 1, "batch_size": 32},
+    })
+    train(cfg, tmp_path / "run", resume=False, progress=False, verbose=False)
+    np.save(tmp_path / "v.npy", np.random.default_rng(0).standard_normal((1200, 64)).astype(np.float32))
+    flags = ["index", "--run", str(tmp_path / "run"), "--video-features", str(tmp_path / "v.npy"), "--threads", "1",
+             "--normalizer", "none"]
+    assert main([*flags, "--out", str(tmp_path / "idx"), "--max-memory", "25kB"]) == 0
+    out = capsys.readouterr().out
+    meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+    assert (tmp_path / "idx" / "index.faiss").stat().st_size <= 25_000 == meta["budget"]["max_bytes"]
+    assert meta["kind"] == meta["budget"]["chosen"]["kind"] != "flat" and "budget 25.0 kB: chose" in out
+    assert main([*flags, "--out", str(tmp_path / "none"), "--max-memory", "2kB"]) != 0
+    err = capsys.readouterr().err
+    assert "is below the smallest index" in err and "Traceback" not in err
