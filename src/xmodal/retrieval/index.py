@@ -127,7 +127,8 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
               ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Append ``1`` to queries ``[Q, D]`` and ``bias`` ``[N]`` to gallery ``[N, D]`` (float32 copies).
 
-    ``bias=None`` appends ``0`` to the gallery (an unbiased index of the same width).
+    ``bias=None`` appends ``0`` to the gallery (the layout of an index with a bias column, as written before
+    unbiased indexes dropped it; a :class:`BiasedIndex` without a bias stores no column).
 
     >>> q, g = fold_bias(np.ones((1, 2)), np.zeros((2, 2)), [0.5, -1.0])
     >>> (q @ g.T).tolist()
