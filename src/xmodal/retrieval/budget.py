@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["parse_size", "predicted_bytes", "candidates", "choose_index", "format_size", "budget_line"]
+__all__ = ["parse_size", "choose_index", "budget_line"]
 
 _UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
           "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
@@ -53,13 +53,14 @@ MAX_NEXT_BUILDS = 3
 HEADER_BYTES = 4096
 
 
-def parse_size(text: Any, name: str = "--max-memory") -> int:
+def parse_size(text: Any) -> int:
     """A byte count from ``"22MB"``, ``"1.5GB"``, ``"512MiB"``, ``"800000"`` (KB/MB/GB: powers of 1000;
     KiB/MiB/GiB: of 1024).
 
     >>> parse_size("22MB"), parse_size("1.5 GiB"), parse_size(4096)
     (22000000, 1610612736, 4096)
     """
+    name = "--max-memory"
     if isinstance(text, bool):
         raise ValueError(f"{name}: expected a size such as 22MB or 1.5GB, got {text!r}")
     if isinstance(text, (int, np.integer)):
@@ -69,7 +70,10 @@ def parse_size(text: Any, name: str = "--max-memory") -> int:
         unit = m.group(2).upper() if m else None
         if m is None or unit not in _UNITS:
             raise ValueError(f"{name}: expected a size such as 22MB, 1.5GB or 512MiB, got {str(text)[:40]!r}")
-        value = int(float(m.group(1)) * _UNITS[unit])
+        number = float(m.group(1)) * _UNITS[unit]
+        if not math.isfinite(number) or number > 2 ** 62:
+            raise ValueError(f"{name}: expected a size below 4 EB, got {str(text)[:40]!r}")
+        value = int(number)
     if value < 1:
         raise ValueError(f"{name}: must be at least 1 byte, got {text!r}")
     return value
@@ -184,13 +188,25 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
     Raises:
         ValueError: one line naming the smallest possible size when no candidate fits.
     """
-    from xmodal.retrieval.index import BLOCK_ROWS, RECALL_TOLERANCE, BiasedIndex
+    from xmodal._validate import float_matrix, whole_number
+    from xmodal.retrieval.index import BLOCK_ROWS, KINDS, RECALL_TOLERANCE, BiasedIndex, _is_source
 
+    if log is not None and not callable(log):
+        raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
     say = log or (lambda line: None)
+    max_bytes = whole_number(max_bytes, "max_bytes", minimum=1)
     if queries is None:
         raise ValueError("--max-memory: the recall of each candidate is measured on the run's stored text "
                          "embeddings, and this run has none")
+    if kinds is not None and (not isinstance(kinds, (tuple, list)) or not kinds
+                              or not all(isinstance(k, str) and k in KINDS for k in kinds)):
+        raise ValueError(f"kinds: expected a tuple of {', '.join(KINDS)}, got {str(kinds)[:60]!r}")
+    if not _is_source(gallery):
+        gallery = float_matrix(gallery, "gallery")
+    queries = float_matrix(queries, "queries").detach().cpu().numpy()
     n, d = int(gallery.shape[0]), int(gallery.shape[1])
+    if n < 1 or queries.shape[1] != d:
+        raise ValueError(f"queries: expected [Q, {d}] and a gallery of at least one row, got {tuple(queries.shape)}")
     cands = candidates(n, d, bias is not None, nlist=nlist, kinds=kinds)
     if not cands:
         raise ValueError(f"--max-memory: no index kind of {', '.join(kinds or ())} suits {n} vectors")
@@ -276,6 +292,8 @@ def _label(c: dict) -> str:
 
 def budget_line(record: dict) -> str:
     """The printed summary: the choice, why, and what the next budget up would buy."""
+    if not isinstance(record, dict) or not isinstance(record.get("chosen"), dict):
+        raise TypeError(f"record: expected choose_index's record (a dict with 'chosen'), got {type(record).__name__}")
     c = record["chosen"]
     line = (f"budget {format_size(record['max_bytes'])}: chose {c['factory']} ({format_size(c['bytes'])}, recall@10 "
             f"{c['recall_at_10']:.3f}, {c['queries_per_s']:.0f} queries/s): {record['why']}")
