@@ -150,7 +150,7 @@ OTHER_ARGS = {
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
     "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search", "--store", "--select-split", "--shard",
-              "--train-rows", "--cluster", "--cluster-shards", "--merge"},
+              "--train-rows", "--cluster", "--cluster-shards", "--merge", "--max-memory"},
     "export": {"--text-encoder", "--video-encoder", "--threads", "--license", "--dataset"},
     "normalize": {"--method", "--temperature", "--iters", "--k", "--beta", "--lam", "--num-samples", "--seed",
                   "--threads", "--ks"},

@@ -55,11 +55,13 @@ def _reference(out, queries):
 
     ref = faiss.read_index(str(out / "trained.faiss"))
     rows, bias = np.load(out / "gallery.npy"), np.load(out / "gallery_bias.npy")
-    ref.add(np.hstack([rows, bias[:, None]]).astype(np.float32))
+    column = ref.d == rows.shape[1] + 1  # a bias column only when a bias is folded
+    ref.add((np.hstack([rows, bias[:, None]]) if column else rows).astype(np.float32))
     meta = json.loads((out / "meta.json").read_text())
     faiss.extract_index_ivf(ref).nprobe = meta["search_params"]["nprobe"]
     shift = np.load(out / "query_shift.npy")
-    q = np.hstack([queries - shift[None, :], np.ones((len(queries), 1), np.float32)]).astype(np.float32)
+    q = queries - shift[None, :]
+    q = (np.hstack([q, np.ones((len(queries), 1), np.float32)]) if column else q).astype(np.float32)
     return ref.search(q, 10)
 
 
@@ -71,14 +73,15 @@ def test_shards_by_hand_merge_to_the_one_process_index(run_dir, tmp_path, capsys
     meta = json.loads((out / "meta.json").read_text())
     assert meta["normalizer"] == "dn" and meta["ondisk"]["stage"] == "trained"
     assert np.abs(np.load(out / "query_shift.npy")).sum() > 0  # DN's shift is folded, as in one process
-    # the fold is the one-process build's: a flat index of the same run and normaliser stores [y_j - shift, b_j]
+    # the fold is the one-process build's: a flat index of the same run and normaliser stores y_j - shift
+    # (DN folds no bias: no bias column, and the trained index has none either)
     assert _index("--run", str(run_dir / "run"), "--video-features", str(run_dir / "v.npy"), "--out",
                   str(tmp_path / "flat"), "--normalizer", "dn") == 0
     import faiss
 
     flat = faiss.read_index(str(tmp_path / "flat" / "index.faiss"))
-    folded = np.hstack([np.load(out / "gallery.npy"), np.load(out / "gallery_bias.npy")[:, None]])
-    np.testing.assert_array_equal(flat.reconstruct_n(0, flat.ntotal), folded)
+    assert not np.load(out / "gallery_bias.npy").any() and faiss.read_index(str(out / "trained.faiss")).d == 16
+    np.testing.assert_array_equal(flat.reconstruct_n(0, flat.ntotal), np.load(out / "gallery.npy"))
     np.testing.assert_array_equal(np.load(tmp_path / "flat" / "query_shift.npy"), np.load(out / "query_shift.npy"))
     with pytest.raises(ValueError, match="trained but holds no video yet"):
         SearchIndex(out)
@@ -147,10 +150,12 @@ def test_more_like_this_searches_the_merged_lists(run_dir, tmp_path, capsys):
                             ).__name__
     got = {r["item"] for r in searcher.search_video("7", 5)["results"]}
     ref = faiss.read_index(str(out / "trained.faiss"))
-    ref.add(np.hstack([np.load(out / "gallery.npy"), np.load(out / "gallery_bias.npy")[:, None]]).astype(np.float32))
+    rows = np.load(out / "gallery.npy")
+    column = ref.d == rows.shape[1] + 1  # a bias column only when a bias is folded
+    ref.add((np.hstack([rows, np.load(out / "gallery_bias.npy")[:, None]]) if column else rows).astype(np.float32))
     faiss.extract_index_ivf(ref).nprobe = json.loads((out / "meta.json").read_text())["search_params"]["nprobe"]
     emb = np.load(out / "videos.npy")[7].astype(np.float32)
-    found = ref.search(np.hstack([emb, [0.0]])[None, :].astype(np.float32), 6)[1][0]
+    found = ref.search((np.hstack([emb, [0.0]]) if column else emb)[None, :].astype(np.float32), 6)[1][0]
     assert got == {int(j) for j in found if j != 7} and len(got) == 5
 
 

@@ -21,7 +21,11 @@ Kinds (faiss.index_factory, inner product): flat (exact; every vector as float32
 ivf (IVF cells, float32 vectors), ivfpq (IVF cells, each vector compressed to one byte
 per 4 values), ivfpqr (IVF cells, 4-bit fast-scan codes that shortlist 8x the results
 asked for, re-ranked by one byte per value: about a third of ivf's memory), hnsw (a
-neighbour graph over float32 vectors). The ivf kinds choose their cell count by
+neighbour graph over float32 vectors), opq (a learned rotation, OPQ, then one byte per
+sub-quantiser: the compressed index autofaiss builds for a memory budget).
+--max-memory SIZE chooses among them for the index file's size: every candidate that
+fits (predicted from FAISS's layout) is built and measured, the best recall@10 whose
+written file fits is kept, and the choice, why, and the next budget up are printed. The ivf kinds choose their cell count by
 measurement unless --nlist is given (sqrt(N), 2 sqrt(N) or 4 sqrt(N): the fewest
 vectors compared per query that reach the target). An approximate kind states
 its quality: the build searches up to --recall-queries of the run's stored text
@@ -108,9 +112,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the data layout --select-split is read from (default: --data)")
     parser.add_argument("--names", metavar="TXT", default=None,
                         help="optional video names, one per line (printed by 'xmodal query')")
-    parser.add_argument("--kind", default="flat", choices=("flat", "ivf", "ivfpq", "ivfpqr", "hnsw"),
-                        help="flat: exact search (default); ivf, ivfpq, ivfpqr, hnsw: approximate, with the recall "
-                             "measured at build time (see above)")
+    parser.add_argument("--kind", default=None, choices=("flat", "ivf", "ivfpq", "ivfpqr", "hnsw", "opq"),
+                        help="flat: exact search (default); ivf, ivfpq, ivfpqr, hnsw, opq: approximate, with the "
+                             "recall measured at build time (see above); with --max-memory: only that kind")
+    parser.add_argument("--max-memory", default=None, metavar="SIZE",
+                        help="a budget for the index file (22MB, 1.5GB, 512MiB): the kind, factory (OPQ rotation, "
+                             "PQ code size, refine, cells) and search setting with the best measured recall@10 "
+                             "within it are kept; the choice, why, and what the next budget up buys are printed "
+                             "and stored in meta.json (budget)")
     parser.add_argument("--target-recall", type=float, default=None, metavar="R",
                         help="recall@10 the approximate kinds' search parameter must reach (default 0.95)")
     parser.add_argument("--recall-queries", type=int, default=None, metavar="N",
@@ -171,7 +180,23 @@ def run(args: argparse.Namespace) -> int:
     if _index_ondisk.wanted(args) and not args.train_only:  # a step on a folder --train-only wrote
         return _index_ondisk.run_ondisk(args, None, recall_line)
     start = time.perf_counter()
+    kind_given, args.kind = args.kind is not None, args.kind or "flat"
+    max_bytes = None
+    if args.max_memory is not None:
+        from xmodal.retrieval.budget import parse_size
+
+        max_bytes = parse_size(args.max_memory)
+        for flag, value in (("--nprobe", args.nprobe), ("--ef-search", args.ef_search), ("--train-only",
+                                                                                         args.train_only or None)):
+            if value is not None:
+                raise ValueError(f"{flag}: --max-memory chooses the index and its search setting; give one or the other")
+        if args.kind == "flat" and kind_given:
+            raise ValueError("--kind: flat with --max-memory has nothing to choose; give another kind or none")
+        if not kind_given:
+            args.kind = "ivf" if args.nlist is not None else args.kind  # checked as a kind with cells
     _check_search_flags(args)
+    if max_bytes is not None and not kind_given:
+        args.kind = "flat"  # write_index: flat means any kind
     check_out(Path(args.out), args.run, overwrite=args.overwrite)  # before anything is loaded or encoded
     names = None
     if args.names:
@@ -229,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
                                texts=texts, target_recall=args.target_recall,
                                recall_queries=args.recall_queries or RECALL_QUERIES, nlist=args.nlist,
                                nprobe=args.nprobe, ef_search=args.ef_search, model=model, store=args.store,
-                               select_on=select_on)
+                               select_on=select_on, max_bytes=max_bytes)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts", "nlist": "--nlist",
@@ -263,6 +288,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"normaliser {meta['normalizer']}: {choice.get('why')}")
     if choice.get("bank_note"):
         print(f"note: {choice['bank_note']}", file=sys.stderr)
+    if meta.get("budget"):
+        from xmodal.retrieval.budget import budget_line
+
+        print(budget_line(meta["budget"]))
     print(recall_line(meta))
     if meta.get("nlist_choice"):
         print(nlist_table(meta))
@@ -408,15 +437,15 @@ def _check_search_flags(args: argparse.Namespace) -> None:
                               ("--nlist", args.nlist, MAX_NPROBE)):
         if value is not None and not 1 <= value <= most:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
-        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr (this is {kind}"
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq"):
+        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr / opq (this is {kind}"
                          + ("; hnsw takes --ef-search)" if kind == "hnsw" else ")"))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for --kind hnsw (this is {kind})")
-    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr"):
-        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr (this is {kind})")
+    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq"):
+        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr / opq (this is {kind})")
     if args.target_recall is not None:
-        if kind == "flat":
+        if kind == "flat" and getattr(args, "max_memory", None) is None:
             raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq, ivfpqr or hnsw")
         if not 0 < args.target_recall <= 1:
             raise ValueError(f"--target-recall: must lie in (0, 1], got {args.target_recall}")

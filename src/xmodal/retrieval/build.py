@@ -47,7 +47,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                 recall_queries: int = RECALL_QUERIES, nlist: int | None = None, nprobe: int | None = None,
                 ef_search: int | None = None, block_rows: int | None = None, seed: int = 0,
                 log: Any = None, texts: Any = None, model: Any = None, store: str = "float16",
-                select_on: dict | None = None) -> dict:
+                select_on: dict | None = None, max_bytes: int | None = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
     ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts;
@@ -85,6 +85,10 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     ``text_to_video`` are gallery rows), "source": str}``), and kept when clear of ``none`` by the
     paired rule, else ``none``. ``meta.json["normalizer_choice"]`` holds both measurements.
     ``"selected"`` folds the run's own selection (its foldable fallback), a name that normaliser.
+
+    ``max_bytes`` (``--max-memory``): the kind, factory and search setting are chosen for that file size by
+    :func:`xmodal.retrieval.budget.choose_index` (``kind`` other than ``"flat"``: among that kind only); the
+    choice is ``meta.json["budget"]`` and the written ``index.faiss`` is checked against it.
 
     Every file is written beside the previous index's (``.NAME.tmpPID``) and all are swapped in at the
     end, ``meta.json`` last (:class:`xmodal.runs.StagedFiles`): a failed or killed ``--overwrite``
@@ -140,13 +144,26 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         folded, choice = _fold(model, rows, normalizer, _run_metric(run), select_on, say, seed)
         shift = folded["query_shift"]
         shift = np.zeros(rows.dim, np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
-        queries, recall_source = (None, None) if kind == "flat" else _recall_sample(model, recall_queries, seed)
-        say(f"index: building the {kind} index ({folded['normalizer']} folded in"
-            + ("; measuring its recall@10)" if kind != "flat" else ")"))
-        index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
-                            queries=None if queries is None else queries - shift[None, :],
-                            target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
-                            block_rows=block_rows, seed=seed, progress=show)
+        queries, recall_source = ((None, None) if kind == "flat" and max_bytes is None
+                                  else _recall_sample(model, recall_queries, seed))
+        budget = None
+        if max_bytes is not None:  # xmodal.retrieval.budget: the kind and factory chosen for the file size
+            from xmodal.retrieval.budget import choose_index
+
+            say(f"index: choosing the index for {max_bytes} bytes ({folded['normalizer']} folded in)")
+            index, budget = choose_index(folded["gallery"], folded["bias"], max_bytes=max_bytes,
+                                         queries=None if queries is None else queries - shift[None, :],
+                                         target_recall=target_recall, kinds=None if kind == "flat" else (kind,),
+                                         nlist=nlist, seed=seed, block_rows=block_rows, log=say,
+                                         workdir=out.parent if out.parent.is_dir() else None)
+            kind = index.kind
+        else:
+            say(f"index: building the {kind} index ({folded['normalizer']} folded in"
+                + ("; measuring its recall@10)" if kind != "flat" else ")"))
+            index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
+                                queries=None if queries is None else queries - shift[None, :],
+                                target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
+                                block_rows=block_rows, seed=seed, progress=show)
         from xmodal.features.identity import spec_to_file
 
         here = Path(out).resolve()  # folders named relative to the index: no absolute path of this machine
@@ -166,12 +183,14 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
         if "fallback_from" in folded:
             meta["fallback_from"] = folded["fallback_from"]
         meta["normalizer_choice"] = choice
+        if budget is not None:
+            meta["budget"] = budget
         out.mkdir(parents=True, exist_ok=True)
         # every file is written beside the previous index's and swapped in at the end (meta.json last):
         # a failed or killed rebuild leaves the last good index as it was
         with StagedFiles(out, owned=INDEX_FILES, last="meta.json") as stage:
             sources = model_files(run)  # the text head: model.pt, or an export's model.safetensors + config.json
-            stage.write("index.faiss", index.save)
+            stage.write("index.faiss", lambda tmp: _save_within(index, tmp, max_bytes))
             stage.write("query_shift.npy", lambda tmp: _save_npy(tmp, shift))
             for name in ("model.pt", "model.safetensors", "config.json"):
                 if name in sources:
@@ -191,6 +210,14 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     finally:
         rows.close()
     return meta
+
+
+def _save_within(index: Any, path: Path, max_bytes: int | None) -> None:
+    """``index.save(path)``, refused when the written file exceeds ``max_bytes`` (``--max-memory``)."""
+    index.save(path)
+    size = Path(path).stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(f"--max-memory: the index file came to {size} bytes, over the budget of {max_bytes}")
 
 
 def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict | None, say: Any, seed: int

@@ -76,6 +76,7 @@ def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer:
         shift = folded["query_shift"]
         shift = np.zeros(rows.dim, np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
         bias = folded["bias"]
+        biased = bias is not None  # no bias column in the index without one (gallery_bias.npy then zeros)
         bias = np.zeros(n, np.float32) if bias is None else np.asarray(
             bias.detach().cpu().numpy() if hasattr(bias, "detach") else bias, np.float32)
         gallery = folded["gallery"]
@@ -91,7 +92,8 @@ def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer:
             stage.write("gallery.npy", lambda tmp: build.write_rows_npy(tmp, gallery, dtype=np.float32))
             stage.write("gallery_bias.npy", lambda tmp: build._save_npy(tmp, bias))
             stage.write("trained.faiss", lambda tmp: meta.update(factory=train_empty(
-                gallery, tmp, bias=bias, kind=kind, nlist=nlist, seed=seed, train_rows=train_rows)["factory"]))
+                gallery, tmp, bias=bias if biased else None, kind=kind, nlist=nlist, seed=seed,
+                train_rows=train_rows)["factory"]))
             stage.write("query_shift.npy", lambda tmp: build._save_npy(tmp, shift))
             sources = model_files(run)
             for name in ("model.pt", "model.safetensors", "config.json"):

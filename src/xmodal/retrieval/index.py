@@ -4,7 +4,12 @@ approximate, with the approximation's measured recall.
 Per-gallery biases (DN's ``-lam mu_x . y_j``, NCL's Sinkhorn ``b_j``) are folded
 into the index: every gallery vector gets one extra coordinate ``b_j`` and every
 query a constant ``1``, so ``[x, 1] . [y_j, b_j] = x . y_j + b_j`` and the biased
-top-k stays a plain maximum-inner-product search, for every kind of index.
+top-k stays a plain maximum-inner-product search, for every kind of index. The column
+exists only when a bias is folded (``bias`` given): an unbiased index stores the
+embeddings as they are (width ``D``, or ``D`` zero-padded to a multiple of ``PQ_DSUB``
+for ``ivfpq`` / ``ivfpqr``) and its queries get no ``1``. Indexes written before this
+(width ``D + 1`` with a zero bias column) still load and search: :meth:`BiasedIndex.load`
+tells the two apart from the embedding size ``dim``.
 
 Kinds (built with ``faiss.index_factory``, inner-product metric):
 
@@ -15,6 +20,14 @@ Kinds (built with ``faiss.index_factory``, inner-product metric):
 | ``ivfpq`` | ``IVF{nlist},PQ{m}x8`` | ``nprobe``; each vector as ``m`` bytes (product quantiser) |
 | ``ivfpqr`` | ``IVF{nlist},PQ{m}x4fsr,Refine(SQ8)`` | ``nprobe``; 4-bit fast-scan codes shortlist ``8 k`` candidates, re-ranked by 8-bit scalar codes |
 | ``hnsw`` | ``HNSW32`` | ``efSearch``; float32 vectors + a 32-neighbour graph |
+| ``opq`` | ``OPQ{m}_{d'},IVF{nlist},PQ{m}x8`` | ``nprobe``; a learned rotation to ``d'`` values (OPQ, Ge et al. 2013), then ``m`` bytes per vector |
+
+``opq`` is the compressed index autofaiss builds under a memory budget (its ``get_optimal_quantization``:
+``OPQ{m}_{d'},IVF{nlist}[_HNSW32],PQ{m}x8``); here ``d'`` is the smallest multiple of ``m`` at least the
+stored width (an orthonormal rotation of the zero-padded vector, so the cells and inner products of the
+unrotated vectors carry over) and the cells are searched exactly (a flat coarse quantiser). ``pq_m`` sets
+``m`` (default: :func:`default_pq_m`, a quarter of the width's bytes as ``ivfpq``);
+:mod:`xmodal.retrieval.budget` chooses it, and the kind, for a file-size budget.
 
 An approximate index states its quality: given a sample of queries (``queries=``; the
 trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95
@@ -65,10 +78,12 @@ __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "s
 #: Run normalisers an inner-product index can hold exactly.
 FOLDABLE = ("none", "dn", "sinkhorn", "ncl")
 #: Index kinds (see the module docstring).
-KINDS = ("flat", "ivf", "ivfpq", "ivfpqr", "hnsw")
+KINDS = ("flat", "ivf", "ivfpq", "ivfpqr", "hnsw", "opq")
 #: Kinds with IVF cells (an ``nprobe``), and kinds that keep only compressed vectors (no exact search).
-IVF_KINDS = ("ivf", "ivfpq", "ivfpqr")
-COMPRESSED_KINDS = ("ivfpq", "ivfpqr")
+IVF_KINDS = ("ivf", "ivfpq", "ivfpqr", "opq")
+COMPRESSED_KINDS = ("ivfpq", "ivfpqr", "opq")
+#: Kinds whose stored width is padded to a multiple of :data:`PQ_DSUB` (the bias a sub-vector of its own).
+PADDED_KINDS = ("ivfpq", "ivfpqr")
 #: ``ivfpqr``: candidates re-ranked by the SQ8 refine stage, per result asked for.
 REFINE_K_FACTOR = 8
 #: Values per product-quantiser sub-vector (``ivfpq``).
@@ -112,7 +127,8 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
               ) -> tuple[np.ndarray | None, np.ndarray | None]:
     """Append ``1`` to queries ``[Q, D]`` and ``bias`` ``[N]`` to gallery ``[N, D]`` (float32 copies).
 
-    ``bias=None`` appends ``0`` to the gallery (an unbiased index of the same width).
+    ``bias=None`` appends ``0`` to the gallery (the layout of an index with a bias column, as written before
+    unbiased indexes dropped it; a :class:`BiasedIndex` without a bias stores no column).
 
     >>> q, g = fold_bias(np.ones((1, 2)), np.zeros((2, 2)), [0.5, -1.0])
     >>> (q @ g.T).tolist()
@@ -134,21 +150,60 @@ def fold_bias(queries: Any | None, gallery: Any | None, bias: Any | None = None
     return q, g
 
 
-def _width(dim: int, kind: str) -> int:
-    """Width of the folded vectors: ``dim + 1``, or for ``ivfpq`` the embedding padded to a
-    multiple of :data:`PQ_DSUB` plus one sub-vector for the bias."""
-    if kind not in COMPRESSED_KINDS:
-        return dim + 1
-    return -(-dim // PQ_DSUB) * PQ_DSUB + PQ_DSUB
+def _width(dim: int, kind: str, biased: bool = True) -> int:
+    """Width of the stored vectors: ``dim`` (``+ 1`` with a bias column), or for ``ivfpq`` /
+    ``ivfpqr`` the embedding padded to a multiple of :data:`PQ_DSUB` (plus one sub-vector for the bias).
+
+    >>> _width(128, "flat", biased=False), _width(128, "flat"), _width(127, "ivfpq", False), _width(127, "ivfpq")
+    (128, 129, 128, 132)
+    """
+    if kind not in PADDED_KINDS:
+        return dim + int(biased)
+    return -(-dim // PQ_DSUB) * PQ_DSUB + PQ_DSUB * int(biased)
 
 
-def _place(x: np.ndarray, last: np.ndarray, width: int) -> np.ndarray:
-    """``[x, 0..., last, 0...]``: ``x`` first, ``last`` at the start of the final
-    sub-vector (column ``dim`` for the non-PQ kinds, where the width is ``dim + 1``)."""
+def _bias_column(dim: int, width: int) -> int | None:
+    """The column of the folded bias in a stored width, None when the width has none: ``dim`` for a
+    width ``dim + 1``, the start of the final sub-vector for a padded width of ``dim + PQ_DSUB`` or more.
+    (An unbiased padded width of ``dim + 1`` is read as biased: its gallery column holds zeros, so
+    writing the zero bias there changes nothing; queries of an unbiased index pass no ``last``.)"""
+    if width == dim + 1:
+        return dim
+    if width - dim >= PQ_DSUB:
+        return width - PQ_DSUB
+    return None
+
+
+def _place(x: np.ndarray, last: np.ndarray | None, width: int) -> np.ndarray:
+    """``[x, 0..., last, 0...]``: ``x`` first, ``last`` in the bias column (:func:`_bias_column`);
+    ``last`` None, or a width with no bias column (``last`` then all zero): ``x`` zero-padded."""
     out = np.zeros((x.shape[0], width), np.float32)
     out[:, :x.shape[1]] = x
-    out[:, width - (1 if width == x.shape[1] + 1 else PQ_DSUB)] = last
+    col = _bias_column(x.shape[1], width)
+    if last is not None and col is not None:
+        out[:, col] = last
+    elif last is not None and np.any(np.asarray(last) != 0):
+        raise ValueError(f"bias: an index of width {width} for {x.shape[1]}-d embeddings has no bias column")
     return out
+
+
+#: The code sizes (bytes per vector, one per sub-quantiser) ``opq`` takes: autofaiss's list.
+OPQ_CODE_SIZES = (4, 8, 16, 24, 32, 48, 64, 96, 128, 256)
+
+
+def default_pq_m(width: int) -> int:
+    """``opq``'s default sub-quantisers: the largest of :data:`OPQ_CODE_SIZES` at most ``width / 4``
+    (``ivfpq``'s bytes per vector).
+
+    >>> default_pq_m(129), default_pq_m(768)
+    (32, 128)
+    """
+    return max([m for m in OPQ_CODE_SIZES if m <= max(4, width // PQ_DSUB)])
+
+
+def opq_dim(width: int, m: int) -> int:
+    """``d'`` of ``OPQ{m}_{d'}``: the smallest multiple of ``m`` at least ``width``."""
+    return -(-width // m) * m
 
 
 def _default_nlist(n: int) -> int:
@@ -194,7 +249,7 @@ class BiasedIndex:
     def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat", queries: Any = None,
                  target_recall: float | None = None, nlist: int | None = None, nprobe: int | None = None,
                  ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0,
-                 progress: bool | None = False) -> None:
+                 pq_m: int | None = None, progress: bool | None = False) -> None:
         faiss = import_faiss()
         self._show = progress
         self.kind = option(kind, "kind", KINDS)
@@ -210,7 +265,15 @@ class BiasedIndex:
             if b.shape[0] != n:
                 raise ValueError(f"bias: expected shape ({n},), got {tuple(b.shape)}")
         block_rows = whole_number(block_rows, "block_rows", minimum=1)
-        self.num_items, self.dim, self.width = n, d, _width(d, self.kind)
+        self.biased = bias is not None
+        self.num_items, self.dim, self.width = n, d, _width(d, self.kind, self.biased)
+        self.pq_m = None
+        if pq_m is not None and self.kind != "opq":
+            raise ValueError(f"pq_m: only the opq kind takes a code size; this index is {self.kind}")
+        if self.kind == "opq":
+            self.pq_m = default_pq_m(self.width) if pq_m is None else whole_number(pq_m, "pq_m", minimum=1)
+            if self.pq_m > self.width:
+                raise ValueError(f"pq_m: at most the stored width {self.width}, got {self.pq_m}")
         self.nlist = None
         self.nlist_choice: list[dict] = []
         if self.kind in IVF_KINDS:
@@ -243,7 +306,8 @@ class BiasedIndex:
         if self.kind in IVF_KINDS:
             ivf = faiss.extract_index_ivf(self.index)
             ivf.cp.niter, ivf.cp.seed = 10, int(seed)
-            if centroids is not None:  # the chosen cell count's quantiser, trained while choosing it
+            if centroids is not None and self.kind != "opq":  # the chosen cell count's quantiser, trained while choosing it
+                # (opq's cells live in the rotated space: trained again there)
                 ivf.quantizer.add(centroids)
             if self.kind in COMPRESSED_KINDS:
                 pq = faiss.downcast_index(ivf).pq  # the sub-quantisers' k-means
@@ -256,8 +320,9 @@ class BiasedIndex:
             else:
                 self.index.is_trained = True
             _release_freed_memory()  # the training sample's pages, before the index grows
-            if self.kind == "ivfpqr":  # fast-scan lists and the refine codes: FAISS's own add, block by block
-                self.index.k_factor = REFINE_K_FACTOR
+            if self.kind in ("ivfpqr", "opq"):  # refine codes / the rotation: FAISS's own add, block by block
+                if self.kind == "ivfpqr":
+                    self.index.k_factor = REFINE_K_FACTOR
                 for _, _, block in _counted(blocks, n, "index: adding", progress)():
                     self.index.add(block)
             else:
@@ -351,6 +416,9 @@ class BiasedIndex:
         if self.kind == "ivfpqr":  # 4-bit fast-scan codes shortlist, 8-bit scalar codes re-rank
             return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x4fsr,Refine(SQ8)"
         nbits = 8 if n >= 256 * 39 else max(1, min(8, int(np.log2(max(2, n // 39)))))
+        if self.kind == "opq":
+            m = self.pq_m
+            return f"OPQ{m}_{opq_dim(self.width, m)},IVF{self.nlist},PQ{m}x{nbits}" + ("np" if nbits == 8 else "")
         # "np": no polysemous training (index_factory's default for IVF-PQ; minutes of annealing for
         # a code order only the polysemous filter uses)
         return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x{nbits}" + ("np" if nbits == 8 else "")
@@ -358,7 +426,7 @@ class BiasedIndex:
     # -- search parameters ----------------------------------------------------------------
     @property
     def _param_name(self) -> str | None:
-        return {"ivf": "nprobe", "ivfpq": "nprobe", "ivfpqr": "nprobe", "hnsw": "efSearch"}.get(self.kind)
+        return {"ivf": "nprobe", "ivfpq": "nprobe", "ivfpqr": "nprobe", "opq": "nprobe", "hnsw": "efSearch"}.get(self.kind)
 
     def _set_params(self, value: int) -> None:
         """Make ``value`` the index's own default (saved with it)."""
@@ -504,6 +572,8 @@ class BiasedIndex:
     def _fold_queries(self, q: np.ndarray, bias: bool = True) -> np.ndarray:
         if q.shape[1] != self.dim:
             raise ValueError(f"queries: embedding size {q.shape[1]} != gallery's {self.dim}")
+        if not getattr(self, "biased", True):  # no bias column: the queries as they are (padded for PQ)
+            return q if q.shape[1] == self.width else _place(q, None, self.width)
         return _place(q, np.full(q.shape[0], 1.0 if bias else 0.0, np.float32), self.width)
 
     def search(self, queries: Any, k: int = 10, *, nprobe: int | None = None, ef_search: int | None = None,
@@ -553,9 +623,17 @@ class BiasedIndex:
         import_faiss().write_index(self.index, str(path))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, dim: int | None = None) -> "BiasedIndex":
-        """Read an index written by :meth:`save`; ``dim``: the embedding size (needed for
-        ``ivfpq``, whose vectors are padded; default: the index width - 1)."""
+    def load(cls, path: str | os.PathLike, *, dim: int | None = None, biased: bool | None = None) -> "BiasedIndex":
+        """Read an index written by :meth:`save`.
+
+        Args:
+            dim: the embedding size (``meta.json["dim"]``). Given, it tells whether the file has a bias
+                column (width ``dim + 1``, or ``dim`` padded plus a sub-vector for ``ivfpq`` / ``ivfpqr``: an
+                index with a folded bias, or any index written before unbiased indexes dropped the column)
+                or not (width ``dim``, or ``dim`` padded). Needed for ``ivfpq`` / ``ivfpqr`` (padded widths).
+            biased: without ``dim``: whether the file has a bias column (``dim`` = width - 1) or not
+                (the default: ``dim`` = width).
+        """
         faiss = import_faiss()
         if not Path(path).is_file():
             raise FileNotFoundError(f"path: no such file: {path}")
@@ -570,9 +648,13 @@ class BiasedIndex:
         obj = cls.__new__(cls)
         obj.index, obj.num_items, obj.width = index, int(index.ntotal), int(index.d)
         ivf = faiss.try_extract_index_ivf(index)  # read_index returns the index as its own class
+        obj.pq_m = None
         if ivf is not None:
-            obj.kind = "ivfpqr" if isinstance(index, faiss.IndexRefine) else \
+            obj.kind = "opq" if isinstance(index, faiss.IndexPreTransform) else \
+                "ivfpqr" if isinstance(index, faiss.IndexRefine) else \
                 "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
+            if obj.kind == "opq":
+                obj.pq_m = int(faiss.downcast_index(ivf).pq.M)
             obj.nlist = int(ivf.nlist)
             obj.search_params = {"nprobe": int(ivf.nprobe)}
         elif isinstance(index, faiss.IndexHNSW):
@@ -580,10 +662,20 @@ class BiasedIndex:
             obj.search_params = {"efSearch": int(index.hnsw.efSearch)}
         else:
             obj.kind, obj.nlist, obj.search_params = "flat", None, {}
-        obj.dim = int(dim) if dim is not None else obj.width - 1
-        if _width(obj.dim, obj.kind) != obj.width:
-            raise ValueError(f"path: {path} holds {obj.kind} vectors of width {obj.width}, which does not fit "
-                             f"embeddings of size {obj.dim}")
+        if biased is not None and not isinstance(biased, bool):
+            raise TypeError(f"biased: expected True, False or None, got {short_repr(biased)}")
+        if dim is None:
+            if obj.kind in PADDED_KINDS:
+                raise ValueError(f"dim: an {obj.kind} index pads its vectors; give the embedding size (dim=)")
+            obj.biased = bool(biased)
+            obj.dim = obj.width - int(obj.biased)
+        else:
+            obj.dim = whole_number(dim, "dim", minimum=1)
+            fits = [b for b in (True, False) if _width(obj.dim, obj.kind, b) == obj.width and biased in (None, b)]
+            if not fits:
+                raise ValueError(f"path: {path} holds {obj.kind} vectors of width {obj.width}, which does not fit "
+                                 f"embeddings of size {obj.dim}")
+            obj.biased = fits[0]
         obj.recall_at_10 = 1.0 if obj.kind == "flat" else None
         obj.recall_queries, obj.target_met, obj.target_recall, obj.recall_tried = 0, None, None, {}
         obj.curve, obj.nlist_choice = [], []

@@ -111,7 +111,7 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
         if min(size, n) < nlist:
             raise ValueError(f"train_rows: {min(size, n)} sampled rows cannot train {nlist} cells (at least one row "
                              f"a cell; FAISS asks for 39)")
-    width = _width(d, kind)
+    width = _width(d, kind, bias is not None)  # a bias column only with a bias
     spec = BiasedIndex.__new__(BiasedIndex)
     spec.kind, spec.nlist, spec.width = kind, nlist, width
     factory = spec._factory_string(n)

@@ -1,0 +1,167 @@
+"""The bias column only when a bias is folded, old ``dim + 1`` files, the opq kind against FAISS's own
+factory, and the memory budget (:mod:`xmodal.retrieval.budget`): never over, never worse for more."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("faiss", reason="needs the [faiss] extra")
+
+from xmodal.retrieval.budget import choose_index, parse_size, predicted_bytes  # noqa: E402
+from xmodal.retrieval.index import BiasedIndex, _width, import_faiss  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """OPQ's training spins FAISS's OpenMP threads hundreds of times: one thread keeps it seconds on a
+    shared machine (the answers do not depend on it)."""
+    faiss = import_faiss()
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
+def _data(n=1200, d=8, q=40, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((20, d))
+    g = centres[rng.integers(0, 20, n)] + 0.6 * rng.standard_normal((n, d))
+    g = (g / np.linalg.norm(g, axis=1, keepdims=True)).astype(np.float32)
+    x = g[rng.integers(0, n, q)] + 0.3 * rng.standard_normal((q, d)).astype(np.float32)
+    return g, x.astype(np.float32)
+
+
+def _naive_topk(q, g, k, bias=None):
+    """Explicit loops: each query's scores, best first (ties: the lower row)."""
+    out = []
+    for row in q:
+        s = [float(np.dot(row.astype(np.float64), y.astype(np.float64))) + (0.0 if bias is None else float(bias[j]))
+             for j, y in enumerate(g)]
+        out.append(sorted(range(len(g)), key=lambda j: (-s[j], j))[:k])
+    return np.array(out)
+
+
+def test_unbiased_width_is_the_dim_and_scores_are_plain_inner_products():
+    g, x = _data(n=400, d=16, q=8)
+    for kind in ("flat", "ivf", "hnsw"):
+        index = BiasedIndex(g, kind=kind, nlist=4 if kind == "ivf" else None, nprobe=4 if kind == "ivf" else None)
+        assert index.width == 16 and index.index.d == 16 and not index.biased
+    flat = BiasedIndex(g)
+    scores, ids = flat.search(x, 5)
+    np.testing.assert_array_equal(ids, _naive_topk(x, g, 5))
+    np.testing.assert_allclose(scores, np.take_along_axis(x @ g.T, ids, 1), rtol=1e-5, atol=1e-6)
+    b = np.linspace(-0.2, 0.2, 400).astype(np.float32)
+    biased = BiasedIndex(g, b)
+    assert biased.width == 17 and biased.biased
+    np.testing.assert_array_equal(biased.search(x, 5)[1], _naive_topk(x, g, 5, b))
+    assert _width(15, "ivfpq", False) == 16 and _width(15, "ivfpq", True) == 20 and _width(16, "opq", False) == 16
+
+
+def test_an_old_file_with_a_zero_bias_column_still_loads_and_searches(tmp_path):
+    faiss = import_faiss()
+    g, x = _data(n=300, d=16, q=6)
+    old = faiss.IndexFlatIP(17)  # what the previous code wrote for an unbiased gallery: [y, 0]
+    old.add(np.hstack([g, np.zeros((300, 1), np.float32)]))
+    faiss.write_index(old, str(tmp_path / "old.faiss"))
+    loaded = BiasedIndex.load(tmp_path / "old.faiss", dim=16)
+    assert loaded.biased and loaded.dim == 16 and loaded.width == 17
+    np.testing.assert_array_equal(loaded.search(x, 7)[1], _naive_topk(x, g, 7))
+    BiasedIndex(g).save(tmp_path / "new.faiss")
+    new = BiasedIndex.load(tmp_path / "new.faiss", dim=16)
+    assert not new.biased and new.width == 16
+    np.testing.assert_array_equal(new.search(x, 7)[1], _naive_topk(x, g, 7))
+    assert BiasedIndex.load(tmp_path / "new.faiss").dim == 16  # no dim: no bias column
+    assert BiasedIndex.load(tmp_path / "old.faiss", biased=True).dim == 16
+    with pytest.raises(ValueError, match="does not fit embeddings of size 12"):
+        BiasedIndex.load(tmp_path / "new.faiss", dim=12)
+
+
+def test_opq_searches_as_faiss_own_factory_of_the_same_string():
+    faiss = import_faiss()
+    g, x = _data()
+    index = BiasedIndex(g, kind="opq", pq_m=4, nlist=16, nprobe=4)
+    assert index.factory.startswith("OPQ4_8,IVF16,PQ4x") and index.width == 8
+    ref = faiss.index_factory(8, index.factory, faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.extract_index_ivf(ref)
+    ivf.cp.niter, ivf.cp.seed = 10, 0
+    pq = faiss.downcast_index(ivf).pq
+    pq.cp.niter, pq.cp.seed = 10, 0
+    ref.train(g)  # 1200 rows: fewer than the training sample, so the build trains on all of them, in order
+    ref.add(g)
+    ivf.nprobe = 4
+    np.testing.assert_array_equal(index.search(x, 10)[1], ref.search(x, 10)[1])
+
+
+def test_parse_size_and_one_line_errors():
+    assert parse_size("22MB") == 22_000_000 and parse_size("1.5GB") == 1_500_000_000 and parse_size("1KiB") == 1024
+    for bad in ("", "12 parsecs", "-3MB", "0"):
+        with pytest.raises(ValueError, match="--max-memory"):
+            parse_size(bad)
+
+
+@pytest.fixture(scope="module")
+def budgets():
+    """One seeded gallery chosen at three budgets: just above the smallest opq, just above ivfpqr (all
+    three compressed kinds fit) and above flat (the exact kinds)."""
+    from xmodal.retrieval.budget import candidates
+
+    g, x = _data()
+    size = {(c["kind"], c["pq_m"]): c["predicted_bytes"] for c in candidates(len(g), g.shape[1], False)}
+    out = {}
+    for name, budget in (("opq", size[("opq", 4)] + 100), ("ivfpqr", size[("ivfpqr", None)] + 100),
+                         ("flat", size[("flat", None)] + 100)):
+        out[budget] = choose_index(g, max_bytes=budget, queries=x, next_up=name == "opq", seed=0)
+    return g, x, out
+
+
+def test_the_budget_is_never_exceeded_and_more_memory_is_never_worse(budgets, tmp_path):
+    g, x, out = budgets
+    recalls = []
+    for frac, (index, record) in sorted(out.items()):
+        index.save(tmp_path / "i.faiss")
+        size = (tmp_path / "i.faiss").stat().st_size
+        assert size <= record["max_bytes"] and size == record["chosen"]["bytes"]
+        assert all(r["bytes"] <= record["max_bytes"] for r in record["measured"] if r["fits"])
+        kept = max((r for r in record["measured"] if r["fits"]), key=lambda r: r["recall_at_10"])
+        assert record["chosen"]["recall_at_10"] >= kept["recall_at_10"] - 0.005  # the best measured (ties: smaller)
+        recalls.append(record["chosen"]["recall_at_10"])
+    assert recalls == sorted(recalls)  # the candidate sets grow with the budget (module docstring)
+    small, middle, large = (record for _, (_, record) in sorted(out.items()))
+    assert large["chosen"]["kind"] == "flat" and large["chosen"]["recall_at_10"] == 1.0
+    assert small["chosen"]["kind"] in ("opq", "ivfpq") and len(middle["measured"]) == 3
+    assert small["next_up"]["bytes"] > small["max_bytes"] and not small["next_up"]["fits"]
+
+
+def test_a_budget_nothing_fits_names_the_smallest_size():
+    g, x = _data()
+    with pytest.raises(ValueError, match=r"--max-memory: .* is below the smallest index .* needs about"):
+        choose_index(g, max_bytes=10_000, queries=x)
+    assert predicted_bytes("flat", 1200, 8) > g.nbytes
+
+
+def test_the_cli_keeps_the_choice_within_the_budget_and_says_so(tmp_path, capsys):
+    import json
+
+    from xmodal.cli import main
+    from xmodal.config import from_dict
+    from xmodal.training.loop import train
+
+    cfg = from_dict({
+        "data": {"name": "synthetic", "synthetic": {"num_train": 300, "num_val": 60, "num_test": 60,
+                                                     "num_concepts": 10}},
+        "model": {"kind": "linear", "dim": 8},
+        "loss": {"name": "infonce", "temperature": 0.05},
+        "test_time": {"normalizers": ["none"], "bank_size": 100},
+        "train": {"seed": 0, "epochs": 1, "batch_size": 32},
+    })
+    train(cfg, tmp_path / "run", resume=False, progress=False, verbose=False)
+    np.save(tmp_path / "v.npy", np.random.default_rng(0).standard_normal((1200, 64)).astype(np.float32))
+    flags = ["index", "--run", str(tmp_path / "run"), "--video-features", str(tmp_path / "v.npy"), "--threads", "1",
+             "--normalizer", "none"]
+    assert main([*flags, "--out", str(tmp_path / "idx"), "--max-memory", "25kB"]) == 0
+    out = capsys.readouterr().out
+    meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
+    assert (tmp_path / "idx" / "index.faiss").stat().st_size <= 25_000 == meta["budget"]["max_bytes"]
+    assert meta["kind"] == meta["budget"]["chosen"]["kind"] != "flat" and "budget 25.0 kB: chose" in out
+    assert main([*flags, "--out", str(tmp_path / "none"), "--max-memory", "2kB"]) != 0
+    err = capsys.readouterr().err
+    assert "is below the smallest index" in err and "Traceback" not in err
