@@ -44,34 +44,10 @@ def gallery_kind(meta: Any) -> str:
 def unavailable_reason(model: Any, image_encoder: str | None, why_none: str | None = None) -> str | None:
     """Why this run cannot embed an uploaded image here (None: it can): Pillow, python-multipart or
     the image encoder missing, a run that fuses experts an image does not give, or an encoder whose
-    size is not the run's."""
-    import importlib.util
+    size is not the run's (:func:`xmodal.serve.uploads.unavailable_reason` for an image)."""
+    from xmodal.serve.uploads import unavailable_reason as reason
 
-    from xmodal.features import encoders
-
-    if importlib.util.find_spec("PIL") is None:
-        return "reading an uploaded image needs Pillow (pip install 'xmodal[serve]')"
-    if importlib.util.find_spec("python_multipart") is None:
-        return "receiving an upload needs python-multipart (pip install 'xmodal[serve]')"
-    if image_encoder is None:
-        return why_none or "no image encoder for the uploaded image"
-    try:
-        enc = encoders.get_encoder(image_encoder, "image")
-    except ValueError as exc:
-        return str(exc).removeprefix("model: ")
-    experts = [e for e in (getattr(model, "experts", None) or []) if e != "video"]
-    if experts:
-        return f"this run fuses the experts {', '.join(experts)}, which an uploaded file does not give"
-    known, want = encoders.FEATURE_DIMS.get(image_encoder), _video_in_dim(model)
-    if known is None and enc.identity is not None:
-        try:
-            known = enc.identity().get("dim")
-        except (ValueError, OSError, ModuleNotFoundError):
-            known = None
-    if known is not None and want is not None and known != want:
-        return (f"the image encoder {image_encoder} gives {known} values an image, but this run's image tower "
-                f"takes {want} (it was trained on other features)")
-    return None
+    return reason(model, image_encoder, why_none, item="image")
 
 
 def probe_image(path: Path, *, max_pixels: int = MAX_UPLOAD_IMAGE_PIXELS) -> dict:

@@ -57,22 +57,27 @@ class UploadError(Exception):
         self.status = status
 
 
-def unavailable_reason(model: Any, image_encoder: str | None, why_none: str | None = None) -> str | None:
-    """Why this run cannot embed an uploaded video here (None: it can): PyAV, python-multipart or the
-    image encoder missing (``image_encoder`` None: ``why_none``), or a run that fuses experts an
-    uploaded file does not give."""
+def unavailable_reason(model: Any, image_encoder: str | None, why_none: str | None = None, *,
+                       item: str = "video") -> str | None:
+    """Why this run cannot embed an uploaded ``item`` ("video" or "image") here (None: it can): PyAV
+    (a video) or Pillow (an image), python-multipart or the image encoder missing (``image_encoder``
+    None: ``why_none``), a run that fuses experts an uploaded file does not give, or an encoder whose
+    size is not the run's."""
     import importlib.util
 
     from xmodal.features import encoders
 
-    if importlib.util.find_spec("av") is None:
+    if item == "video" and importlib.util.find_spec("av") is None:
         return "decoding an uploaded video needs PyAV (pip install 'xmodal[video]')"
+    if item == "image" and importlib.util.find_spec("PIL") is None:
+        return "reading an uploaded image needs Pillow (pip install 'xmodal[serve]')"
     if importlib.util.find_spec("python_multipart") is None:
         return "receiving an upload needs python-multipart (pip install 'xmodal[serve]')"
     if image_encoder is None:
-        return why_none or "no image encoder for the uploaded video's frames"
+        return why_none or ("no image encoder for the uploaded video's frames" if item == "video"
+                            else "no image encoder for the uploaded image")
     try:
-        enc = encoders.get_encoder(image_encoder, "video")
+        enc = encoders.get_encoder(image_encoder, item)
     except ValueError as exc:
         return str(exc).removeprefix("model: ")
     experts = [e for e in (getattr(model, "experts", None) or []) if e != "video"]
@@ -85,7 +90,8 @@ def unavailable_reason(model: Any, image_encoder: str | None, why_none: str | No
         except (ValueError, OSError, ModuleNotFoundError):
             known = None
     if known is not None and want is not None and known != want:
-        return (f"the image encoder {image_encoder} gives {known} values a frame, but this run's video tower "
+        per, tower = ("a frame", "video tower") if item == "video" else ("an image", "image tower")
+        return (f"the image encoder {image_encoder} gives {known} values {per}, but this run's {tower} "
                 f"takes {want} (it was trained on other features)")
     return None
 
