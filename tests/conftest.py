@@ -109,3 +109,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _FUZZ_SEED is not None and terminalreporter.stats.get("failed"):
         terminalreporter.write_line(f"hypothesis seed of this session: {_FUZZ_SEED} "
                                     f"(rerun with --hypothesis-seed={_FUZZ_SEED})")
+
+
+def sinkhorn_run_and_gallery(root):
+    """A small trained run (linear heads, normalisers none and sinkhorn) under ``root / "run"`` and a
+    seeded ``[900, 64]`` gallery of raw features: ``(run folder, gallery.npy)``."""
+    import numpy as np
+
+    from xmodal.config import from_dict
+    from xmodal.training.loop import train
+
+    cfg = from_dict({
+        "data": {"name": "synthetic", "synthetic": {"num_train": 1500, "num_val": 200, "num_test": 200,
+                                                     "num_concepts": 20}},
+        "model": {"kind": "linear", "dim": 16},
+        "loss": {"name": "infonce", "temperature": 0.05},
+        "test_time": {"normalizers": ["none", "sinkhorn"], "bank_size": 200, "selection": "best"},
+        "train": {"seed": 0, "epochs": 2, "batch_size": 64},
+    })
+    train(cfg, root / "run", resume=False, progress=False, verbose=False)
+    feats = root / "gallery.npy"
+    np.save(feats, np.random.default_rng(5).standard_normal((900, 64)).astype(np.float32))
+    return root / "run", feats

@@ -125,22 +125,9 @@ def test_the_bank_note_names_a_bank_much_smaller_than_the_gallery():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from xmodal.config import from_dict
-    from xmodal.training.loop import train
+    from conftest import sinkhorn_run_and_gallery
 
-    root = tmp_path_factory.mktemp("default")
-    cfg = from_dict({
-        "data": {"name": "synthetic", "synthetic": {"num_train": 1500, "num_val": 200, "num_test": 200,
-                                                     "num_concepts": 20}},
-        "model": {"kind": "linear", "dim": 16},
-        "loss": {"name": "infonce", "temperature": 0.05},
-        "test_time": {"normalizers": ["none", "sinkhorn"], "bank_size": 200, "selection": "best"},
-        "train": {"seed": 0, "epochs": 2, "batch_size": 64},
-    })
-    train(cfg, root / "run", resume=False, progress=False, verbose=False)
-    feats = root / "gallery.npy"
-    np.save(feats, np.random.default_rng(5).standard_normal((900, 64)).astype(np.float32))
-    return root / "run", feats
+    return sinkhorn_run_and_gallery(tmp_path_factory.mktemp("default"))
 
 
 def test_training_stores_held_out_captions_with_their_own_videos(run_dir):

@@ -85,22 +85,9 @@ def test_fold_sample_holds_each_captions_nearest_videos_and_its_own():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from xmodal.config import from_dict
-    from xmodal.training.loop import train
+    from conftest import sinkhorn_run_and_gallery
 
-    root = tmp_path_factory.mktemp("foldsample")
-    cfg = from_dict({
-        "data": {"name": "synthetic", "synthetic": {"num_train": 1500, "num_val": 200, "num_test": 200,
-                                                     "num_concepts": 20}},
-        "model": {"kind": "linear", "dim": 16},
-        "loss": {"name": "infonce", "temperature": 0.05},
-        "test_time": {"normalizers": ["none", "sinkhorn"], "bank_size": 200, "selection": "best"},
-        "train": {"seed": 0, "epochs": 2, "batch_size": 64},
-    })
-    train(cfg, root / "run", resume=False, progress=False, verbose=False)
-    feats = root / "gallery.npy"
-    np.save(feats, np.random.default_rng(5).standard_normal((900, 64)).astype(np.float32))
-    return root / "run", feats
+    return sinkhorn_run_and_gallery(tmp_path_factory.mktemp("foldsample"))
 
 
 @pytest.mark.parametrize("verdict", ["none", "candidate"])
