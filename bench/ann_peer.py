@@ -22,9 +22,8 @@ IVF index of float32 vectors with 8-byte ids and its centroids, xmodal's bias co
 ``8%`` of it (:func:`budgets`). For each, two child processes build from the
 same ``emb.npy``: autofaiss (``build_index(embeddings=DIR, max_index_memory_usage=..., metric_type="ip")``,
 its own choice of index and search parameters, run by ``--peer-python``) and xmodal
-(:class:`~xmodal.retrieval.index.BiasedIndex` over the rows read in blocks, as ``xmodal index`` builds; with
-``max_memory=`` when the index takes a budget, else the kind whose size fits it: ``ivf``, ``ivfpqr``,
-``ivfpq``). Each child's wall time, CPU time (``wait4``) and peak RssAnon + RssShmem (``/proc/PID/status``
+(:func:`xmodal.retrieval.budget.choose_index` over the rows read in blocks, as ``xmodal index --max-memory``
+chooses: the kind, factory and search setting with the best measured recall@10 whose file fits). Each child's wall time, CPU time (``wait4``) and peak RssAnon + RssShmem (``/proc/PID/status``
 every 20 ms, bench/scale.py's sampler) are measured. Then both index files are loaded here (the project's
 FAISS searches both; autofaiss builds with faiss-cpu 1.13.2, the newest its calls run on) and searched with the held-out queries, one thread, interleaved, best of
 ``--repeats``: recall@10 against exact search, R@1, queries/s, the vectors each query compares
@@ -136,8 +135,6 @@ def child_autofaiss(a: argparse.Namespace) -> None:
 
 def child_xmodal(a: argparse.Namespace) -> None:
     """Run in the project's environment: BiasedIndex over the rows read in blocks (``xmodal index``'s path)."""
-    import inspect
-
     import faiss
     import torch
 
@@ -153,18 +150,20 @@ def child_xmodal(a: argparse.Namespace) -> None:
         store.append(np.asarray(emb[s:s + 16384], dtype=np.float32))
     del emb
     tune = np.load(a.tune)
-    kw: dict = {"kind": a.kind}
-    takes_budget = "max_memory" in inspect.signature(BiasedIndex.__init__).parameters
-    if a.budget and takes_budget:
-        kw = {"max_memory": parse_size(a.budget)}
-    index = BiasedIndex(store, queries=tune, seed=0, **kw)
+    choice = None
+    if a.budget:  # xmodal index --max-memory: the kind, factory and setting chosen for the budget
+        from xmodal.retrieval.budget import choose_index
+
+        index, choice = choose_index(store, None, max_bytes=parse_size(a.budget), queries=tune, seed=0,
+                                     workdir=out, next_up=False)
+    else:
+        index = BiasedIndex(store, queries=tune, seed=0, kind=a.kind)
     index.save(out / "index.faiss")
     store.close()
     (out / "child.json").write_text(json.dumps({
         "kind": index.kind, "factory": index.factory, "search_params": index.search_params,
         "recall_at_10_build": index.recall_at_10, "nlist_choice": index.nlist_choice,
-        "budget_option": bool(a.budget and takes_budget),
-        "choice": getattr(index, "budget_choice", None)}, default=str))
+        "budget_option": choice is not None, "choice": choice}, default=str))
 
 
 def run_child(cmd: list[str], log: Path, threads: int) -> dict:
