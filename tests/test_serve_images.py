@@ -192,3 +192,18 @@ def test_browser_uploads_an_image(gallery, tmp_path):
     assert got == ref["v2v"][0] and "your image mine.png" in heading
     meta = json.loads((root / "index" / "meta.json").read_text())
     assert meta["encoders"]["video"]["level"] == "image"
+
+
+def test_index_and_query_word_an_image_gallery_and_show_no_server_path(gallery, tmp_path, capsys):
+    """`index` and `query` of an image gallery say "images" (the table's column "image"), and the text
+    encoder shows by its folder name, never this machine's path (issue 42's smaller findings)."""
+    root, clip, _ = gallery
+    capsys.readouterr()
+    assert main(["index", "--run", str(root / "run"), "--data", str(root / "data"), "--split", "test",
+                 "--out", str(tmp_path / "index"), "--store", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert f"{N // 3} images x " in out and "videos x" not in out
+    assert main(["query", "--index", str(tmp_path / "index"), "--captions", "picture 17 of things", "--k", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "| query | rank | image | score |" in out
+    assert f"against {N // 3} images" in out and str(clip) not in out and "hf:clip" in out

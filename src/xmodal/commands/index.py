@@ -281,8 +281,10 @@ def run(args: argparse.Namespace) -> int:
         print("note: the run records no text encoder (meta.json text_encoder: null); 'query --captions' and "
               "'serve' assume a built-in one only where the text size matches it (state it with --text-encoder)",
               file=sys.stderr)
-    print(f"wrote {args.out}: {meta['num_items']} videos x {meta['dim']} ({meta['kind']} index {meta['factory']}, "
-          f"normaliser {meta['normalizer']} folded in{shown}; {time.perf_counter() - start:.1f} s)")
+    from xmodal.serve.images import gallery_kind
+
+    print(f"wrote {args.out}: {meta['num_items']} {gallery_kind(meta)} x {meta['dim']} ({meta['kind']} index "
+          f"{meta['factory']}, normaliser {meta['normalizer']} folded in{shown}; {time.perf_counter() - start:.1f} s)")
     choice = meta.get("normalizer_choice") or {}
     if choice.get("given") == "auto":
         print(f"normaliser {meta['normalizer']}: {choice.get('why')}")

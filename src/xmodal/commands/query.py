@@ -164,9 +164,13 @@ def run(args: argparse.Namespace) -> int:
         for rank, (s, j) in enumerate(zip(row_s, row_i), 1):
             name = idx.names[j] if idx.names is not None and j >= 0 else str(j)
             rows.append([label if rank == 1 else "", rank, name, f"{s:.4f}"])
-    print(markdown_table(["query", "rank", "video", "score"], rows))
-    encoder = "" if choice is None else f"; text encoder {choice['spec']} ({choice['status']})"
-    print(f"({len(labels)} queries against {idx.index.num_items} videos; normaliser "
+    from xmodal.features.identity import shown_spec
+    from xmodal.serve.images import gallery_kind
+
+    items = gallery_kind(idx.meta)  # "images" or "videos", by the gallery's recorded encoder
+    print(markdown_table(["query", "rank", items[:-1], "score"], rows))
+    encoder = "" if choice is None else f"; text encoder {shown_spec(choice['spec'])} ({choice['status']})"
+    print(f"({len(labels)} queries against {idx.index.num_items} {items}; normaliser "
           f"{idx.meta.get('normalizer')} folded in; {quality['note']}{encoder})")
     if choice is not None and choice["status"] == "assumed":
         print(f"note: {choice['reason']}")
