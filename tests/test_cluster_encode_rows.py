@@ -156,7 +156,7 @@ def test_frames_on_a_cluster_are_the_bytes_of_one_process(scheduler, tmp_path):
     assert _encode("frames", tmp_path / "one", *flags) == 0
     assert _encode("frames", tmp_path / "many", *flags, "--cluster", scheduler, "--cluster-shards", "2") == 0
     ref = _files(tmp_path / "one")
-    assert len(ref) == 5 and _files(tmp_path / "many") == ref  # 4 frame arrays + encoder.json
+    assert len(ref) == 9 and _files(tmp_path / "many") == ref  # 4 frame arrays + encoder.json + 4 .sources hashes
 
 
 def test_tokens_are_refused_on_a_cluster_in_one_line(tmp_path, capsys):

@@ -26,14 +26,24 @@ __all__ = ["BATCHES", "block_rows", "shard_span", "encode_blocks"]
 BATCHES = 8
 
 
+def _shown(x: Any) -> str:
+    """``repr(x)`` on one line, at most 60 characters (errors stay one line on any input)."""
+    text = " ".join(repr(x).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def block_rows(batch_size: int) -> int:
     """Rows of a block: :data:`BATCHES` batches of ``batch_size``.
 
     >>> block_rows(256), block_rows(32), block_rows(2)
     (2048, 256, 16)
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+    if not _whole(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive integer, got {_shown(batch_size)}")
     return BATCHES * int(batch_size)
 
 
@@ -44,9 +54,10 @@ def shard_span(n: int, shard: tuple[int, int], batch_size: int) -> tuple[int, in
     >>> [shard_span(40, (k, 3), 2) for k in (1, 2, 3)]
     [(0, 16), (16, 32), (32, 40)]
     """
+    if not (isinstance(shard, tuple) and len(shard) == 2 and all(_whole(v) for v in shard) and _whole(n)
+            and n >= 0 and 1 <= shard[0] <= shard[1]):
+        raise ValueError(f"shard: expected (K, N) with 1 <= K <= N and n >= 0, got {_shown(shard)} of {_shown(n)}")
     k, m = shard
-    if not (isinstance(n, (int, np.integer)) and n >= 0 and 1 <= k <= m):
-        raise ValueError(f"shard: expected 1 <= K <= N and n >= 0, got {shard!r} of {n!r}")
     unit = block_rows(batch_size)
     blocks = -(-int(n) // unit)
     return min(n, unit * (blocks * (k - 1) // m)), min(n, unit * (blocks * k // m))
@@ -61,7 +72,15 @@ def encode_blocks(fn: Callable[[Sequence[Any]], np.ndarray], items: Sequence[Any
     Shape:
         ``[len(items), D]``, float32 as ``fn`` returns it.
     """
+    if not callable(fn):
+        raise TypeError(f"fn: expected a callable, got {type(fn).__name__}")
+    if not hasattr(items, "__len__") or not hasattr(items, "__getitem__"):
+        raise TypeError(f"items: expected a sequence, got {type(items).__name__}")
+    if on_block is not None and not callable(on_block):
+        raise TypeError(f"on_block: expected a callable or None, got {type(on_block).__name__}")
     unit = block_rows(batch_size)
+    if not _whole(start) or start < 0:
+        raise ValueError(f"start: expected a row number >= 0, got {_shown(start)}")
     if start % unit:
         raise ValueError(f"start: {start} is not a block boundary (a multiple of {unit})")
     parts = []
