@@ -30,7 +30,8 @@ import onnxruntime as ort
 
 
 def read_flat_index(path: Path) -> np.ndarray:
-    """The vectors ``[N, D + 1]`` of a FAISS ``IndexFlatIP`` file (last column: the folded bias)."""
+    """The vectors of a FAISS ``IndexFlatIP`` file: ``[N, D]``, or ``[N, D + 1]`` when a bias is folded
+    (its last column)."""
     data = path.read_bytes()
     if data[:4] != b"IxFI":
         raise SystemExit(f"{path}: not a flat inner-product FAISS index (rebuild it with 'xmodal index --kind flat')")
@@ -62,7 +63,11 @@ def search(model: Path, index: Path, features: np.ndarray, mask: np.ndarray | No
     gallery = read_flat_index(index / "index.faiss")
     shift = np.load(index / "query_shift.npy", allow_pickle=False).astype(np.float32)
     queries = encode_texts(model, features, mask) - shift[None, :]
-    queries = np.hstack([queries, np.ones((len(queries), 1), np.float32)])  # times the bias column
+    if gallery.shape[1] == queries.shape[1] + 1:  # a folded bias: its column, times 1
+        queries = np.hstack([queries, np.ones((len(queries), 1), np.float32)])
+    elif gallery.shape[1] != queries.shape[1]:
+        raise SystemExit(f"{index}: vectors of width {gallery.shape[1]} do not fit text embeddings of size "
+                         f"{queries.shape[1]}")
     scores = queries @ gallery.T
     k = min(k, gallery.shape[0])
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
