@@ -54,6 +54,7 @@ OTHER_PAPERS = {
     "inverted softmax (Smith et al.)": r"Smith et al",
     "QB-Norm": r"QB-?Norm|Bogolin",
     "CLIP": r"Radford et al",
+    "OPQ (Ge et al. 2013)": r"Ge et al|Optimized Product Quantization",
 }
 #: The paper a file is about, for its citations that name no paper (checked: a file listed here must cite).
 FILE_PAPER = {
