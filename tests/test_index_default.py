@@ -216,7 +216,12 @@ def test_a_missed_target_keeps_the_fastest_setting_near_the_best_and_stores_the_
     index = BiasedIndex(g, kind="ivfpq", queries=q, target_recall=0.999)
     assert index.target_met is False
     curve = index.curve
-    assert [p["nprobe"] for p in curve] == sorted(p["nprobe"] for p in curve) and len(curve) >= 5
+    assert [p["nprobe"] for p in curve] == sorted(p["nprobe"] for p in curve) and len(curve) >= 4
+    # the scan stopped where the recall stopped growing (two doublings each gaining < PLATEAU_GAIN), or at every cell
+    from xmodal.retrieval.index import PLATEAU_GAIN
+    r = [p["recall_at_10"] for p in curve]
+    assert curve[-1]["nprobe"] == index.nlist or (r[-1] - r[-2] < PLATEAU_GAIN and r[-2] - r[-3] < PLATEAU_GAIN)
+    assert all(b - a >= PLATEAU_GAIN or c - b >= PLATEAU_GAIN for a, b, c in zip(r[:-3], r[1:-2], r[2:-1]))
     assert all(set(p) == {"nprobe", "recall_at_10", "queries_per_s"} and p["queries_per_s"] > 0 for p in curve)
     best = max(p["recall_at_10"] for p in curve)
     kept = index.search_params["nprobe"]

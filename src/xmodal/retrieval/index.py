@@ -94,6 +94,9 @@ HNSW_M = 32
 TARGET_RECALL = 0.95
 #: When no setting reaches the target: the cheapest setting within this of the best recall measured is kept.
 RECALL_TOLERANCE = 0.005
+#: Two consecutive doublings of nprobe / efSearch each gaining less recall@10 than this end the search
+#: for a setting (:func:`~xmodal.retrieval.recall.smallest_reaching`'s ``plateau``).
+PLATEAU_GAIN = 0.001
 #: Gallery rows per block when building.
 BLOCK_ROWS = 16384
 #: FAISS's minimum training points per centroid: an ivfpq gallery needs two per code of its
@@ -477,7 +480,8 @@ class BiasedIndex:
 
         The settings tried are those :func:`~xmodal.retrieval.recall.smallest_reaching` visits on its way
         to the target (when none reaches it, also on its way to the best recall less
-        :data:`RECALL_TOLERANCE`); ``ivf`` and ``hnsw`` also time an exact scan (``ivf``: every cell;
+        :data:`RECALL_TOLERANCE`; the scan stops where two doublings each gain less than
+        :data:`PLATEAU_GAIN`); ``ivf`` and ``hnsw`` also time an exact scan (``ivf``: every cell;
         ``hnsw``: its flat storage). Each row's queries/s is the best of
         :data:`~xmodal.retrieval.curve.RATE_PASSES` passes. Among the rows reaching the target (else the
         best recall less the tolerance) the cheapest within the timing noise of the fastest is kept: on a
@@ -509,11 +513,12 @@ class BiasedIndex:
             return recall_at_k(got["rows"], exact, k)
 
         candidates = self._candidates(k)
-        _, _, met, tried = smallest_reaching(measure, candidates, self.target_recall)
+        _, _, met, tried = smallest_reaching(measure, candidates, self.target_recall, plateau=PLATEAU_GAIN)
         if not met:  # nothing reaches the target: the cheap settings near the best recall are measured too
             top = max(tried.values())
             cached = lambda v: tried[v] if v in tried else measure(v)  # noqa: E731
-            tried.update(smallest_reaching(cached, candidates, top - RECALL_TOLERANCE)[3])
+            tried.update(smallest_reaching(cached, [c for c in candidates if c <= max(tried)],
+                                           top - RECALL_TOLERANCE)[3])
         self.recall_tried = tried
         self.curve = [{name: int(v), "recall_at_10": float(tried[v]), "queries_per_s": float(speed[v])}
                       for v in sorted(tried)]

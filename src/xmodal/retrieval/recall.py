@@ -88,19 +88,26 @@ def recall_at_k(approx: np.ndarray, exact: np.ndarray, k: int) -> float:
     return float(hits.sum()) / float(e.shape[0] * k)
 
 
-def smallest_reaching(measure: Callable[[int], float], candidates: list[int], target: float
-                      ) -> tuple[int, float, bool, dict[int, float]]:
+def smallest_reaching(measure: Callable[[int], float], candidates: list[int], target: float,
+                      plateau: float | None = None) -> tuple[int, float, bool, dict[int, float]]:
     """The smallest parameter whose ``measure(p)`` (the recall) reaches ``target``.
 
     Tries ``candidates`` (increasing) in order, then bisects between the last one that
     fell short and the first that reached the target (recall grows with nprobe /
-    efSearch). When none reaches it: the largest candidate, flagged.
+    efSearch). When none reaches it: the largest candidate tried, flagged.
+
+    With ``plateau``, the scan also stops (flagged) once two consecutive candidates each gained less
+    than ``plateau`` recall over the one before: the recall has stopped growing (a product quantiser's
+    codes, not the cells searched, limit it), and every later candidate only costs more. At 10M clips
+    the largest ``nprobe`` scans every code, minutes a pass; the plateau stop never tries it.
 
     Returns:
         ``(parameter, its recall, target reached?, {parameter: recall} of every try)``.
 
     >>> smallest_reaching(lambda p: min(1.0, p / 10), [1, 2, 4, 8, 16], 0.95)[:3]
     (10, 1.0, True)
+    >>> smallest_reaching(lambda p: min(0.6, p / 10), [1, 2, 4, 8, 16, 32, 64], 0.95, plateau=0.001)[:3]
+    (32, 0.6, False)
     """
     from xmodal._validate import number, short_repr
 
@@ -118,12 +125,19 @@ def smallest_reaching(measure: Callable[[int], float], candidates: list[int], ta
             tried[p] = float(measure(p))
         return tried[p]
 
+    if plateau is not None:
+        plateau = number(plateau, "plateau")
     low = None
+    flat = 0  # consecutive candidates that gained less than ``plateau``
     for p in candidates:
         if at(p) >= target:
             high = p
             break
+        if plateau is not None and low is not None:
+            flat = flat + 1 if tried[p] - tried[low] < plateau else 0
         low = p
+        if flat >= 2:
+            return p, tried[p], False, tried
     else:
         return candidates[-1], tried[candidates[-1]], False, tried
     lo = 0 if low is None else low  # at(lo) < target (or lo is below every candidate)
