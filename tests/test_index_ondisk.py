@@ -136,3 +136,27 @@ def test_train_rows_sets_the_sample_the_coarse_quantiser_is_trained_on(tmp_path,
     assert default["train_rows"] == min(n, 800)  # 40 a cell
     with pytest.raises(ValueError, match="train_rows: 10 sampled rows cannot train 20 cells"):
         train_empty(rows, tmp_path / "x.faiss", kind="ivf", nlist=20, train_rows=10)
+
+
+@pytest.mark.parametrize("biased", [True, False])
+def test_train_only_measures_the_cell_count_as_one_process_does(tmp_path, gallery, biased):
+    """Without ``nlist`` but with recall queries, ``train_empty`` measures the cell count: the same table and the
+    same trained cells as a one-process :class:`BiasedIndex` with the same rows, bias, queries and seed."""
+    import faiss
+
+    from xmodal.retrieval.index import BiasedIndex
+    from xmodal.retrieval.ondisk import train_empty
+
+    rows, bias, queries = gallery
+    bias = bias if biased else None
+    info = train_empty(rows, tmp_path / "t.faiss", bias=bias, kind="ivf", seed=2, queries=queries, target_recall=0.9)
+    one = BiasedIndex(rows.astype(np.float32), bias=bias, kind="ivf", queries=queries, target_recall=0.9, seed=2)
+    assert info["nlist_choice"] and info["nlist_choice"] == one.nlist_choice
+    assert info["nlist"] == one.nlist == next(c["nlist"] for c in one.nlist_choice if c["chosen"])
+    # the empty index's cells are the chosen candidate's: FAISS's quantiser holds the same centroids
+    read = faiss.read_index(str(tmp_path / "t.faiss"))  # held: the quantiser lives inside it
+    mine = faiss.extract_index_ivf(read).quantizer
+    ref = faiss.extract_index_ivf(one.index).quantizer
+    np.testing.assert_array_equal(mine.reconstruct_n(0, mine.ntotal), ref.reconstruct_n(0, ref.ntotal))
+    # given nlist, nothing is measured
+    assert train_empty(rows, tmp_path / "n.faiss", bias=bias, kind="ivf", nlist=20, queries=queries)["nlist_choice"] == []

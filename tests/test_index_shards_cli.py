@@ -174,3 +174,20 @@ def test_train_rows_is_checked_in_one_line(run_dir, tmp_path, capsys):
     assert _index(*base, "--train-only", "--train-rows", "640") == 0  # 40 a cell: the default sample, the same bytes
     assert _index(*flags(tmp_path / "j"), "--train-only") == 0
     assert (tmp_path / "i" / "trained.faiss").read_bytes() == (tmp_path / "j" / "trained.faiss").read_bytes()
+
+
+def test_train_only_without_nlist_measures_the_cell_count_and_prints_its_table(run_dir, tmp_path, capsys):
+    out = tmp_path / "idx"
+    assert _index("--run", str(run_dir / "run"), "--video-features", str(run_dir / "v.npy"), "--out", str(out),
+                  "--kind", "ivf", "--normalizer", "none", "--train-only") == 0
+    text = capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    chosen = [c for c in meta["nlist_choice"] if c["chosen"]]
+    assert len(meta["nlist_choice"]) >= 2 and len(chosen) == 1 and f"IVF{chosen[0]['nlist']}," in meta["factory"]
+    assert "vectors compared per query" in text and f"{chosen[0]['nlist']} (chosen)" in text
+    for k in (1, 2):
+        assert _index("--run", str(run_dir / "run"), "--out", str(out), "--shard", f"{k}/2") == 0
+    assert _index("--run", str(run_dir / "run"), "--out", str(out), "--merge") == 0
+    text = capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert "queries/s" in text and meta["curve_rate"].startswith("best of") and "kind_advice" in meta

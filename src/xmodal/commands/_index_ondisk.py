@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,10 @@ def run_ondisk(args: argparse.Namespace, build_trained, recall_line) -> int:
               f"{meta['factory']} quantisers trained on a sample, no vector added yet "
               f"({time.perf_counter() - start:.1f} s); next: 'xmodal index --run RUN --out {out} --shard K/N' for "
               f"K = 1..N (or --cluster), then --merge")
+        if meta.get("nlist_choice"):
+            from xmodal.commands.index import nlist_table
+
+            print(nlist_table(meta))
         return 0
     _check_run(args, out)
     if args.shard is not None:
@@ -68,6 +73,14 @@ def run_ondisk(args: argparse.Namespace, build_trained, recall_line) -> int:
     print(f"wrote {out}: {meta['num_items']} videos merged from {meta['ondisk']['shards']} shards into "
           f"{out / 'lists.ivfdata'} (memory-mapped when searched; {time.perf_counter() - start:.1f} s)")
     print(recall_line(meta))
+    if meta.get("curve"):
+        from xmodal.commands.index import curve_table
+
+        print(curve_table(meta))
+        if meta.get("curve_rate"):
+            print(f"queries/s: {meta['curve_rate']}")
+    if meta.get("kind_advice"):
+        print(f"note: {meta['kind_advice']}", file=sys.stderr)
     return 0
 
 

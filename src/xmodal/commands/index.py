@@ -240,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
                     return write_trained(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind,
                                          nlist=args.nlist, names=names, text_encoder=args.text_encoder,
                                          overwrite=args.overwrite, video_mask=mask, log=stage, model=model,
-                                         store=args.store, select_on=select_on, train_rows=args.train_rows)
+                                         store=args.store, select_on=select_on, train_rows=args.train_rows,
+                                         recall_queries=args.recall_queries, target_recall=args.target_recall)
             except ValueError as exc:
                 if str(exc).startswith("train_rows:"):
                     raise ValueError("--train-rows:" + str(exc).removeprefix("train_rows:")) from None

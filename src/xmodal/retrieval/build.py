@@ -274,11 +274,12 @@ def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict |
 
 def _curve_rate(index: Any) -> str | None:
     """How the curve's queries/s column was measured (``meta.json["curve_rate"]``)."""
-    from xmodal.retrieval.curve import RATE_PASSES
+    from xmodal.retrieval.curve import LONG_PASS_S, RATE_PASSES
 
     if not index.curve:
         return None
-    return f"best of {RATE_PASSES} timed passes over {index.recall_queries} queries, one thread pool, this machine"
+    return (f"best of {RATE_PASSES} timed passes over {index.recall_queries} queries (one pass where a pass takes "
+            f"over {LONG_PASS_S:g} s), one thread pool, this machine")
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

@@ -45,9 +45,12 @@ def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer:
                   nlist: int | None = None, names: list[str] | None = None, text_encoder: str | None = None,
                   overwrite: bool = False, video_mask: Any = None, block_rows: int | None = None, seed: int = 0,
                   log: Any = None, model: Any = None, store: str = "float16", select_on: dict | None = None,
-                  train_rows: int | None = None) -> dict:
+                  train_rows: int | None = None, recall_queries: int | None = None,
+                  target_recall: float | None = None) -> dict:
     """``xmodal index --train-only``: the folder of a trained, empty on-disk index (module doc); its meta
-    (``train_rows``: the training sample's size, :func:`xmodal.retrieval.ondisk.train_empty`)."""
+    (``train_rows``: the training sample's size, :func:`xmodal.retrieval.ondisk.train_empty`). Without
+    ``nlist`` the cell count is measured on the run's recall queries (``recall_queries`` of them, the ones
+    ``--merge`` measures the recall on) as a one-process build measures it: ``meta.json["nlist_choice"]``."""
     from xmodal._validate import option, whole_number
     from xmodal.features.identity import index_encoders
     from xmodal.models.io import model_files
@@ -80,6 +83,12 @@ def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer:
         bias = np.zeros(n, np.float32) if bias is None else np.asarray(
             bias.detach().cpu().numpy() if hasattr(bias, "detach") else bias, np.float32)
         gallery = folded["gallery"]
+        queries = None
+        if nlist is None:
+            queries, _ = build._recall_sample(model, recall_queries or build.RECALL_QUERIES, seed)
+            if queries is not None:
+                queries = queries - shift[None, :]
+                say(f"index: measuring the cell count on {len(queries)} recall queries (exact top 10: one pass)")
         meta = {"format": build.FORMAT, "version": build.VERSION, "run": str(Path(run).resolve()),
                 "normalizer": folded["normalizer"], "kind": kind, "num_items": int(n), "dim": int(rows.dim),
                 "text_dim": build._text_dim(model), **encoders, "names": names is not None, "exact": False,
@@ -91,9 +100,12 @@ def write_trained(run: str, video_features: Any, out: str | Path, *, normalizer:
             say(f"index: writing the folded gallery and training the {kind} quantisers on a sample")
             stage.write("gallery.npy", lambda tmp: build.write_rows_npy(tmp, gallery, dtype=np.float32))
             stage.write("gallery_bias.npy", lambda tmp: build._save_npy(tmp, bias))
-            stage.write("trained.faiss", lambda tmp: meta.update(factory=train_empty(
-                gallery, tmp, bias=bias if biased else None, kind=kind, nlist=nlist, seed=seed,
-                train_rows=train_rows)["factory"]))
+            def trained(tmp: Path) -> None:
+                made = train_empty(gallery, tmp, bias=bias if biased else None, kind=kind, nlist=nlist, seed=seed,
+                                   train_rows=train_rows, queries=queries, target_recall=target_recall)
+                meta.update(factory=made["factory"], nlist=made["nlist"], nlist_choice=made["nlist_choice"])
+
+            stage.write("trained.faiss", trained)
             stage.write("query_shift.npy", lambda tmp: build._save_npy(tmp, shift))
             sources = model_files(run)
             for name in ("model.pt", "model.safetensors", "config.json"):
@@ -148,6 +160,7 @@ def merge_folder(out: str | Path, shards: list | None = None, *, recall_queries:
                           queries=None if queries is None else queries - shift[None, :])
     meta.update(recall_at_10=result["recall_at_10"], recall_queries=result["recall_queries"],
                 search_params=result["search_params"], target_met=result["target_met"], curve=result["curve"],
+                curve_rate=result.get("curve_rate"), kind_advice=result.get("kind_advice"),
                 exact=result["search_params"].get("exact") is True,  # exact search kept: it beat every nprobe
                 recall_source=source, target_recall=None if queries is None else (target_recall or 0.95))
     meta["ondisk"] = {**meta["ondisk"], "stage": MERGED, "shards": result["shards"], "lists": "lists.ivfdata"}

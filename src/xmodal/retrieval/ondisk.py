@@ -85,7 +85,8 @@ def _sha(path: Path) -> str:
 
 
 def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: str = "ivf", nlist: int | None = None,
-                seed: int = 0, train_rows: int | None = None) -> dict:
+                seed: int = 0, train_rows: int | None = None, queries: Any = None,
+                target_recall: float | None = None) -> dict:
     """Train ``kind``'s quantisers on a seeded sample of ``rows`` (``[N, D]``; ``bias`` ``[N]``) and write the
     empty index to ``out``; returns ``{"kind", "nlist", "factory", "num_items", "dim", "width", "train_rows"}``.
 
@@ -94,6 +95,13 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     process with the same arguments share their quantisers. ``train_rows`` sets the sample's size instead
     (the k-means' time and memory grow with it: at a billion clips ``40 nlist`` rows no longer fit in one
     process); fewer than ``nlist`` rows is refused, fewer than ``39 nlist`` makes FAISS warn.
+
+    With ``queries`` (``[Q, D]`` recall queries, shifted as searches are) and no ``nlist``, the cell count is
+    measured as a one-process build measures it (:meth:`~xmodal.retrieval.index.BiasedIndex._choose_nlist`:
+    each candidate's coarse quantiser trained, the recall@10 an IVF search reaches at each nprobe counted
+    from the cells the exact top 10 fall in, the fewest vectors compared per query reaching
+    ``target_recall``, default 0.95); the exact top 10 is one blockwise pass over ``rows``. The table is
+    returned as ``"nlist_choice"`` (empty when not measured).
     """
     from xmodal._validate import option, whole_number
     from xmodal.retrieval.index import BiasedIndex, _default_nlist, _take, _width, import_faiss
@@ -102,6 +110,21 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     faiss = import_faiss()
     kind = option(kind, "kind", ONDISK_KINDS)
     n, d = _check_rows(rows, bias)
+    width = _width(d, kind, bias is not None)  # a bias column only with a bias
+    spec = BiasedIndex.__new__(BiasedIndex)
+    spec.kind, spec.width, spec.dim, spec.num_items, spec.biased = kind, width, d, n, bias is not None
+    choice: list = []
+    centroids = None
+    if queries is not None and nlist is None:
+        from xmodal.retrieval.index import TARGET_RECALL, _float32, _recall_target
+
+        spec.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
+        q = spec._fold_queries(_float32(queries, "queries"))
+        blocks = lambda: ((a, min(n, a + 65536), _folded(rows, bias, a, min(n, a + 65536), width))  # noqa: E731
+                          for a in range(0, n, 65536))
+        spec._exact_rows = spec._exact(q, blocks, min(10, n))
+        full_bias = np.zeros(n, np.float32) if bias is None else np.asarray(bias, np.float32)
+        nlist, centroids, choice = spec._choose_nlist(rows, full_bias, q, seed)
     nlist = _default_nlist(n) if nlist is None else whole_number(nlist, "nlist", minimum=1)
     if nlist > n:
         raise ValueError(f"nlist: must be in [1, {n}], got {nlist}")
@@ -111,13 +134,13 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
         if min(size, n) < nlist:
             raise ValueError(f"train_rows: {min(size, n)} sampled rows cannot train {nlist} cells (at least one row "
                              f"a cell; FAISS asks for 39)")
-    width = _width(d, kind, bias is not None)  # a bias column only with a bias
-    spec = BiasedIndex.__new__(BiasedIndex)
-    spec.kind, spec.nlist, spec.width = kind, nlist, width
+    spec.nlist = nlist
     factory = spec._factory_string(n)
     index = faiss.index_factory(width, factory, faiss.METRIC_INNER_PRODUCT)
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.niter, ivf.cp.seed = 10, int(seed)
+    if centroids is not None:  # the chosen cell count's quantiser, trained while choosing it
+        ivf.quantizer.add(centroids)
     if kind == "ivfpq":
         pq = faiss.downcast_index(ivf).pq
         pq.cp.niter, pq.cp.seed = 10, int(seed)
@@ -125,13 +148,16 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     from xmodal.retrieval.index import _finite, _place
 
     b = np.zeros(len(train), np.float32) if bias is None else np.asarray(bias, np.float32)[train]
-    index.train(_finite(_place(np.asarray(_take(rows, train), np.float32), b, width), train))
+    if centroids is None or kind != "ivf":  # ivf with its cells trained needs no training
+        index.train(_finite(_place(np.asarray(_take(rows, train), np.float32), b, width), train))
+    else:
+        index.is_trained = True
     faiss.extract_index_ivf(index).nprobe = min(8, nlist)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write(index, out)
     return {"kind": kind, "nlist": nlist, "factory": factory, "num_items": n, "dim": d, "width": width,
-            "train_rows": int(len(train))}
+            "train_rows": int(len(train)), "nlist_choice": choice}
 
 
 def add_shard(trained: str | os.PathLike, rows: Any, shard: tuple[int, int], out_dir: str | os.PathLike, *,
@@ -217,7 +243,8 @@ def merge_shards(trained: str | os.PathLike, shards: list, out_dir: str | os.Pat
             and the smallest ``nprobe`` reaching ``target_recall`` (default 0.95) kept.
 
     Returns:
-        ``{"num_items", "shards", "recall_at_10", "recall_queries", "search_params", "target_met", "curve"}``.
+        ``{"num_items", "shards", "recall_at_10", "recall_queries", "search_params", "target_met", "curve"}``
+        (with ``queries``: also ``"curve_rate"``, how its queries/s were timed, and ``"kind_advice"``).
     """
     from xmodal.retrieval.index import (TARGET_RECALL, BiasedIndex, _float32, _recall_target, import_faiss,
                                         quiet_stdout)
@@ -257,9 +284,12 @@ def merge_shards(trained: str | os.PathLike, shards: list, out_dir: str | os.Pat
             merged._exact_rows = merged._exact(merged._fold_queries(q), blocks, min(10, n))
             merged._tune(q, blocks)
             faiss.write_index(merged.index, str(stage / "index.faiss"))  # the chosen nprobe saved with it
+            from xmodal.retrieval.build import _curve_rate
+
             result.update(recall_at_10=merged.recall_at_10, recall_queries=merged.recall_queries,
                           search_params=dict(merged.search_params), target_met=merged.target_met,
-                          curve=list(merged.curve))
+                          curve=list(merged.curve), curve_rate=_curve_rate(merged),
+                          kind_advice=getattr(merged, "kind_advice", None))
         del merged
         for name in (LISTS_FILE, "index.faiss"):  # the lists first: index.faiss names them
             os.replace(stage / name, out_dir / name)
