@@ -124,3 +124,33 @@ def test_shard_is_only_for_videos(tmp_path, capsys):
     # text and images take --cluster (tests/test_cluster_encode_rows.py), not --shard K/N
     assert main(["encode", "text", "--captions", "x.txt", "--out", str(tmp_path / "t.npy"), "--shard", "1/2"]) == 2
     assert "--shard: only for 'xmodal encode videos'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the extra [clip]")
+def test_device_and_precision_reach_the_workers_and_the_first_batch_is_stated(folder, scheduler, tmp_path):
+    """``--device cpu --precision bfloat16`` with ``--cluster``: the features are the bytes one process writes with
+    the same flags; the identity too, but for its diagnostic of the first batch's difference to float32: one
+    process batches frames across videos, so its first batch holds frames of videos that other shards hold,
+    and the cluster states shard 1's first batch (named in ``measured_on``)."""
+    import json
+
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hf_tiny import save_clip
+
+    clip = save_clip(tmp_path / "clip")
+    flags = ["--frames", "2", "--threads", "1", "--no-progress", "--model", f"hf:{clip}", "--device", "cpu",
+             "--precision", "bfloat16"]
+    assert main(["encode", "videos", str(folder), "--out", str(tmp_path / "one"), *flags]) == 1  # broken.mp4
+    assert main(["encode", "videos", str(folder), "--out", str(tmp_path / "many"), *flags, "--cluster", scheduler,
+                 "--cluster-shards", "3"]) == 1
+    ref, got = _files(tmp_path / "one"), _files(tmp_path / "many")
+    assert {k: v for k, v in got.items() if k != "encoder.json"} == {k: v for k, v in ref.items() if k != "encoder.json"}
+    one, many = (json.loads(x["encoder.json"]) for x in (ref, got))
+    measured = ("max_abs_diff_vs_float32", "max_abs_float32", "measured_on")
+    assert all(k in one["runtime"] and k in many["runtime"] for k in measured)
+    assert one["runtime"]["measured_on"] == "the first batch (12 inputs)"  # 6 videos x 2 frames in one batch
+    assert many["runtime"]["measured_on"] == "the first batch (4 inputs)"   # shard 1 of 3: 2 videos x 2 frames
+    strip = lambda r: {**r, "runtime": {k: v for k, v in r["runtime"].items() if k not in measured}}  # noqa: E731
+    assert strip(one) == strip(many) and many["runtime"]["precision"] == "bfloat16"

@@ -165,3 +165,22 @@ def test_tokens_are_refused_on_a_cluster_in_one_line(tmp_path, capsys):
                  "--cluster", "local:2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tokens: not with --cluster" in err[0]
+
+
+@needs_cluster
+@pytest.mark.skipif(not importlib.util.find_spec("transformers"), reason="needs the extra [clip]")
+def test_device_and_precision_reach_the_workers(scheduler, tmp_path, capsys):
+    """``--precision bfloat16 --device cpu`` with ``--cluster``: each task encodes as one process does with the
+    same flags (the bytes and the identity sidecar, which names the precision), not in float32."""
+    from hf_tiny import save_clip
+
+    folder = save_clip(tmp_path / "clip")
+    captions = tmp_path / "c.txt"
+    captions.write_text("\n".join(f"a red ball number {i} rolls past {i % 3} dogs" for i in range(40)) + "\n")
+    flags = ["--captions", str(captions), "--model", f"hf:{folder}", "--batch-size", "2", "--device", "cpu",
+             "--precision", "bfloat16"]
+    assert _encode("text", tmp_path / "one" / "t.npy", *flags) == 0
+    assert _encode("text", tmp_path / "many" / "t.npy", *flags, "--cluster", scheduler, "--cluster-shards", "3") == 0
+    assert _files(tmp_path / "many") == _files(tmp_path / "one")
+    assert _encode("text", tmp_path / "f32" / "t.npy", *flags[:-2]) == 0
+    assert not np.array_equal(np.load(tmp_path / "f32" / "t.npy"), np.load(tmp_path / "many" / "t.npy"))

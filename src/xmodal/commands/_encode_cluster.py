@@ -16,9 +16,6 @@ def check_cluster_flags(args: argparse.Namespace) -> None:
     if args.workers != 1:
         raise ValueError("--workers: with --cluster each worker process decodes its own videos; add workers "
                          "to the cluster instead")
-    if getattr(args, "device", "auto") != "auto" or getattr(args, "precision", "float32") != "float32":
-        raise ValueError("--device / --precision: not passed to --cluster workers yet (each worker runs the model "
-                         "in float32 on its own CUDA when present, else CPU); drop them or encode without --cluster")
     if args.cluster_shards is not None and not 1 <= args.cluster_shards <= 1_000_000:
         raise ValueError(f"--cluster-shards: expected 1..1000000, got {args.cluster_shards}")
     from xmodal.execute.cluster import parse_cluster
@@ -37,7 +34,8 @@ def run_cluster(args: argparse.Namespace, *, frames: int | None, fps: float | No
                                      frames=frames, fps=fps, model=args.model or "efficientnet-lite0",
                                      batch_size=32 if args.batch_size is None else args.batch_size,
                                      recursive=args.recursive, truncated=args.truncated, max_pixels=args.max_pixels,
-                                     threads=getattr(args, "threads", None), progress=progress)
+                                     threads=getattr(args, "threads", None), progress=progress,
+                                     device=getattr(args, "device", None), precision=getattr(args, "precision", None))
     except ModuleNotFoundError as exc:  # the [cluster] extra or an encoder's extra is missing
         raise ValueError(str(exc)) from None
     size = f", {s['dim']}-d" if s["dim"] else ""

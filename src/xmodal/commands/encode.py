@@ -296,7 +296,7 @@ def _encode_rows(args: argparse.Namespace, items: list, show: bool | None) -> np
 
         return encode_rows_on_cluster(items, args.out, kind=kind, model=model, batch_size=batch, cluster=args.cluster,
                                       shards=args.cluster_shards, threads=getattr(args, "threads", None),
-                                      progress=show)
+                                      progress=show, device=args.device, precision=args.precision)
     encode = encoders.encode_text if kind == "text" else encoders.encode_images
     with progress(total=len(items), desc=f"encode {kind}", unit="caption" if kind == "text" else "image",
                   show=show) as bar:

@@ -57,7 +57,8 @@ def encode_videos_on_cluster(source: str | os.PathLike, out: str | os.PathLike, 
                              frames: int | None, fps: float | None, model: str, batch_size: int = 32,
                              recursive: bool = False, truncated: str = "keep", max_pixels: int | None = None,
                              threads: int | None = 1, progress: bool | None = None, retries: int | None = None,
-                             on_error: Callable[[str], None] | None = None) -> dict:
+                             on_error: Callable[[str], None] | None = None, device: str | None = None,
+                             precision: str | None = None) -> dict:
     """Encode ``source`` into ``out`` as ``shards`` tasks on ``cluster`` (:func:`xmodal.execute.cluster.parse_cluster`).
 
     Args:
@@ -66,8 +67,9 @@ def encode_videos_on_cluster(source: str | os.PathLike, out: str | os.PathLike, 
         progress: the one progress line across workers (:func:`xmodal.progress.progress`'s ``show``).
         retries: attempts after the first per shard (None: :data:`xmodal.execute.cluster.DEFAULT_RETRIES`).
         on_error: receives each shard's report lines, each distinct line once (default: stderr).
-        frames, fps, model, batch_size, recursive, truncated, max_pixels: as
-            :func:`xmodal.features.folder.encode_video_folder`.
+        frames, fps, model, batch_size, recursive, truncated, max_pixels, device, precision: as
+            :func:`xmodal.features.folder.encode_video_folder`, on each worker (``device`` ``auto``: each
+            worker's own CUDA when it has one, else its CPU).
 
     Returns:
         ``{"shards": N, "results": {K: shard summary}, "videos", "written", "skipped", "failed", "truncated",
@@ -92,11 +94,11 @@ def encode_videos_on_cluster(source: str | os.PathLike, out: str | os.PathLike, 
     if not scan.videos:
         raise ValueError(f"{source}: no video files")
     out.mkdir(parents=True, exist_ok=True)
-    _folder_identity(out, model, frames, fps, report)  # once, before the shards (they find it and keep it)
+    _folder_identity(out, model, frames, fps, report, device, precision)  # once, before the shards (they keep it)
     todo = sum(not feature_file_ok(out / f"{vid}.npy") for vid, _ in scan.videos)
     kwargs = dict(source=str(Path(source).resolve()), out=str(out.resolve()), threads=threads, frames=frames, fps=fps,
                   model=model, batch_size=batch_size, recursive=recursive, truncated=truncated,
-                  max_pixels=max_pixels)
+                  max_pixels=max_pixels, device=device, precision=precision)
     seen: set[str] = set()
 
     def on_result(k: int, result: dict) -> None:
@@ -110,6 +112,13 @@ def encode_videos_on_cluster(source: str | os.PathLike, out: str | os.PathLike, 
         with progress_bar(total=todo, desc=f"encode videos ({n} shards)", unit="video", show=progress) as bar:
             results = engine.run_shards(client, encode_shard, n, kwargs=kwargs, retries=retries, bar=bar,
                                         on_result=on_result)
+    first = results[1].get("runtime")
+    if first and "max_abs_diff_vs_float32" in first:  # stated as one process states it: the first batch's
+        from xmodal.features.identity import read_sidecar, write_sidecar
+
+        record = read_sidecar(out, "--out")
+        if record is not None and record.get("runtime") != first:
+            write_sidecar(out, {**record, "runtime": first})
     keys = ("videos", "written", "skipped", "failed", "truncated", "refused", "frames")
     total = {key: sum(r[key] for r in results.values()) for key in keys}
     dims = {r["dim"] for r in results.values() if r["dim"]}

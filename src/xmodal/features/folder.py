@@ -323,6 +323,9 @@ def encode_video_folder(source: str | os.PathLike, out: str | os.PathLike, *, fr
             if on_video is not None:
                 on_video(todo[i][0])
     after = encoders.identity_of(model, "video", device=device, precision=precision).get("runtime")
+    summary["runtime"] = after
+    if shard is not None and shard[0] != 1 and record.get("runtime"):
+        after = record["runtime"]  # the collection's first batch is shard 1's: its measurement is the one stated
     if (record.get("dim") is None and summary["dim"]) or after != record.get("runtime"):
         # a registered encoder's size, and a reduced precision's difference to float32, are known once it ran
         from xmodal.features.identity import write_sidecar
