@@ -185,6 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=8, help="train.chunk_size of the memory runs")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--write", default=None, help="a result file (docs/results/data/NAME.json) with provenance and "
+                   "the memory table docs/finetune.md renders")
     p.add_argument("--device", default="cpu", choices=("cpu",), help="where the steps run (CPU: peak RSS)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
@@ -209,6 +211,17 @@ def main(argv=None) -> int:
         print(f"peak memory, one step at batch {n} x {frames} ({name}): {mib:.0f} MiB above the inputs")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.write:
+        from resultfile import provenance, write_json
+
+        mem = result["peak_memory_mib"]
+        plain = mem["plain"]
+        result["memory_table"] = {"columns": ["one training step", "peak MiB above the inputs", "x plain"],
+                                  "formats": [None, ",.0f", ".2f"],
+                                  "rows": [[name, v, v / plain] for name, v in mem.items()]}
+        write_json(args.write, {**provenance("bench/finetune.py", argv if argv is not None else sys.argv[1:],
+                                             "bench/finetune.py --write"), **result})
+        print(f"wrote {args.write}")
     return 0
 
 
