@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -17,9 +16,11 @@ def wanted(args: argparse.Namespace) -> bool:
                 or getattr(args, "cluster_shards", None) is not None)
 
 
-def run_ondisk(args: argparse.Namespace, build_trained, recall_line) -> int:
+def run_ondisk(args: argparse.Namespace, build_trained, recall_line, show=None) -> int:
     """Check the flags and do the step they name; ``build_trained()`` runs ``--train-only`` (the command's
-    input handling), ``recall_line(meta)`` words the recall; the exit status."""
+    input handling), ``recall_line(meta)`` words the recall, ``show(meta)`` prints the measured tables (cell
+    counts, the curve and how its rates were timed, the kind advice); the exit status."""
+    show = show or (lambda meta: None)
     steps = [f for f, v in (("--train-only", args.train_only), ("--shard", args.shard is not None),
                             ("--merge", args.merge is not None), ("--cluster", args.cluster is not None)) if v]
     if args.cluster_shards is not None and args.cluster is None:
@@ -37,10 +38,7 @@ def run_ondisk(args: argparse.Namespace, build_trained, recall_line) -> int:
               f"{meta['factory']} quantisers trained on a sample, no vector added yet "
               f"({time.perf_counter() - start:.1f} s); next: 'xmodal index --run RUN --out {out} --shard K/N' for "
               f"K = 1..N (or --cluster), then --merge")
-        if meta.get("nlist_choice"):
-            from xmodal.commands.index import nlist_table
-
-            print(nlist_table(meta))
+        show(meta)
         return 0
     _check_run(args, out)
     if args.shard is not None:
@@ -73,14 +71,7 @@ def run_ondisk(args: argparse.Namespace, build_trained, recall_line) -> int:
     print(f"wrote {out}: {meta['num_items']} videos merged from {meta['ondisk']['shards']} shards into "
           f"{out / 'lists.ivfdata'} (memory-mapped when searched; {time.perf_counter() - start:.1f} s)")
     print(recall_line(meta))
-    if meta.get("curve"):
-        from xmodal.commands.index import curve_table
-
-        print(curve_table(meta))
-        if meta.get("curve_rate"):
-            print(f"queries/s: {meta['curve_rate']}")
-    if meta.get("kind_advice"):
-        print(f"note: {meta['kind_advice']}", file=sys.stderr)
+    show(meta)
     return 0
 
 

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "train_rows", None) is not None and not args.train_only:
         raise ValueError("--train-rows: only with --train-only (the sample the quantisers are trained on)")
     if _index_ondisk.wanted(args) and not args.train_only:  # a step on a folder --train-only wrote
-        return _index_ondisk.run_ondisk(args, None, recall_line)
+        return _index_ondisk.run_ondisk(args, None, recall_line, show_measured)
     start = time.perf_counter()
     kind_given, args.kind = args.kind is not None, args.kind or "flat"
     max_bytes = None
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
                     raise ValueError("--train-rows:" + str(exc).removeprefix("train_rows:")) from None
                 raise
 
-        return _index_ondisk.run_ondisk(args, build_trained, recall_line)
+        return _index_ondisk.run_ondisk(args, build_trained, recall_line, show_measured)
     try:
         with Stages(show=progress_choice(args)) as stage:  # without a terminal: the stage every 30 s
             meta = write_index(args.run, feats, args.out, normalizer=args.normalizer, kind=args.kind, names=names,
@@ -296,6 +296,17 @@ def run(args: argparse.Namespace) -> int:
 
         print(budget_line(meta["budget"]))
     print(recall_line(meta))
+    show_measured(meta)
+    if meta["target_met"] is False:
+        print(f"warning: {miss_warning(meta)}", file=sys.stderr)
+    elif meta["recall_at_10"] is None:
+        print("note: this run stores no text embeddings, so the recall could not be measured", file=sys.stderr)
+    return 0
+
+
+def show_measured(meta: dict) -> None:
+    """Print what the build measured: the cell-count table, the curve (and how its queries/s were timed)
+    and, on stderr, the kind advice."""
     if meta.get("nlist_choice"):
         print(nlist_table(meta))
     if meta.get("curve") and meta["kind"] != "flat":
@@ -304,11 +315,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"queries/s: {meta['curve_rate']}")
     if meta.get("kind_advice"):
         print(f"note: {meta['kind_advice']}", file=sys.stderr)
-    if meta["target_met"] is False:
-        print(f"warning: {miss_warning(meta)}", file=sys.stderr)
-    elif meta["recall_at_10"] is None:
-        print("note: this run stores no text embeddings, so the recall could not be measured", file=sys.stderr)
-    return 0
 
 
 def curve_table(meta: dict) -> str:

@@ -179,6 +179,8 @@ def _check_frames(x: Any, mask: Any) -> bool:
         raise TypeError(f"x: expected a floating tensor, got {short_repr(x)}")
     if x.ndim != 3:
         raise ValueError(f"x: expected shape [N, F, D], got {tuple(x.shape)}")
+    if x.shape[1] == 0 and x.shape[0] > 0:
+        raise ValueError(f"x: {x.shape[0]} clips of no frame (shape {list(x.shape)}): nothing to pool")
     if mask is None:
         return True
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
