@@ -14,11 +14,28 @@ replaces at build time:
   (``"formats"``, one per column, prints each column as the bench printed it).
 
 A placeholder that names a missing file or key, or a data file without its provenance
-(:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails. A page whose front matter says
-``numbers: data`` (or a part of a page between ``<!-- numbers from data -->`` and ``<!-- end numbers
-from data -->``) must hold no typed result: a decimal number or a percentage in its prose
-(outside code, links and placeholders; section, equation and table citations and a confidence level
-excepted) is a warning too.
+(:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails.
+
+Every page is checked: a typed result in its prose (a decimal number or a percentage outside code, links,
+HTML comments and placeholders; section, equation and table citations and a confidence level excepted) is a
+warning too. A page not yet converted says so in its front matter, ``numbers: typed`` (the list of such pages
+is kept in ``tests/test_docs_numbers.py`` and may only shrink); in it, a part between ``<!-- numbers from
+data -->`` and ``<!-- end numbers from data -->`` is still checked. (``numbers: data``, the old opt-in, is
+accepted and means the default.)
+
+Numbers that are not results of our commands are written in one of two ways:
+
+- **A setting, a default, a threshold, a version, an address or a constant of arithmetic** (``tau 0.07``,
+  ``--noise 0.3``, ``p < 0.05``, ``Python >= 3.10``, ``127.0.0.1``, ``2 / 2**5 = 0.0625``) is something a
+  user types or could check by hand: it goes in a code span, which the check skips.
+- **A paper's own reported value** comes from ``docs/results/data/paper_reported.json`` (its data file,
+  :data:`TRANSCRIBED`): instead of a command, the file says ``transcribed`` (how) and ``source``, and each
+  entry is ``{"value": "+1.9", "paper": FILE, "where": "Table 2"}`` naming the paper in ``../shared/papers/``
+  and the table or section it was read from; ``{{ paper_reported:KEY }}`` prints its value as written there.
+  ``tests/test_docs_numbers.py`` finds every such value and its ``where`` in the paper's text.
+
+A result no file holds (an earlier run's output, a figure from a log) is not typed: the page says in words
+what was measured and names the command that measures it.
 """
 
 from __future__ import annotations
@@ -34,6 +51,10 @@ log = logging.getLogger("mkdocs.hooks.numbers")
 
 #: Every data file says how it was made.
 PROVENANCE = ("command", "commit", "date", "machine", "source")
+#: A file of other people's numbers (a paper's reported values) says instead how they were transcribed and
+#: from where; each of its entries names the paper and the place in it.
+TRANSCRIBED = ("value", "paper", "where")
+_META = ("transcribed", "source")
 DATA_DIR = Path("results") / "data"
 _REF = r"([A-Za-z0-9_-]+):([^|}\s]+)"
 PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?" + _REF + r"(?:\s+-\s+" + _REF + r")?\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
@@ -58,7 +79,12 @@ def load(docs_dir: Path, name: str) -> dict:
         if not path.is_file():
             raise Missing(f"no data file {DATA_DIR / (name + '.json')}")
         data = json.loads(path.read_text())
-        missing = [k for k in PROVENANCE if not data.get(k)]
+        if "transcribed" in data:
+            missing = [k for k in _META if not data.get(k)]
+            missing += [f"{key}.{k}" for key, entry in data.items() if key not in _META
+                        for k in TRANSCRIBED if not (isinstance(entry, dict) and entry.get(k) not in (None, ""))]
+        else:
+            missing = [k for k in PROVENANCE if not data.get(k)]
         if missing:
             raise Missing(f"{path.name} lacks its provenance: {', '.join(missing)}")
         _cache[path] = data
@@ -90,6 +116,8 @@ def fmt(value: Any, spec: str | None = None) -> str:
         if math.isnan(value):
             return "–"
         return format(value, spec or ".1f")
+    if isinstance(value, dict) and set(TRANSCRIBED) <= set(value):
+        return fmt(value["value"], spec)  # a paper's value, as the paper writes it
     if isinstance(value, dict) and {"mean", "std"} <= set(value):
         return f"{fmt(value['mean'], spec)} ± {fmt(value['std'], (spec or '.1f').lstrip('+'))}"
     if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
@@ -178,7 +206,7 @@ def _cited(before: str) -> bool:
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     where = page.file.src_uri
-    checked = [markdown] if page.meta.get("numbers") == "data" else REGION.findall(markdown)
+    checked = REGION.findall(markdown) if page.meta.get("numbers") == "typed" else [markdown]
     for hit in (h for part in checked for h in typed_numbers(part)):
         log.warning(f"{where}: a typed number where numbers come from data files: {hit}")
     out, errors = render(markdown, Path(config["docs_dir"]), where)
