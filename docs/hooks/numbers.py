@@ -180,7 +180,7 @@ def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[st
 def typed_numbers(markdown: str) -> list[str]:
     """Decimal numbers and percentages in the prose of a page's Markdown source: not in code
     (fenced or inline), link targets, HTML comments or placeholders, and not a citation (sec. 4.3)."""
-    text = re.sub(r"^(```|~~~).*?^\1", "", markdown, flags=re.S | re.M)
+    text = re.sub(r"^[ \t]*(```|~~~).*?^[ \t]*\1", "", markdown, flags=re.S | re.M)
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
     text = PLACEHOLDER.sub("", text)
     text = re.sub(r"`[^`\n]*`", "", text)
