@@ -184,9 +184,7 @@ def components(paths: list[Path], fps: float, batch: int, model: str) -> tuple[f
     return decode, time.perf_counter() - t0
 
 
-def workers_section(args: argparse.Namespace) -> None:
-    import os
-
+def workers_section(args: argparse.Namespace) -> dict:
     from xmodal.features.encoders import register_encoder
 
     w, h = (int(x) for x in args.size.lower().split("x"))
@@ -224,6 +222,13 @@ def workers_section(args: argparse.Namespace) -> None:
         print(f"in one process, after the runs: decoding alone {decode:.1f} s (FFmpeg's own {DECODE_THREADS} "
               f"threads), encoding alone {encode:.1f} s (no number of decoding workers brings the wall time below "
               f"the encoder's; on a machine whose cores are all busy, more processes gain nothing)")
+        return {"encoder": model, "clips": args.clips, "size": args.size, "rate": args.rate, "seconds": args.seconds,
+                "fps": args.fps, "frames_encoded": frames, "frames_decoded": decoded, "batch": args.batch,
+                "threads": args.threads, "repeats": args.repeats, "workers": args.workers,
+                "load_average": os.getloadavg()[0], "wall_s": {"1": one, str(args.workers): many},
+                "walls_s": {str(n): t for n, t in times.items()}, "frames_per_s": {"1": frames / one,
+                str(args.workers): frames / many}, "speedup": one / many, "features_equal": same,
+                "decode_alone_s": decode, "encode_alone_s": encode}
 
 
 def main() -> None:
@@ -244,10 +249,8 @@ def main() -> None:
     ap.add_argument("--stand-in", action="store_true",
                     help="--workers: a stand-in encoder that costs nothing (a GPU's share, nearly): decoding alone")
     ap.add_argument("--write", metavar="FILE.json",
-                    help="also write the values as a result file the docs pages render (not with --workers)")
+                    help="also write the values as a result file the docs pages render")
     args = ap.parse_args()
-    if args.write and args.workers:
-        ap.error("--write records the speed and memory run, not --workers")
     import torch
 
     from xmodal.features.encoders import _efficientnet_lite0_model
@@ -255,7 +258,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     _efficientnet_lite0_model()
     if args.workers:
-        workers_section(args)
+        result = workers_section(args)
+        if args.write:
+            _write(args.write, result)
         return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -312,11 +317,16 @@ def main() -> None:
                   f"(ratio to 4 small videos {mb / m4:.2f})")
             result["peak_rss_mib"]["big"], result["big_rgb_mib"] = mb, frames
     if args.write:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import resultfile
+        _write(args.write, result)
 
-        data = resultfile.provenance("bench/video_encode.py", None, "bench/video_encode.py --write (this file is its output)")
-        resultfile.write_json(args.write, {**data, **result})
+
+def _write(path: str, result: dict) -> None:
+    """``result`` with this run's provenance, as a result file the docs render (``bench/resultfile.py``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import resultfile
+
+    data = resultfile.provenance("bench/video_encode.py", None, "bench/video_encode.py --write (this file is its output)")
+    resultfile.write_json(path, {**data, **result})
 
 
 if __name__ == "__main__":
