@@ -227,7 +227,7 @@ def workers_section(args: argparse.Namespace) -> dict:
                 "threads": args.threads, "repeats": args.repeats, "workers": args.workers,
                 "load_average": os.getloadavg()[0], "wall_s": {"1": one, str(args.workers): many},
                 "walls_s": {str(n): t for n, t in times.items()}, "frames_per_s": {"1": frames / one,
-                str(args.workers): frames / many}, "speedup": one / many, "features_equal": same,
+                str(args.workers): frames / many}, "speedup": one / many, "features_equal": "yes" if same else "no",
                 "decode_alone_s": decode, "encode_alone_s": encode}
 
 
