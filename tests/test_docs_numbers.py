@@ -246,6 +246,23 @@ def test_differences_and_leading_numbers_of_stored_values(tmp_path):
     assert len(errors) == 2 and "a difference of two numbers" in errors[0] and "no key 'nokey'" in errors[1]
 
 
+def test_ratios_of_stored_values_and_cells_with_units_or_thousands(tmp_path):
+    """``{{ A:k / B:k|fmt }}`` prints a ratio (``0.97x`` in prose), reading ``28,056`` and ``840 MB`` cells by
+    their leading number, checked against the quotient computed here; a ratio to zero is named."""
+    data = tmp_path / "results" / "data"
+    data.mkdir(parents=True)
+    prov = {"command": "python bench/x.py", "commit": "abc", "date": "d", "machine": "m", "source": "s"}
+    (data / "s.json").write_text(json.dumps({**prov, "r": [["1M", "840 MB", "28,056"], ["1M", "239 MB", "28,869"]],
+                                             "z": 0, "m": {"mean": 2.0, "std": 0.1}}))
+    out, errors = hook.render("{{ s:r.0.2 / s:r.1.2|.2f }}x {{ s:r.0.1 / s:r.1.1|.1f }} {{ s:m / s:r.0.1|.4f }} "
+                              "{{ s:r.0.2 - s:r.1.2|+.0f }}", tmp_path, "p.md")
+    assert not errors, errors
+    assert out.split() == [format(28056 / 28869, ".2f") + "x", format(840 / 239, ".1f"), format(2.0 / 840, ".4f"),
+                           format(28056 - 28869, "+.0f")] == ["0.97x", "3.5", "0.0024", "-813"]
+    _, errors = hook.render("{{ s:m / s:z }} {{ s:r.0.0 / s:m }}", tmp_path, "p.md")
+    assert len(errors) == 2 and "a ratio to zero" in errors[0] and "a ratio of two numbers" in errors[1]
+
+
 def test_tables_with_empty_cells_a_bare_zero_and_spaced_separators_round_trip():
     """What the hand-kept pages hold: ``| --- |`` separators, empty cells (``| | |``), a gain column whose first
     row is a bare ``0``; each parses and prints back its lines (spaces aside)."""

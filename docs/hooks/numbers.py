@@ -9,7 +9,8 @@ replaces at build time:
   gives a format (``+.1f`` signs a difference); with a format, a text cell that starts with a number
   (``24.16 (qbnorm)``) prints that number.
 - ``{{ NAME:KEY.PATH - NAME2:KEY.PATH|+.2f }}``: the difference of two stored numbers (a ``mean ± std`` by
-  its mean), so a gain or a gap quoted in prose follows both values.
+  its mean, a text cell such as ``840 MB`` or ``28,056`` by the number it starts with), so a gain or a gap
+  quoted in prose follows both values; ``{{ A:KEY / B:KEY|.2f }}`` their ratio (``0.97x``).
 - ``{{ table NAME:KEY.PATH }}``: a Markdown table from ``{"columns": [...], "rows": [[...], ...]}``
   (``"formats"``, one per column, prints each column as the bench printed it).
 
@@ -57,7 +58,7 @@ TRANSCRIBED = ("value", "paper", "where")
 _META = ("transcribed", "source")
 DATA_DIR = Path("results") / "data"
 _REF = r"([A-Za-z0-9_-]+):([^|}\s]+)"
-PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?" + _REF + r"(?:\s+-\s+" + _REF + r")?\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
+PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?" + _REF + r"(?:\s+([-/])\s+" + _REF + r")?\s*(?:\|\s*([^}\s]+)\s*)?\}\}")
 #: A decimal number or a percentage (a ``m ± s`` holds two decimals); what precedes it may make it a
 #: citation (``sec. 4.3``).
 TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))")
@@ -65,6 +66,8 @@ TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:C
 REGION = re.compile(r"<!-- numbers from data -->(.*?)<!-- end numbers from data -->", re.DOTALL)
 #: The number a text cell starts with (``24.16 (qbnorm)``), which a placeholder with a format prints.
 LEAD = re.compile(r"[+-]?\d+(?:\.\d+)?(?=\s|$)")
+#: The number a text cell starts with in a difference or ratio, thousands separators allowed (``28,056``).
+OPERAND = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?=\s|$)|[+-]?\d+(?:\.\d+)?(?=\s|$)")
 _cache: dict[Path, dict] = {}
 
 
@@ -134,12 +137,19 @@ def _cell(value: Any, spec: str | None) -> str:
     return fmt(value, spec)
 
 
-def difference(a: Any, b: Any) -> float:
-    """``a - b`` of two stored numbers (a ``{"mean", "std"}`` summary by its mean)."""
+def difference(a: Any, b: Any, op: str = "-") -> float:
+    """``a - b`` (or ``a / b``) of two stored numbers (a ``{"mean", "std"}`` summary by its mean, a text cell
+    by the number it starts with)."""
     a, b = (v["mean"] if isinstance(v, dict) and "mean" in v
-            else float(LEAD.match(v).group(0)) if isinstance(v, str) and LEAD.match(v) else v for v in (a, b))
+            else float(OPERAND.match(v).group(0).replace(",", "")) if isinstance(v, str) and OPERAND.match(v)
+            else v for v in (a, b))
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
-        raise Missing(f"a difference of two numbers, not {str(a)[:30]!r} and {str(b)[:30]!r}")
+        raise Missing(f"a {'difference' if op == '-' else 'ratio'} of two numbers, not {str(a)[:30]!r} and "
+                      f"{str(b)[:30]!r}")
+    if op == "/":
+        if b == 0:
+            raise Missing("a ratio to zero")
+        return a / b
     return a - b
 
 
@@ -163,11 +173,11 @@ def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[st
     errors: list[str] = []
 
     def one(m: re.Match) -> str:
-        is_table, name, key, name_b, key_b, spec = m.groups()
+        is_table, name, key, op, name_b, key_b, spec = m.groups()
         try:
             value = lookup(load(docs_dir, name), key)
             if name_b:
-                value = difference(value, lookup(load(docs_dir, name_b), key_b))
+                value = difference(value, lookup(load(docs_dir, name_b), key_b), op)
             return table(value, spec) if is_table else fmt(value, spec)
         except (Missing, ValueError, json.JSONDecodeError) as exc:
             msg = exc.args[0] if isinstance(exc, Missing) else str(exc)
