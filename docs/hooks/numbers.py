@@ -26,9 +26,11 @@ accepted and means the default.)
 
 Numbers that are not results of our commands are written in one of two ways:
 
-- **A setting, a default, a threshold, a version, an address or a constant of arithmetic** (``tau 0.07``,
-  ``--noise 0.3``, ``p < 0.05``, ``Python >= 3.10``, ``127.0.0.1``, ``2 / 2**5 = 0.0625``) is something a
-  user types or could check by hand: it goes in a code span, which the check skips.
+- **A setting, a default, a threshold or target, a version, an address or a constant of arithmetic**
+  (``tau 0.07``, a paper's hyper-parameter ``lambda 0.25``, ``--noise 0.3``, ``p < 0.05``, ``>= 0.9x``,
+  ``Python >= 3.10``, ``127.0.0.1``, ``2 / 2**5 = 0.0625``) is something a user types or could check by
+  hand: it goes in a code span, which the check skips. Write the setting's name with its value, so the
+  span says what it is (a bare measured number in a code span is exactly what this check is for).
 - **A paper's own reported value** comes from ``docs/results/data/paper_reported.json`` (its data file,
   :data:`TRANSCRIBED`): instead of a command, the file says ``transcribed`` (how) and ``source``, and each
   entry is ``{"value": "+1.9", "paper": FILE, "where": "Table 2"}`` naming the paper in ``../shared/papers/``
