@@ -30,12 +30,14 @@ Numbers that are not results of our commands are written in one of two ways:
   (``tau 0.07``, a paper's hyper-parameter ``lambda 0.25``, ``--noise 0.3``, ``p < 0.05``, ``>= 0.9x``,
   ``Python >= 3.10``, ``127.0.0.1``, ``2 / 2**5 = 0.0625``) is something a user types or could check by
   hand: it goes in a code span, which the check skips. Write the setting's name with its value, so the
-  span says what it is (a bare measured number in a code span is exactly what this check is for).
+  span says what it is: a measured number hidden in a code span passes the check, which cannot tell; a
+  reviewer must.
 - **A paper's own reported value** comes from ``docs/results/data/paper_reported.json`` (its data file,
   :data:`TRANSCRIBED`): instead of a command, the file says ``transcribed`` (how) and ``source``, and each
-  entry is ``{"value": "+1.9", "paper": FILE, "where": "Table 2"}`` naming the paper in ``../shared/papers/``
-  and the table or section it was read from; ``{{ paper_reported:KEY }}`` prints its value as written there.
-  ``tests/test_docs_numbers.py`` finds every such value and its ``where`` in the paper's text.
+  entry is ``{"value": "+1.9", "paper": FILE, "where": "sec. 4.4", "quote": "..."}`` naming the paper in
+  ``../shared/papers/``, the section or table it was read from and the sentence that holds it;
+  ``{{ paper_reported:KEY }}`` prints its value as written there. ``tests/test_docs_numbers.py`` finds each
+  quote in that section of the paper's text and the value's digits in the quote.
 
 A result no file holds (an earlier run's output, a figure from a log) is not typed: the page says in words
 what was measured and names the command that measures it.
