@@ -116,7 +116,7 @@ def test_bench_pages_render_every_number_from_data():
 
 #: Pages not yet converted (issue 45.1): front matter ``numbers: typed``; every other page is checked whole. This
 #: list may only shrink: a new page is checked from its first build.
-TYPED_PAGES = {"encoders.md", "video.md"}
+TYPED_PAGES: set[str] = set()
 #: Converted pages that still hold marked regions (the page's own structure, kept as it is).
 REGION_PAGES = {"results/flickr8k_generalise.md", "results/flickr8k_paper_tables.md", "evaluation.md", "search.md",
                 "papers/ncl.md", "papers/dn.md", "papers/tspp.md", "papers/calince.md"}
