@@ -302,6 +302,11 @@ CHANGES = [
      {"results", "papers/dn"}),  # DN's t2i R@1 on the round-1 linear model
     ("bench_losses", ["tables", 0, "rows", 0, 1], 44.444, "44.444", {"benchmarks"}),  # InfoNCE ms/step
     ("epic_text_mir", ["tables", 0, "rows", 2, 1], 88.88, "88.88", {"results"}),  # EPIC text-text mAP, average
+    ("crossclr_weights", ["weights", "sum", "ess", "images"], 61.2, "61 (images)",
+     {"papers/crossclr", "results"}),  # Alg. 2's effective sample size, images
+    ("bench_metrics", ["a", "speedup_vs_argsort"], 77.77, "77.8x faster", {"benchmarks"}),  # retrieval vs argsort
+    ("encoders_speed", ["table", "rows", 1, 3], 0.777, "0.777", {"encoders"}),  # encode images / bare, CPU
+    ("video_workers", ["speedup"], 7.77, "7.77x", {"video"}),  # --workers 2 over 1, EfficientNet-Lite0
 ]
 
 
