@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_metrics.py            # full sizes (several minutes)
     .venv/bin/python bench/bench_metrics.py --quick    # small sizes (seconds)
+    .venv/bin/python bench/bench_metrics.py --only a --only b --write docs/results/data/bench_metrics.json
 
 (a) retrieval on a 25,000 x 5,000 matrix vs a full argsort reference and vs the one-pass
     floor ``(sim > sim_of_correct[:, None]).sum(1)``;
@@ -14,7 +15,8 @@
     that only builds the embeddings and runs the evaluator (whole-process peak RSS, so it
     includes Python, torch and the embeddings themselves).
 Timings are wall clock, best of ``--repeat`` runs ((b): medians); on a shared machine
-they are noisy.
+they are noisy. ``--write FILE.json`` also stores every printed value with the run's provenance
+(``bench/resultfile.py``), for the docs pages to render.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def bench_retrieval(q, g, repeat):
           f"-> {t_sort / t_ours:.1f}x faster | floor {t_floor:.3f} s -> ours/floor "
           f"{t_ours / t_floor:.2f} | ties='average' {t_avg:.3f} s | ranks exact "
           f"({n_tied} queries tied with their correct item)")
+    return {"queries": q, "gallery": g, "ours_s": t_ours, "argsort_s": t_sort, "floor_s": t_floor,
+            "average_ties_s": t_avg, "speedup_vs_argsort": t_sort / t_ours, "ratio_to_floor": t_ours / t_floor,
+            "tied_queries": n_tied}
 
 
 def epic_like_relevancy(n_clips, n_sent, rng):
@@ -140,6 +145,9 @@ def bench_mir(q, g, repeat, epic_root=None):
           f"{t_off:.3f} s -> {t_off / t_ours:.1f}x faster (medians of {repeat}) | mAP {out['mAP']:.4f} nDCG "
           f"{out['nDCG']:.4f} | max |diff| (fraction) {max(dmap, dndcg):.1e} | {n_undef} queries "
           f"without a relevancy-1 item")
+    return {"queries": q, "gallery": g, "relevancy": source, "ours_s": t_ours, "official_s": t_off,
+            "speedup": t_off / t_ours, "repeats": repeat, "mAP": float(out["mAP"]), "nDCG": float(out["nDCG"]),
+            "max_abs_diff": float(max(dmap, dndcg)), "queries_without_relevancy_1": n_undef}
 
 
 def _embeddings(n, d, seed):
@@ -179,6 +187,8 @@ def bench_streaming(n, d, block):
           f"{m['seconds']:.2f} s -> ratio {s['seconds'] / m['seconds']:.2f} | peak RSS "
           f"{s['peak_mb']:.0f} MB (after building embeddings {s['before_mb']:.0f} MB; bare "
           f"matmul peak {m['peak_mb']:.0f} MB) | R@1 {s['out']['R@1']:.3f}")
+    return {"n": n, "dim": d, "ours_s": s["seconds"], "matmul_s": m["seconds"], "ratio": s["seconds"] / m["seconds"],
+            "peak_rss_mb": s["peak_mb"], "embeddings_mb": s["before_mb"], "matmul_peak_rss_mb": m["peak_mb"]}
 
 
 def main():
@@ -189,20 +199,30 @@ def main():
     ap.add_argument("--epic-root", default=str(Path(__file__).resolve().parents[2] / "shared/data/epic100"),
                     help="EPIC-100 CSVs for the real relevancy in (b) (synthetic if absent)")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--write", metavar="FILE.json",
+                    help="also write the values as a result file the docs pages render (bench/resultfile.py)")
     args = ap.parse_args()
     if args.child:
         what, n, d, block = args.child
         child_streaming(int(n), int(d), int(block), what)
         return
     only = set(args.only or "abc")
+    load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {load:.1f}")
+    result = {"load_average": load}
     if "a" in only:
-        bench_retrieval(*((5000, 1000) if args.quick else (25000, 5000)), args.repeat)
+        result["a"] = bench_retrieval(*((5000, 1000) if args.quick else (25000, 5000)), args.repeat)
     if "b" in only:
-        bench_mir(*((2000, 800) if args.quick else (9668, 3842)), args.repeat, args.epic_root)
+        result["b"] = bench_mir(*((2000, 800) if args.quick else (9668, 3842)), args.repeat, args.epic_root)
     if "c" in only:
-        bench_streaming(*((10000, 64) if args.quick else (100000, 256)), 4096)
+        result["c"] = bench_streaming(*((10000, 64) if args.quick else (100000, 256)), 4096)
+    if args.write:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import resultfile
+
+        data = resultfile.provenance("bench/bench_metrics.py", None, "bench/bench_metrics.py --write (this file is its output)")
+        resultfile.write_json(args.write, {**data, **result})
 
 
 if __name__ == "__main__":

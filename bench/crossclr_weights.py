@@ -1,6 +1,7 @@
 """CrossCLR weights and pruning on real batches: effective sample size and share pruned.
 
     python bench/crossclr_weights.py --data ../shared/data/flickr8k [--batch 64 --batches 20 --kappa 0.0035]
+        [--write docs/results/data/crossclr_weights.json]
 
 For seeded random train batches of (image, caption) input features: the effective sample size
 ``(sum w)^2 / sum w^2`` of the connectivity weights (out of the batch size) and their spread
@@ -13,6 +14,8 @@ the share of samples whose influence score ``C / max C`` exceeds gamma (appendix
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,6 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=20)
     p.add_argument("--kappa", type=float, default=0.0035)
     p.add_argument("--gamma", type=float, default=0.9)
+    p.add_argument("--write", metavar="FILE.json",
+                   help="also write the values as a result file the docs pages render (bench/resultfile.py)")
     args = p.parse_args(argv)
     train = load_paired_split(args.data, "train")
     rng = np.random.default_rng(0)
@@ -58,13 +63,24 @@ def main(argv=None) -> int:
             pruned[mod].append(float((influence_scores(conn) > args.gamma).double().mean()))
     print(f"| weights (kappa {args.kappa}) | ESS images (of {args.batch}) | ESS captions "
           f"| max/min w images | max/min w captions |\n|---|---:|---:|---:|---:|")
-    for name, (_, out) in rows.items():
-        e = {m: np.mean([x for mm, x, _ in out if mm == m]) for m in ("images", "captions")}
-        r = {m: np.mean([x for mm, _, x in out if mm == m]) for m in ("images", "captions")}
+    result = {"batch": args.batch, "batches": args.batches, "kappa": args.kappa, "gamma": args.gamma, "weights": {}}
+    for name, (norm, out) in rows.items():
+        e = {m: float(np.mean([x for mm, x, _ in out if mm == m])) for m in ("images", "captions")}
+        r = {m: float(np.mean([x for mm, _, x in out if mm == m])) for m in ("images", "captions")}
         print(f"| {name} | {e['images']:.2f} | {e['captions']:.2f} | {r['images']:.3g} | {r['captions']:.3g} |")
+        result["weights"][norm] = {"name": name, "ess": e, "max_over_min": r}
     print(f"\nsmallest sum C / sum |C|: images {min(ratio['images']):.4f}, captions {min(ratio['captions']):.4f}")
     print(f"\nshare with C / max C > {args.gamma}: images {100 * np.mean(pruned['images']):.1f} %, "
           f"captions {100 * np.mean(pruned['captions']):.1f} % ({args.batches} seeded batches)")
+    result["min_signed_ratio"] = {m: min(v) for m, v in ratio.items()}
+    result["influential_percent"] = {m: float(100 * np.mean(v)) for m, v in pruned.items()}
+    if args.write:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import resultfile
+
+        data = resultfile.provenance("bench/crossclr_weights.py", argv,
+                                     "bench/crossclr_weights.py --write (this file is its output)")
+        resultfile.write_json(args.write, {**data, **result})
     return 0
 
 

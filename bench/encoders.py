@@ -19,6 +19,9 @@ Rounds alternate; each path's best round counts (the machine is shared). Prints 
 ``xmodal / bare`` (goal >= 0.9 on CPU). Usage::
 
     python bench/encoders.py [--images 64] [--batch-size 32] [--rounds 3] [--threads 1] [--device auto]
+        [--write docs/results/data/encoders_speed.json]
+
+(``--write FILE.json``: every printed value with the run's provenance, ``bench/resultfile.py``, for the docs.)
 
 Images: the first ``--images`` JPEGs of ``../shared/data/flickr8k/dev_images`` when present, else
 random 320x240 JPEGs. Never used by the tests.
@@ -138,6 +141,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    ap.add_argument("--write", metavar="FILE.json",
+                    help="also write the values as a result file the docs pages render (bench/resultfile.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from PIL import Image
@@ -192,10 +197,11 @@ def main() -> int:
             return encoders.encode_videos([clip], model=spec, batch_size=bs, device=device)[0]
 
         ref, got = bare(), ours()  # warm-up (and xmodal's one model load), then the check
-        print(f"max |xmodal - bare| over {len(paths)} images: {float(np.abs(ref - got).max()):.2e}")
+        diff = float(np.abs(ref - got).max())
+        print(f"max |xmodal - bare| over {len(paths)} images: {diff:.2e}")
         ref_oc, got_oc = bare_open_clip(), ours_open_clip()
-        print(f"max |xmodal open_clip:DIR - its bare loop| over {len(paths)} images: "
-              f"{float(np.abs(ref_oc - got_oc).max()):.2e}")
+        diff_oc = float(np.abs(ref_oc - got_oc).max())
+        print(f"max |xmodal open_clip:DIR - its bare loop| over {len(paths)} images: {diff_oc:.2e}")
         paths_named = {"bare": bare, "xmodal encode images": ours, "bare open_clip": bare_open_clip,
                        "xmodal open_clip:DIR": ours_open_clip}
         if clip is not None:
@@ -213,11 +219,28 @@ def main() -> int:
         n = len(paths)
         print(f"ViT-B/32-sized random CLIP, {n} images (224 px), batch {bs}, {args.threads} thread(s), {device}, "
               f"best of {args.rounds} rounds, order rotating (shared machine: the CPU-time column is the steadier one):")
+        rows = []
         for name in names:
             ref_name = "bare open_clip" if "open_clip" in name else "bare"
             print(f"  {name:22s} wall {n / best[name]:6.2f} frames/s (ratio to {ref_name} "
                   f"{best[ref_name] / best[name]:.3f})   CPU {n / cpu[name]:6.2f} frames/CPU-s (ratio to {ref_name} "
                   f"{cpu[ref_name] / cpu[name]:.3f})")
+            rows.append([name, ref_name, n / cpu[name], cpu[ref_name] / cpu[name], n / best[name],
+                         best[ref_name] / best[name]])
+        if args.write:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import os
+
+            import resultfile
+
+            table = {"columns": ["path", "reference", "frames per CPU-second", "ratio to the reference (CPU)",
+                                 "wall frames/s (noisy)", "ratio to the reference (wall)"],
+                     "formats": [None, None, ".2f", ".3f", ".2f", ".3f"], "rows": rows}
+            data = resultfile.provenance("bench/encoders.py", None, "bench/encoders.py --write (this file is its output)")
+            resultfile.write_json(args.write, {**data, "images": n, "batch": bs, "rounds": args.rounds,
+                                               "threads": args.threads, "device": str(device),
+                                               "load_average": os.getloadavg()[0], "max_abs_diff": diff,
+                                               "max_abs_diff_open_clip": diff_oc, "table": table})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -10,6 +10,9 @@ with ``--big`` over one 1920x1080 clip with every frame: it must not grow with t
 with the frame size.
 
     python bench/video_encode.py [--videos 8] [--frames 24] [--sample 16] [--batch 32] [--repeats 2] [--big]
+        [--write docs/results/data/video_encode.json]
+
+(``--write FILE.json``: every printed value with the run's provenance, ``bench/resultfile.py``, for the docs.)
 
 ``--workers N`` instead times ``xmodal encode videos --workers N`` against ``--workers 1`` (issue 34.7) on
 clips where decoding costs what it costs on real footage: ``--clips`` clips of ``--size`` (1280x720) at
@@ -26,6 +29,7 @@ costs next to nothing (each frame's mean colour), as a GPU encoder nearly does n
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -180,9 +184,7 @@ def components(paths: list[Path], fps: float, batch: int, model: str) -> tuple[f
     return decode, time.perf_counter() - t0
 
 
-def workers_section(args: argparse.Namespace) -> None:
-    import os
-
+def workers_section(args: argparse.Namespace) -> dict:
     from xmodal.features.encoders import register_encoder
 
     w, h = (int(x) for x in args.size.lower().split("x"))
@@ -220,6 +222,13 @@ def workers_section(args: argparse.Namespace) -> None:
         print(f"in one process, after the runs: decoding alone {decode:.1f} s (FFmpeg's own {DECODE_THREADS} "
               f"threads), encoding alone {encode:.1f} s (no number of decoding workers brings the wall time below "
               f"the encoder's; on a machine whose cores are all busy, more processes gain nothing)")
+        return {"encoder": model, "clips": args.clips, "size": args.size, "rate": args.rate, "seconds": args.seconds,
+                "fps": args.fps, "frames_encoded": frames, "frames_decoded": decoded, "batch": args.batch,
+                "threads": args.threads, "repeats": args.repeats, "workers": args.workers,
+                "load_average": os.getloadavg()[0], "wall_s": {"1": one, str(args.workers): many},
+                "walls_s": {str(n): t for n, t in times.items()}, "frames_per_s": {"1": frames / one,
+                str(args.workers): frames / many}, "speedup": one / many, "features_equal": "yes" if same else "no",
+                "decode_alone_s": decode, "encode_alone_s": encode}
 
 
 def main() -> None:
@@ -239,6 +248,8 @@ def main() -> None:
     ap.add_argument("--fps", type=float, default=1.0, help="--workers: frames encoded per second of video")
     ap.add_argument("--stand-in", action="store_true",
                     help="--workers: a stand-in encoder that costs nothing (a GPU's share, nearly): decoding alone")
+    ap.add_argument("--write", metavar="FILE.json",
+                    help="also write the values as a result file the docs pages render")
     args = ap.parse_args()
     import torch
 
@@ -247,7 +258,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     _efficientnet_lite0_model()
     if args.workers:
-        workers_section(args)
+        result = workers_section(args)
+        if args.write:
+            _write(args.write, result)
         return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -290,6 +303,10 @@ def main() -> None:
         m4 = peak_rss(four, tmp / "f4", sampling, args.batch, args.threads)
         m16 = peak_rss(sixteen, tmp / "f16", sampling, args.batch, args.threads)
         print(f"peak RSS of encode videos: 4 videos {m4:.0f} MiB, 16 videos {m16:.0f} MiB (ratio {m16 / m4:.2f})")
+        result = {"videos": args.videos, "frames": args.frames, "sample": args.sample, "batch": args.batch,
+                  "threads": args.threads, "repeats": args.repeats, "load_average": os.getloadavg()[0],
+                  "encode_videos_fps": n_frames / cli, "bare_loop_fps": n_frames / bare, "ratio": cli / bare,
+                  "decode_fps": decoded / dt, "peak_rss_mib": {"4": m4, "16": m16}}
         if args.big:
             big = tmp / "big"
             big.mkdir()
@@ -298,6 +315,18 @@ def main() -> None:
             frames = 30 * 1920 * 1080 * 3 / 2**20
             print(f"peak RSS, one 1920x1080 clip, every frame (30 frames, {frames:.0f} MiB of RGB): {mb:.0f} MiB "
                   f"(ratio to 4 small videos {mb / m4:.2f})")
+            result["peak_rss_mib"]["big"], result["big_rgb_mib"] = mb, frames
+    if args.write:
+        _write(args.write, result)
+
+
+def _write(path: str, result: dict) -> None:
+    """``result`` with this run's provenance, as a result file the docs render (``bench/resultfile.py``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import resultfile
+
+    data = resultfile.provenance("bench/video_encode.py", None, "bench/video_encode.py --write (this file is its output)")
+    resultfile.write_json(path, {**data, **result})
 
 
 if __name__ == "__main__":

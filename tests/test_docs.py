@@ -252,7 +252,11 @@ def test_every_result_file_says_how_it_was_made_and_is_quoted():
     assert files
     for f in files:
         data = json.loads(f.read_text())
-        assert all(data.get(k) for k in hook.PROVENANCE), (f.name, {k: data.get(k) for k in hook.PROVENANCE})
+        if "transcribed" in data:  # a paper's own values: each names its paper and place (the hook checks it)
+            hook._cache.clear()
+            hook.load(DOCS, f.stem)
+        else:
+            assert all(data.get(k) for k in hook.PROVENANCE), (f.name, {k: data.get(k) for k in hook.PROVENANCE})
         assert re.search(r"\{\{\s*(?:table\s+)?" + re.escape(f.stem) + ":", pages), f"no page quotes {f.name}"
 
 

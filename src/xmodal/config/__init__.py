@@ -198,7 +198,7 @@ class DataConfig:
     train_split: str = key("train", "split prefix of the training files ({split}_video_features.npy ...)")
     val_split: str = key("val", "split used for early stopping and choosing the test-time normaliser")
     test_split: str = key("test", "split evaluated at the end when its files exist; '' = none")
-    synthetic: dict = key(help="knobs of xmodal.data.synthetic, e.g. {num_train: 2000, zipf_exponent: 1.0}",
+    synthetic: dict = key(help="knobs of xmodal.data.synthetic, e.g. `{num_train: 2000, zipf_exponent: 1.0}`",
                           factory=dict)
     noise: float = key(0.0, "fraction of training pairs whose text is shuffled to a wrong video (Cali-NCE Table 7)")
     max_train_texts: int = key(0, "train on a seeded random subset of this many texts; 0 = all")
@@ -287,11 +287,11 @@ class OptimConfig:
     lr: float = key(1e-3, "peak learning rate (after warm-up; cosine decay to min_lr_ratio * lr)")
     weight_decay: float = key(0.0, "weight decay (decoupled for adamw)")
     betas: tuple = key((0.9, 0.999), "Adam betas [beta1, beta2]")
-    eps: float = key(1e-8, "Adam epsilon (the CrossCLR / COOT release: 1.5e-9)")
+    eps: float = key(1e-8, "Adam epsilon (the CrossCLR / COOT release: `1.5e-9`)")
     grad_clip: float = key(1.0, "clip the gradient norm to this value; 0 disables clipping")
     warmup_epochs: float = key(1.0, "linear LR warm-up over this many epochs, then cosine decay")
     warmup_proportion: float = key(0.0, "> 0: the warm-up as this share of all steps instead of warmup_epochs "
-                                        "(CLIP4Clip / NCL: 0.1)")
+                                        "(CLIP4Clip / NCL: `0.1`)")
     encoder_lr_scale: float = key(1e-3, "model.kind clip4clip: CLIP's own parameters train at lr x this (CLIP4Clip "
                                         "--coef_lr); the temporal head and the loss at lr")
     warmup_unit: str = key("step", "how the warm-up rises: step (the LR grows every step) | epoch (one LR per "
@@ -303,7 +303,7 @@ class OptimConfig:
     plateau_factor: float = key(0.1, "plateau: LR factor per reduction ('reduced by a factor of 10', sec. 4.3)")
     plateau_patience: int = key(6, "plateau: epochs without improvement before a reduction")
     plateau_cooldown: int = key(4, "plateau: epochs to wait after a reduction")
-    ema: float = key(0.0, "exponential moving average of the weights, decay per step (e.g. 0.99); validation, "
+    ema: float = key(0.0, "exponential moving average of the weights, decay per step (e.g. `0.99`); validation, "
                           "the best epoch and model.pt then use the averaged weights; 0 disables")
 
 
@@ -382,7 +382,7 @@ class TestTimeConfig:
     sinkhorn_iters: int = key(4, "Sinkhorn iterations of the sinkhorn / ncl biases")
     oracle: bool = key(True, "also report Sinkhorn fitted on the evaluated queries (an oracle, never selected)")
     selection: str = key("paired", "how the run's normaliser is chosen on val: paired (a candidate replaces none only "
-                                   "when the lower end of its 95% paired bootstrap interval over the val queries is "
+                                   "when the lower end of its paired bootstrap 95% interval over the val queries is "
                                    "above none's score) | best (the highest val score, however small the gain)")
 
 
