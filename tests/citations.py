@@ -69,7 +69,7 @@ FILE_PAPER = {
     "configs/crossclr/coot_youcook2.yaml": "crossclr", "configs/flickr8k/calince.yaml": "calince",
     "configs/ts/ts_infonce_synthetic.yaml": "tspp", "configs/ts/ts_mimaxmargin_synthetic.yaml": "tspp",
     "bench/f8k_ts_thesis.yaml": "tspp",
-    "tests/test_calince.py": "calince", "tests/test_crossclr.py": "crossclr",
+    "tests/test_calince.py": "calince", "tests/test_crossclr.py": "crossclr", "tests/test_docs_numbers.py": "dn",
     "tests/test_crossclr_module.py": "crossclr", "tests/test_normalize.py": "dn",
     "tests/test_ts_dn_trainer.py": "tspp", "tests/test_ts_directions.py": "tspp",
 }
