@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 __all__ = ["fold_ranks", "choose_fold", "choose_on_sample", "fold_sample", "heldout_pairs", "describe_choice",
-           "SAMPLE_ROWS", "NEIGHBOURS"]
+           "SAMPLE_ROWS", "NEIGHBOURS", "STAGES"]
 
 #: Gallery rows (a seeded sample, plus the captions' own videos) the candidate is fitted and measured on.
 SAMPLE_ROWS = 50_000
@@ -213,11 +213,9 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
     return record
 
 
-def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
-    """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors)."""
+def _checked(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
+    """``(n, queries, text_to_video, size, neighbours, seed)`` of :func:`fold_sample`'s arguments, checked."""
     from xmodal._validate import float_matrix, int_array, short_repr, whole_number
-    from xmodal.retrieval.recall import sample_rows
-    from xmodal.retrieval.rowstore import take_rows
 
     shape = getattr(rows, "shape", None)
     if isinstance(rows, (str, bytes)) or shape is None or len(shape) != 2 or not hasattr(rows, "__getitem__") \
@@ -236,14 +234,29 @@ def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int,
     if t2v.shape != (q.shape[0],) or (t2v.size and (t2v.min() < (n if added else 0) or (not added and t2v.max() >= n))):
         raise ValueError(f"text_to_video: expected {q.shape[0]} videos, " +
                          (f"added after the gallery (>= {n})" if added else f"gallery rows in [0, {n})"))
+    return n, q, t2v, size, neighbours, seed
+
+
+def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int,
+            uniform: np.ndarray | None = None):
+    """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors); ``uniform``:
+    the gallery rows to sample (sorted; default the ``size`` seeded rows of ``sample_rows``)."""
+    from xmodal.retrieval.recall import sample_rows
+    from xmodal.retrieval.rowstore import take_rows
+
+    n, q, t2v, size, neighbours, seed = _checked(rows, queries, text_to_video, added, size, neighbours, seed)
     if n <= size:
         return None
-    uniform = sample_rows(n, size, seed)
+    uniform = sample_rows(n, size, seed) if uniform is None else uniform
+    size = len(uniform)
     part = torch.from_numpy(np.ascontiguousarray(take_rows(rows, uniform), dtype=np.float32))
-    near = [t2v[t2v < n]] if not added else []
+    hit_ids, hit_rows = [np.zeros(0, np.int64)], [torch.zeros((0, part.shape[1]))]
+    threshold = None
     if neighbours:
         # the score of each caption's neighbours-th best video, estimated from the sample's
-        # (neighbours * size / n)-th best: one pass over the gallery then keeps about that many a caption
+        # (neighbours * size / n)-th best (at least its best: n / size videos a caption expected): one pass
+        # over the gallery then keeps about that many a caption (and the rows themselves, read in that pass:
+        # no second read), of which each caption's `neighbours` best are kept
         k = max(1, min(size, int(np.ceil(neighbours * size / n))))
         threshold = torch.topk(q @ part.T, k, dim=1).values[:, -1].reshape(1, -1)
         step = max(256, (1 << 22) // max(1, q.shape[0]))
@@ -252,18 +265,31 @@ def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int,
             g = torch.as_tensor(g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)).float()
             s = g @ q.T  # [b, H]: a video's margins over the captions' thresholds, reduced along the row
             s.sub_(threshold)
-            hit = s.amax(1) >= 0  # twice as fast as comparing every score, then any()
-            near.append(start + torch.nonzero(hit).reshape(-1).numpy().astype(np.int64))
-    near = np.setdiff1d(np.concatenate(near) if near else np.zeros(0, np.int64), uniform).astype(np.int64)
+            hit = torch.nonzero(s.amax(1) >= 0).reshape(-1)  # twice as fast as comparing every score, then any()
+            hit_ids.append(start + hit.numpy().astype(np.int64))
+            hit_rows.append(g[hit])
+    ids, kept = np.concatenate(hit_ids), torch.cat(hit_rows)  # ids ascending
+    if neighbours and len(ids) > neighbours:  # each caption's `neighbours` best of them (a low threshold keeps more)
+        chunk = max(1, (1 << 24) // len(ids))
+        best = [torch.topk(q[i:i + chunk] @ kept.T, neighbours, dim=1).indices.reshape(-1)
+                for i in range(0, q.shape[0], chunk)]
+        sel = torch.unique(torch.cat(best))
+        ids, kept = ids[sel.numpy()], kept[sel]
+    near = np.setdiff1d(np.concatenate([ids, t2v[t2v < n]] if not added else [ids]), uniform).astype(np.int64)
     measured = np.concatenate([uniform, near])
     if added:
         mapped = t2v - n + len(measured)
     else:
         order = np.argsort(measured, kind="stable")
         mapped = order[np.searchsorted(measured[order], t2v)].astype(np.int64)
-    near_rows = torch.from_numpy(np.ascontiguousarray(take_rows(rows, near), dtype=np.float32)
-                                 .reshape(len(near), part.shape[1]))
-    return uniform, part, near, near_rows, mapped
+    at = np.minimum(np.searchsorted(ids, near), max(0, len(ids) - 1))
+    found = (ids[at] == near) if len(ids) else np.zeros(len(near), bool)
+    near_rows = torch.empty((len(near), part.shape[1]))
+    near_rows[torch.from_numpy(found)] = kept[torch.from_numpy(at[found])]
+    if not found.all():  # captions' own videos no caption's pass kept
+        near_rows[torch.from_numpy(~found)] = torch.from_numpy(np.ascontiguousarray(
+            take_rows(rows, near[~found]), dtype=np.float32).reshape(-1, part.shape[1]))
+    return uniform, part, near, near_rows, mapped, threshold
 
 
 def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
@@ -287,7 +313,7 @@ def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, siz
 
 def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, extra: Any = None,
                      size: int = SAMPLE_ROWS, neighbours: int = NEIGHBOURS, seed: int = 0,
-                     n_boot: int = 10000) -> tuple[dict, dict | None]:
+                     n_boot: int = 10000, stages: Any = None) -> tuple[dict, dict | None]:
     """:func:`choose_fold` on a sample of the gallery (:func:`fold_sample`): the candidate is fitted on
     ``size`` seeded rows only (``fit(gallery_rows [S, D], further_rows [U, D] or None)``,
     :func:`xmodal.retrieval.index.fold_run_normalizer` of the candidate with ``extra``), and the captions'
@@ -295,24 +321,99 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
     :func:`xmodal.retrieval.index.gallery_bias`'s ``extra``), so a candidate not folded costs a fit on
     ``size`` rows and one pass of the captions over the gallery, never a fit on the gallery.
 
+    The measurement grows in ``stages`` (default :data:`STAGES`): ``(captions, rows)`` pairs, each a seeded
+    subset of the next stage's captions and sampled rows, measured the same way, then all captions on
+    ``size`` rows. An earlier stage ends the measurement only when the fold is clearly worse than ``none``
+    there (the upper end of the paired interval below 0: ``none`` is folded); a fold clear of ``none`` or
+    a straddling interval goes on to the next stage, so a fold is only ever kept on the last stage's
+    measurement. A stage with as many captions or rows as the last, or fewer than
+    :data:`MIN_FOLD_QUERIES` captions, is skipped.
+
     Returns:
-        ``(record, folded)``: :func:`choose_fold`'s record plus ``"sample_rows"`` (rows fitted on: the whole
-        gallery when it is no larger) and ``"near_rows"``, and ``folded``, the gallery's own fit when the
-        sample is the whole gallery (else None: a folded candidate is then fitted on the gallery).
+        ``(record, folded)``: :func:`choose_fold`'s record (of the stage that decided) plus
+        ``"sample_rows"`` (rows fitted on: the whole gallery when it is no larger), ``"near_rows"``,
+        ``"captions"`` (held-out captions available; ``"queries"`` is how many were measured) and
+        ``"stages"`` (each stage measured: ``queries``, ``sample_rows``, ``near_rows``, ``diff``,
+        ``ci_low``, ``ci_high``), and ``folded``, the gallery's own fit when the sample is the whole
+        gallery (else None: a folded candidate is then fitted on the gallery).
     """
     from xmodal._validate import float_matrix, short_repr
+    from xmodal.retrieval.recall import sample_rows
 
     if not callable(fit):
         raise TypeError(f"fit: expected a callable (gallery rows, further rows) -> folded record, got {short_repr(fit)}")
+    plan = _stages(STAGES if stages is None else stages)
     x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
-    picked = _sample(rows, queries, text_to_video, x is not None, size, neighbours, seed)
-    n = int(rows.shape[0])
-    if picked is None:
+    n, q, t2v, size, neighbours, seed = _checked(rows, queries, text_to_video, x is not None, size, neighbours, seed)
+    if n <= size:
         folded = fit(rows, x)
         record = choose_fold(rows, folded, queries, text_to_video, extra=x, seed=seed, n_boot=n_boot)
-        record.update(sample_rows=n, near_rows=0)
+        record.update(sample_rows=n, near_rows=0, captions=record["queries"], stages=[_stage_entry(record)])
         return record, folded
-    uniform, part, near, near_rows, t2v = picked
+    h_all = q.shape[0]
+    plan = [(h, r) for h, r in plan if MIN_FOLD_QUERIES <= h < h_all and r < size] + [(h_all, size)]
+    uniform_all = sample_rows(n, size, seed)
+    row_order = np.random.default_rng([seed, 1]).permutation(len(uniform_all))  # nested: each stage's rows
+    caption_order = np.random.default_rng([seed, 2]).permutation(h_all)  # are a prefix of the next's
+    history = []
+    for i, (h, r) in enumerate(plan):
+        last = i == len(plan) - 1
+        uniform = uniform_all if last else np.sort(uniform_all[row_order[:r]])
+        captions = np.arange(h_all) if last else np.sort(caption_order[:h])
+        record = _measure_on(rows, fit, q[captions], t2v[captions], x, uniform, size, neighbours, seed, n_boot)
+        history.append(_stage_entry(record))
+        if last or record["test"]["ci_high"] < 0:
+            break
+    record.update(captions=int(h_all), stages=history)
+    if len(history) < len(plan):
+        record["stopped_early"] = (f"{record['candidate']} clearly worse than none on {record['queries']:,} of the "
+                                   f"{h_all:,} captions (stage {len(history)} of {len(plan)}): measured no further")
+    return record, None
+
+
+#: The earlier stages of :func:`choose_on_sample`: ``(captions, sampled rows)``, before all captions on
+#: :data:`SAMPLE_ROWS` rows. A candidate clearly worse than ``none`` on a stage is measured no further.
+STAGES = ((32, 2_000), (128, 8_000))
+
+
+def _stages(stages: Any) -> list[tuple[int, int]]:
+    """``stages`` checked: increasing ``(captions, rows)`` pairs of positive whole numbers."""
+    from xmodal._validate import short_repr, whole_number
+
+    if isinstance(stages, (str, bytes)) or not hasattr(stages, "__iter__"):
+        raise TypeError(f"stages: expected (captions, rows) pairs, got {short_repr(stages)}")
+    out = []
+    for pair in stages:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"stages: expected (captions, rows) pairs, got {short_repr(pair)}")
+        h, r = (whole_number(v, "stages", minimum=1) for v in pair)
+        if out and (h <= out[-1][0] or r < out[-1][1]):
+            raise ValueError(f"stages: expected more captions and no fewer rows each stage, got {short_repr(stages)}")
+        out.append((h, r))
+    return out
+
+
+def _stage_entry(record: dict) -> dict:
+    t = record["test"]
+    return {"queries": int(record["queries"]), "sample_rows": record.get("sample_rows"),
+            "near_rows": record.get("near_rows", 0), "diff": t["diff"], "ci_low": t["ci_low"], "ci_high": t["ci_high"]}
+
+
+def _measure_on(rows: Any, fit: Any, q: torch.Tensor, t2v: np.ndarray, x: torch.Tensor | None, uniform: np.ndarray,
+                size: int, neighbours: int, seed: int, n_boot: int) -> dict:
+    """:func:`choose_fold` of the captions ``q`` on the gallery rows ``uniform`` and the captions' near rows,
+    the candidate fitted on ``uniform`` (one stage of :func:`choose_on_sample`)."""
+    _, part, near, near_rows, mapped, threshold = _sample(rows, q, t2v, x is not None, size, neighbours, seed,
+                                                          uniform=uniform)
+    if x is not None:  # the added videos as the gallery's rows: the captions' own and those reaching a threshold
+        n_measured = part.shape[0] + near_rows.shape[0]
+        own = mapped - n_measured
+        keep = np.unique(own)
+        if threshold is not None:
+            reach = torch.nonzero((q @ x.T - threshold.reshape(-1, 1)).amax(0) >= 0).reshape(-1).numpy()
+            keep = np.union1d(keep, reach)
+        if len(keep) < len(x):
+            x, mapped = x[torch.from_numpy(keep)], n_measured + np.searchsorted(keep, own)
     further = near_rows if x is None else torch.cat([near_rows, x])
     fitted = fit(part, further if len(further) else None)
     _check_folded(fitted, part.shape[1])
@@ -326,9 +427,9 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         folded["bias"] = torch.cat([bias, more[:len(near)]])
         if x is not None:
             folded["extra_bias"] = more[len(near):]
-    record = choose_fold(torch.cat([part, near_rows]), folded, queries, t2v, extra=x, seed=seed, n_boot=n_boot)
+    record = choose_fold(torch.cat([part, near_rows]), folded, q, mapped, extra=x, seed=seed, n_boot=n_boot)
     record.update(sample_rows=int(len(uniform)), near_rows=int(len(near)))
-    return record, None
+    return record
 
 
 def describe_choice(record: dict) -> str:
@@ -339,6 +440,8 @@ def describe_choice(record: dict) -> str:
         return str(record.get("why", ""))
     cand, n, f, t = record["candidate"], record["none"], record["fold"], record["test"]
     where = f"{record['queries']:,} {record.get('source', 'captions')}"
+    if record.get("captions", record["queries"]) > record["queries"]:
+        where = f"{record['queries']:,} of the {record['captions']:,} {record.get('source', 'captions')}"
     sample, gallery = record.get("sample_rows"), record.get("gallery", 0)
     of = f"a seeded sample of {sample:,} of the {gallery:,} gallery videos and the captions' " \
          f"{record.get('near_rows', 0):,} nearest" if sample and sample < gallery else \
@@ -349,7 +452,9 @@ def describe_choice(record: dict) -> str:
         where += f" against {of} (their own videos included)"
     if record.get("too_few"):
         return f"measured on {where}: {record['too_few']}"
-    verdict = (f"{cand} is clear of none, folded" if t["clear"] else f"{cand} is not clear of none, none folded")
+    verdict = (f"{cand} is clear of none, folded" if t["clear"] else
+               f"{cand} is clearly worse than none, none folded (measured no further)" if record.get("stopped_early")
+               else f"{cand} is not clear of none, none folded")
     return (f"measured on {where}: {cand} t2v R@1 {f['R@1']:.2f} / R@10 {f['R@10']:.2f} vs none "
             f"{n['R@1']:.2f} / {n['R@10']:.2f}; R@1+5+10 {t['diff']:+.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]: "
             f"{verdict}")
