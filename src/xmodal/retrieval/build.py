@@ -257,8 +257,11 @@ def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict |
     extra = pairs.get("video")
     t2v = np.asarray(pairs["text_to_video"], dtype=np.int64) + (n if extra is not None else 0)
     size = foldcheck.SAMPLE_ROWS
+    first = [st for st in foldcheck.STAGES if foldcheck.MIN_FOLD_QUERIES <= st[0] < len(t2v) and st[1] < size]
     say(f"index: fitting {candidate} on {min(n, size):,} of the {n:,} gallery embeddings (a seeded sample, "
-        f"with the captions' videos) and measuring it on {len(t2v):,} captions")
+        f"with the captions' videos) and measuring it on {len(t2v):,} captions"
+        + (f", in stages from {first[0][0]:,} captions on {first[0][1]:,} rows (stopped where {candidate} is "
+           f"clearly worse than none)" if first and n > size else ""))
     fit = lambda g, x: fold_run_normalizer(model, g, candidate, metric=metric, extra=x)  # noqa: E731
     record, folded = foldcheck.choose_on_sample(rows, fit, pairs["text"], t2v, extra=extra, size=size, neighbours=foldcheck.NEIGHBOURS, seed=seed)
     record.update(given="auto", source=pairs.get("source", "held-out train captions of the run"),
