@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-whole", action="store_true", help="skip auto measured on the whole gallery (the slow one)")
     p.add_argument("--video-dim", type=int, default=64, help="video feature size of the run and the gallery")
-    p.add_argument("--repeat", type=int, default=2, help="interleaved (none, auto) rounds")
+    p.add_argument("--repeat", type=int, default=2, help="interleaved (none, auto) rounds (0: only make the inputs)")
     p.add_argument("--no-stages", action="store_true", help="also time auto on the last stage only (before stages)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -97,6 +97,9 @@ def main() -> None:
                        "diff": test.get("diff"), "ci": [test.get("ci_low"), test.get("ci_high")]})
         print(json.dumps(builds[-1]), flush=True)
     foldcheck.SAMPLE_ROWS, foldcheck.STAGES = sample, stages
+    if not builds:  # --repeat 0 --no-whole: the run and the gallery made, nothing timed
+        print(f"made {run} and {feats}")
+        return
     walls = {}
     for b in builds:
         walls.setdefault(b["build"], []).append(b["wall_s"])

@@ -204,8 +204,15 @@ def test_the_build_records_each_stage_and_stops_where_the_fold_is_clearly_worse(
         rec["test"].update(ci_low=-3.0, ci_high=-1.0)
         return rec
 
+    passes, real_sample = [], foldcheck._sample
+
+    def sample(*args, **kw):  # a pass of its own over the gallery
+        passes.append(1)
+        return real_sample(*args, **kw)
+
     monkeypatch.setattr(index_module, "fold_run_normalizer", counting)
     monkeypatch.setattr(foldcheck, "choose_fold", worse)
+    monkeypatch.setattr(foldcheck, "_sample", sample)
     monkeypatch.setattr(foldcheck, "SAMPLE_ROWS", 300)
     monkeypatch.setattr(foldcheck, "STAGES", ((8, 100), (16, 200)))
     out = tmp_path / "idx"
@@ -213,6 +220,44 @@ def test_the_build_records_each_stage_and_stops_where_the_fold_is_clearly_worse(
     printed = capsys.readouterr().out
     choice = json.loads((out / "meta.json").read_text())["normalizer_choice"]
     assert [s[1] for s in sizes if s[0] == "sinkhorn"] == [100]  # the first stage only
+    assert passes == []  # its rows gathered while the gallery was embedded: no second pass
     assert [(s["queries"], s["sample_rows"]) for s in choice["stages"]] == [(8, 100)]
     assert choice["sample_rows"] == 100 and choice["queries"] == 8 and choice["captions"] > 16
     assert f"8 of the {choice['captions']:,} held-out train captions" in printed and "measured no further" in printed
+
+
+@pytest.mark.parametrize("added", [True, False])
+def test_the_first_stage_gathered_while_embedding_holds_each_captions_best_videos(added):
+    from xmodal.retrieval.foldcheck import FirstStage
+
+    g, bank, cap, own = scenario(helps=False)
+    n = len(g)
+    if added:
+        t2v, x = n + np.arange(len(own)), own
+    else:  # the captions' videos are gallery rows
+        t2v, x = np.random.default_rng(2).choice(n, len(cap), replace=False), None
+        g = g.clone()
+        g[torch.from_numpy(t2v)] = own
+    first = FirstStage(n, cap, t2v, added=added, size=600, neighbours=20, stages=[(24, 150)])
+    assert first.active and len(first.captions) == 24 and len(first.uniform) == 150
+    for start in range(0, n, 1000):  # the build's blocks, in order
+        first.add(start, g[start:start + 1000])
+    uniform, part, near, near_rows, _, threshold = first.result(n, first.captions, first.uniform)
+    assert torch.equal(part, g[torch.from_numpy(uniform)]) and torch.equal(near_rows, g[torch.from_numpy(near)])
+    s = (cap @ g.T).numpy()
+    want = set() if added else set(t2v[first.captions].tolist())
+    for i in first.captions:  # by loops: each caption's 20 best gallery videos
+        want |= set(sorted(range(n), key=lambda j: -s[i, j])[:20])
+    assert set(near.tolist()) == want - set(uniform.tolist())
+    np.testing.assert_allclose(threshold.reshape(-1).numpy(),
+                               [sorted(s[i], reverse=True)[19] for i in first.captions], atol=1e-6)
+    # the stage measured from these rows decides as the stage measured with its own pass over the gallery
+    fit = lambda rows, extra: dict(zip(("bias", "extra_bias"), gallery_bias(  # noqa: E731
+        "sinkhorn", rows, bank, extra=extra, temperature=0.05, iters=20)), normalizer="sinkhorn", query_shift=None)
+    a, _ = choose_on_sample(g, fit, cap, t2v, extra=x, size=600, neighbours=20, n_boot=2000, stages=[(24, 150)],
+                            first=first)
+    b, _ = choose_on_sample(g, fit, cap, t2v, extra=x, size=600, neighbours=20, n_boot=2000, stages=[(24, 150)])
+    assert a["chosen"] == b["chosen"] == "none" and len(a["stages"]) == len(b["stages"]) == 1  # stopped at 24
+    assert a["none"] == b["none"] and a["queries"] == 24
+    with pytest.raises(ValueError, match="block"):  # a block out of order
+        FirstStage(n, cap, t2v, added=added, size=600, stages=[(24, 150)]).add(1000, g[:10])

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 __all__ = ["fold_ranks", "choose_fold", "choose_on_sample", "fold_sample", "heldout_pairs", "describe_choice",
-           "SAMPLE_ROWS", "NEIGHBOURS", "STAGES"]
+           "SAMPLE_ROWS", "NEIGHBOURS", "STAGES", "FirstStage"]
 
 #: Gallery rows (a seeded sample, plus the captions' own videos) the candidate is fitted and measured on.
 SAMPLE_ROWS = 50_000
@@ -320,7 +320,7 @@ def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, siz
 
 def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, extra: Any = None,
                      size: int = SAMPLE_ROWS, neighbours: int = NEIGHBOURS, seed: int = 0,
-                     n_boot: int = 10000, stages: Any = None) -> tuple[dict, dict | None]:
+                     n_boot: int = 10000, stages: Any = None, first: Any = None) -> tuple[dict, dict | None]:
     """:func:`choose_fold` on a sample of the gallery (:func:`fold_sample`): the candidate is fitted on
     ``size`` seeded rows only (``fit(gallery_rows [S, D], further_rows [U, D] or None)``,
     :func:`xmodal.retrieval.index.fold_run_normalizer` of the candidate with ``extra``), and the captions'
@@ -334,7 +334,8 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
     there (the upper end of the paired interval below 0: ``none`` is folded); a fold clear of ``none`` or
     a straddling interval goes on to the next stage, so a fold is only ever kept on the last stage's
     measurement. A stage with as many captions or rows as the last, or fewer than
-    :data:`MIN_FOLD_QUERIES` captions, is skipped.
+    :data:`MIN_FOLD_QUERIES` captions, is skipped. ``first``: a :class:`FirstStage` that saw the gallery's
+    rows as they were embedded; its rows replace the first stage's pass over the gallery.
 
     Returns:
         ``(record, folded)``: :func:`choose_fold`'s record (of the stage that decided) plus
@@ -345,7 +346,6 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         gallery (else None: a folded candidate is then fitted on the gallery).
     """
     from xmodal._validate import float_matrix, short_repr
-    from xmodal.retrieval.recall import sample_rows
 
     if not callable(fit):
         raise TypeError(f"fit: expected a callable (gallery rows, further rows) -> folded record, got {short_repr(fit)}")
@@ -358,19 +358,18 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         record.update(sample_rows=n, near_rows=0, captions=record["queries"], stages=[_stage_entry(record)])
         return record, folded
     h_all = q.shape[0]
-    plan = [(h, r) for h, r in plan if MIN_FOLD_QUERIES <= h < h_all and r < size] + [(h_all, size)]
-    uniform_all = sample_rows(n, size, seed)
-    row_order = np.random.default_rng([seed, 1]).permutation(len(uniform_all))  # nested: each stage's rows
-    caption_order = np.random.default_rng([seed, 2]).permutation(h_all)  # are a prefix of the next's
-    history = []
-    for i, (h, r) in enumerate(plan):
-        last = i == len(plan) - 1
-        uniform = uniform_all if last else np.sort(uniform_all[row_order[:r]])
-        captions = np.arange(h_all) if last else np.sort(caption_order[:h])
-        record = _measure_on(rows, fit, q[captions], t2v[captions], x, uniform, size, neighbours, seed, n_boot)
+    history, stages_ = [], _plan(n, h_all, size, seed, plan)
+    for i, (captions, uniform) in enumerate(stages_):
+        last = i == len(stages_) - 1
+        picked = None
+        if i == 0 and first is not None and not last:  # gathered while the gallery was embedded: no pass
+            picked = first.result(n, captions, uniform)
+        record = _measure_on(rows, fit, q[captions], t2v[captions], x, uniform, size, neighbours, seed, n_boot,
+                             picked=picked)
         history.append(_stage_entry(record))
         if last or record["test"]["ci_high"] < 0:
             break
+    plan = stages_
     record.update(captions=int(h_all), stages=history)
     if len(history) < len(plan):
         record["stopped_early"] = (f"{record['candidate']} clearly worse than none on {record['queries']:,} of the "
@@ -400,6 +399,104 @@ def _stages(stages: Any) -> list[tuple[int, int]]:
     return out
 
 
+def _plan(n: int, h_all: int, size: int, seed: int, stages: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(captions, uniform rows)`` of each stage measured on a gallery of ``n > size`` rows: the checked
+    ``stages`` with fewer captions and rows than the last, then every caption on ``size`` seeded rows."""
+    from xmodal.retrieval.recall import sample_rows
+
+    plan = [(h, r) for h, r in stages if MIN_FOLD_QUERIES <= h < h_all and r < size]
+    uniform_all = sample_rows(n, size, seed)
+    row_order = np.random.default_rng([seed, 1]).permutation(len(uniform_all))  # nested: each stage's rows
+    caption_order = np.random.default_rng([seed, 2]).permutation(h_all)  # are a prefix of the next's
+    return [(np.sort(caption_order[:h]), np.sort(uniform_all[row_order[:r]])) for h, r in plan] + \
+        [(np.arange(h_all), uniform_all)]
+
+
+class FirstStage:
+    """The first stage of :func:`choose_on_sample`, gathered from the gallery's blocks as they are embedded
+    (:meth:`add`, the build's one pass): its sampled rows and, for each of its captions, the ``neighbours``
+    best videos (exact, a running top-k) with their rows, so that stage needs no pass of its own.
+
+    Args: as :func:`choose_on_sample` (``n``: the gallery's rows; ``added``: the captions' videos follow
+    the gallery). :attr:`active` is False where no earlier stage is measured (a gallery of at most ``size``
+    rows, or too few captions); :meth:`add` then does nothing.
+    """
+
+    def __init__(self, n: int, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
+                 neighbours: int = NEIGHBOURS, seed: int = 0, stages: Any = None) -> None:
+        from xmodal._validate import float_matrix, int_array, whole_number
+
+        n, size = whole_number(n, "n", minimum=1), whole_number(size, "size", minimum=1)
+        neighbours, seed = whole_number(neighbours, "neighbours"), whole_number(seed, "seed")
+        q = float_matrix(queries, "queries").detach().float().cpu()
+        t2v = np.asarray(int_array(text_to_video, "text_to_video"), dtype=np.int64)
+        if t2v.shape != (q.shape[0],):
+            raise ValueError(f"text_to_video: expected {q.shape[0]} videos")
+        plan = _plan(n, q.shape[0], size, seed, _stages(STAGES if stages is None else stages)) if n > size else []
+        self.active = len(plan) > 1
+        self.n, self.added, self._filled = n, bool(added), 0
+        if not self.active:
+            return
+        self.captions, self.uniform = plan[0]
+        self.q = q[torch.from_numpy(self.captions)]
+        own = t2v[self.captions]
+        self.own = np.unique(own[own < n]) if not added else np.zeros(0, np.int64)
+        self.k = min(neighbours, n)
+        h = self.q.shape[0]
+        self.best = torch.full((self.k, h), float("-inf"))
+        self.best_ids = torch.full((self.k, h), -1, dtype=torch.int64)
+        self.part = self.own_rows = None
+        self.kept_ids, self.kept_rows = np.zeros(0, np.int64), None
+
+    def add(self, start: int, block: Any) -> None:
+        """The gallery's rows ``start ..`` (``[b, D]`` embeddings, in order)."""
+        if not self.active:
+            return
+        g = torch.as_tensor(block.detach().cpu().numpy() if hasattr(block, "detach") else np.asarray(block)).float()
+        if start != self._filled or g.ndim != 2 or g.shape[1] != self.q.shape[1]:
+            raise ValueError(f"block: expected the gallery's rows from {self._filled} on, [b, {self.q.shape[1]}]")
+        stop = start + g.shape[0]
+        self._filled = stop
+        if self.part is None:
+            self.part = torch.empty((len(self.uniform), g.shape[1]))
+            self.own_rows = torch.empty((len(self.own), g.shape[1]))
+            self.kept_rows = torch.empty((0, g.shape[1]))
+        for rows_at, into in ((self.uniform, self.part), (self.own, self.own_rows)):
+            lo, hi = np.searchsorted(rows_at, [start, stop])
+            into[lo:hi] = g[torch.from_numpy(rows_at[lo:hi] - start)]
+        if not self.k:
+            return
+        s = g @ self.q.T  # [b, h]; a row is a candidate where it reaches some caption's running k-th best
+        hit = torch.nonzero((s - self.best[-1]).amax(1) >= 0).reshape(-1)
+        if not len(hit):
+            return
+        ids = torch.cat([self.best_ids, (start + hit)[:, None].expand(-1, self.q.shape[0])])
+        top = torch.topk(torch.cat([self.best, s[hit]]), self.k, dim=0)
+        self.best, self.best_ids = top.values, torch.gather(ids, 0, top.indices)
+        keep_ids = np.concatenate([self.kept_ids, start + hit.numpy()])
+        keep_rows = torch.cat([self.kept_rows, g[hit]])
+        still = np.isin(keep_ids, self.best_ids.numpy())  # the rows of the current best only
+        self.kept_ids, self.kept_rows = keep_ids[still], keep_rows[torch.from_numpy(still)]
+
+    def result(self, n: int, captions: np.ndarray, uniform: np.ndarray):
+        """:func:`_sample`'s tuple for the first stage (``captions`` / ``uniform``: the stage expected),
+        or None where this collector saw another stage or not the whole gallery."""
+        if not self.active or n != self.n or self._filled != n or not np.array_equal(captions, self.captions) \
+                or not np.array_equal(uniform, self.uniform):
+            return None
+        best = np.unique(self.best_ids.numpy())
+        best = best[best >= 0]
+        near = np.setdiff1d(np.concatenate([best, self.own]), self.uniform).astype(np.int64)
+        d = self.part.shape[1]
+        near_rows = torch.empty((len(near), d))
+        for ids, rows_of in ((self.kept_ids, self.kept_rows), (self.own, self.own_rows)):
+            order = np.argsort(ids, kind="stable")
+            at = np.minimum(np.searchsorted(ids[order], near), max(0, len(ids) - 1))
+            found = (ids[order][at] == near) if len(ids) else np.zeros(len(near), bool)
+            near_rows[torch.from_numpy(found)] = rows_of[torch.from_numpy(order[at[found]])]
+        return self.uniform, self.part, near, near_rows, None, self.best[-1].reshape(1, -1)
+
+
 def _stage_entry(record: dict) -> dict:
     t = record["test"]
     return {"queries": int(record["queries"]), "sample_rows": record.get("sample_rows"),
@@ -407,11 +504,18 @@ def _stage_entry(record: dict) -> dict:
 
 
 def _measure_on(rows: Any, fit: Any, q: torch.Tensor, t2v: np.ndarray, x: torch.Tensor | None, uniform: np.ndarray,
-                size: int, neighbours: int, seed: int, n_boot: int) -> dict:
+                size: int, neighbours: int, seed: int, n_boot: int, picked: tuple | None = None) -> dict:
     """:func:`choose_fold` of the captions ``q`` on the gallery rows ``uniform`` and the captions' near rows,
-    the candidate fitted on ``uniform`` (one stage of :func:`choose_on_sample`)."""
-    _, part, near, near_rows, mapped, threshold = _sample(rows, q, t2v, x is not None, size, neighbours, seed,
-                                                          uniform=uniform)
+    the candidate fitted on ``uniform`` (one stage of :func:`choose_on_sample`; ``picked``: those rows
+    already gathered, :meth:`FirstStage.result`)."""
+    if picked is None:
+        picked = _sample(rows, q, t2v, x is not None, size, neighbours, seed, uniform=uniform)
+    _, part, near, near_rows, mapped, threshold = picked
+    if mapped is None:  # each caption's video as a row of [uniform, near, added videos]
+        n, measured = int(rows.shape[0]), np.concatenate([uniform, near])
+        order = np.argsort(measured, kind="stable")
+        mapped = t2v - n + len(measured) if x is not None else \
+            order[np.searchsorted(measured[order], t2v)].astype(np.int64)
     if x is not None:  # the added videos as the gallery's rows: the captions' own and those reaching a threshold
         n_measured = part.shape[0] + near_rows.shape[0]
         own = mapped - n_measured
