@@ -180,6 +180,7 @@ def test_an_early_stage_ends_the_measurement_only_when_the_fold_is_clearly_worse
         rec.update(source="captions", gallery=len(g), added_videos=len(own))
         line = describe_choice(rec)
         assert "24 of the 120 captions" in line and "clearly worse than none" in line and "no further" in line
+        assert 24 <= rec["added_rows"] < 120 and f"({rec['added_rows']} of the 120 added videos, theirs" in line
     # the stages are checked: more captions each, no fewer rows
     with pytest.raises(ValueError, match="stages"):
         choose_on_sample(g, fit, cap, t2v, extra=own, size=600, stages=[(24, 150), (12, 300)])

@@ -500,7 +500,8 @@ class FirstStage:
 def _stage_entry(record: dict) -> dict:
     t = record["test"]
     return {"queries": int(record["queries"]), "sample_rows": record.get("sample_rows"),
-            "near_rows": record.get("near_rows", 0), "diff": t["diff"], "ci_low": t["ci_low"], "ci_high": t["ci_high"]}
+            "near_rows": record.get("near_rows", 0), "added_rows": record.get("added_rows", 0), "diff": t["diff"],
+            "ci_low": t["ci_low"], "ci_high": t["ci_high"]}
 
 
 def _measure_on(rows: Any, fit: Any, q: torch.Tensor, t2v: np.ndarray, x: torch.Tensor | None, uniform: np.ndarray,
@@ -539,7 +540,7 @@ def _measure_on(rows: Any, fit: Any, q: torch.Tensor, t2v: np.ndarray, x: torch.
         if x is not None:
             folded["extra_bias"] = more[len(near):]
     record = choose_fold(torch.cat([part, near_rows]), folded, q, mapped, extra=x, seed=seed, n_boot=n_boot)
-    record.update(sample_rows=int(len(uniform)), near_rows=int(len(near)))
+    record.update(sample_rows=int(len(uniform)), near_rows=int(len(near)), added_rows=0 if x is None else len(x))
     return record
 
 
@@ -558,7 +559,9 @@ def describe_choice(record: dict) -> str:
          f"{record.get('near_rows', 0):,} nearest" if sample and sample < gallery else \
         f"the {gallery:,}-video gallery"
     if record.get("added_videos"):
-        where += f" (their {record['added_videos']:,} videos added to {of})"
+        used = record.get("added_rows", record["added_videos"])
+        where += (f" (their {used:,} videos added to {of})" if used == record["added_videos"] else
+                  f" ({used:,} of the {record['added_videos']:,} added videos, theirs and those near them, added to {of})")
     elif sample and sample < gallery:
         where += f" against {of} (their own videos included)"
     if record.get("too_few"):
