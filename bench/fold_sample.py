@@ -11,8 +11,8 @@ ending with :data:`~xmodal.retrieval.foldcheck.SAMPLE_ROWS` rows plus each held-
 videos); with ``--no-stages`` also ``auto`` measured on the last stage only (the behaviour before the
 stages); and once ``auto`` measured on the whole gallery (``SAMPLE_ROWS`` set to the gallery: the
 behaviour before the sample; ``--no-whole`` skips it). Prints each build's wall time, the ratio of each
-build's median to ``none``'s median, and whether each decision equals the whole gallery's. Nothing is
-asserted.
+build's median to ``none``'s median, the median of each round's ratio to that round's ``none`` (less
+moved by a load that drifts), and whether each decision equals the whole gallery's. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -114,6 +114,12 @@ def main() -> None:
         ci = "" if b["diff"] is None else f"{b['diff']:+.2f} [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
         print(f"| {name} | {len(w)} | {np.median(w):.2f} | {np.median(w) / none:.2f} | {b['folded']} | "
               f"{b['queries'] or '-'} | {b['sample_rows'] or '-'} | {ci} |")
+    rounds = [b for b in builds if b["build"] != "auto (whole gallery)"]
+    per = len(one)
+    for name in [x[0] for x in one[1:]]:  # each round's auto over the same round's none: load drifts less
+        r = [next(b for b in rounds[i:i + per] if b["build"] == name)["wall_s"] / rounds[i]["wall_s"]
+             for i in range(0, len(rounds), per)]
+        print(f"{name} / none, same round: median {np.median(r):.2f} (rounds: {', '.join(f'{x:.2f}' for x in r)})")
     auto = {b["build"]: b["folded"] for b in builds if b["build"].startswith("auto")}
     if "auto (whole gallery)" in auto:
         for name in auto:
