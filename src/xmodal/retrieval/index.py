@@ -982,7 +982,8 @@ def gallery_bias(name: str, gallery: Any, bank: Any, *, extra: Any = None, **hpa
         raise ValueError(f"extra: embedding size {x.shape[1]} != the bank's {bank_t.shape[1]}")
     la = log_alpha.detach().float().cpu()
     # logsumexp_i(S_iu / gamma + log alpha_i) in column blocks, log alpha as one more column of the GEMM and
-    # the column sums a matrix-vector product (torch.logsumexp over dim 0 took 4x as long)
+    # the column sums a matrix-vector product (0.03-0.04 s against torch.logsumexp's 0.08-0.14 s for 4,200 videos
+    # and a 2,000-query bank, 1 thread)
     qa = torch.cat([bank_t / norm.temperature, la[:, None]], 1)
     cols = torch.empty(x.shape[0])
     ones = torch.ones(qa.shape[0])
