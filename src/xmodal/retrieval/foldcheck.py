@@ -561,7 +561,8 @@ def describe_choice(record: dict) -> str:
     if record.get("added_videos"):
         used = record.get("added_rows", record["added_videos"])
         where += (f" (their {used:,} videos added to {of})" if used == record["added_videos"] else
-                  f" ({used:,} of the {record['added_videos']:,} added videos, theirs and those near them, added to {of})")
+                  f" ({used:,} of the {record['added_videos']:,} added videos, theirs and those near them, added "
+                  f"to {of})")
     elif sample and sample < gallery:
         where += f" against {of} (their own videos included)"
     if record.get("too_few"):
