@@ -75,7 +75,7 @@ def main() -> None:
         del out
         tmp.rename(feats)
     gallery = np.load(feats, mmap_mode="r")
-    sample, stages = foldcheck.SAMPLE_ROWS, foldcheck.STAGES
+    sample, stages = foldcheck.SAMPLE_ROWS, getattr(foldcheck, "STAGES", ())  # () before the stages
     builds = []
     one = [("none", "none", sample, stages), ("auto (stages)", "auto", sample, stages)]
     if args.no_stages:
