@@ -12,7 +12,10 @@ videos); with ``--no-stages`` also ``auto`` measured on the last stage only (the
 stages); and once ``auto`` measured on the whole gallery (``SAMPLE_ROWS`` set to the gallery: the
 behaviour before the sample; ``--no-whole`` skips it). Prints each build's wall time, the ratio of each
 build's median to ``none``'s median, the median of each round's ratio to that round's ``none`` (less
-moved by a load that drifts), and whether each decision equals the whole gallery's. Nothing is asserted.
+moved by a load that drifts), the decision's own work timed inside the build (``build._fold`` and the first
+stage's scoring of the blocks as they are embedded; ``1 + decision / none`` is the ratio it implies, less
+moved by the load than whole builds), and whether each decision equals the whole gallery's. Nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -76,6 +79,24 @@ def main() -> None:
         tmp.rename(feats)
     gallery = np.load(feats, mmap_mode="r")
     sample, stages = foldcheck.SAMPLE_ROWS, getattr(foldcheck, "STAGES", ())  # () before the stages
+    # the decision's own work, timed inside the build (less moved by the load than a whole build's wall):
+    # build._fold, and the first stage's scoring of each block as the gallery is embedded
+    from xmodal.retrieval import build as build_module
+
+    spent = [0.0]
+
+    def timed(f):
+        def inner(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return f(*a, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return inner
+
+    build_module._fold = timed(build_module._fold)
+    if hasattr(foldcheck, "FirstStage"):
+        foldcheck.FirstStage.add = timed(foldcheck.FirstStage.add)
     builds = []
     one = [("none", "none", sample, stages), ("auto (stages)", "auto", sample, stages)]
     if args.no_stages:
@@ -85,13 +106,15 @@ def main() -> None:
         plan.insert(2, ("auto (whole gallery)", "auto", args.videos + 1, stages))
     for name, normalizer, rows, stage_plan in plan:
         foldcheck.SAMPLE_ROWS, foldcheck.STAGES = rows, stage_plan
+        spent[0] = 0.0
         start = time.perf_counter()
         meta = write_index(str(run), gallery, root / "idx", normalizer=normalizer, kind="flat", overwrite=True,
                            model=model)
         wall = time.perf_counter() - start
         choice = meta["normalizer_choice"]
         test = choice.get("test") or {}
-        builds.append({"build": name, "wall_s": round(wall, 2), "folded": meta["normalizer"],
+        builds.append({"build": name, "wall_s": round(wall, 2), "decision_s": round(spent[0], 3),
+                       "folded": meta["normalizer"],
                        "queries": choice.get("queries"), "sample_rows": choice.get("sample_rows"),
                        "near_rows": choice.get("near_rows"), "stages": choice.get("stages"),
                        "diff": test.get("diff"), "ci": [test.get("ci_low"), test.get("ci_high")]})
@@ -106,13 +129,15 @@ def main() -> None:
     none = float(np.median(walls["none"]))
     print(f"\ngallery {args.videos:,} videos x {args.video_dim}, bank {args.bank:,}, {args.threads} thread(s); "
           f"none median {none:.2f} s over {len(walls['none'])}")
-    print("| build | builds | median wall s | x none (medians) | folded | captions | rows fitted on | "
-          "R@1+5+10 diff [CI] |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| build | builds | median wall s | x none (medians) | decision s (median) | 1 + decision / none | "
+          "folded | captions | rows fitted on | R@1+5+10 diff [CI] |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, w in walls.items():
         b = next(x for x in builds if x["build"] == name)
         ci = "" if b["diff"] is None else f"{b['diff']:+.2f} [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
-        print(f"| {name} | {len(w)} | {np.median(w):.2f} | {np.median(w) / none:.2f} | {b['folded']} | "
+        dec = float(np.median([x["decision_s"] for x in builds if x["build"] == name]))
+        print(f"| {name} | {len(w)} | {np.median(w):.2f} | {np.median(w) / none:.2f} | {dec:.3f} | "
+              f"{1 + dec / none:.2f} | {b['folded']} | "
               f"{b['queries'] or '-'} | {b['sample_rows'] or '-'} | {ci} |")
     rounds = [b for b in builds if b["build"] != "auto (whole gallery)"]
     per = len(one)
