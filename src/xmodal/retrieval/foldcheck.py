@@ -25,9 +25,10 @@ caption's own).
 The measurement grows in stages (:data:`STAGES`): a seeded 32 of the captions on 2,000 of the sampled
 rows, then 128 on 8,000, then every caption on :data:`SAMPLE_ROWS`; each stage's captions and rows are a
 subset of the next's. A stage where the fold is clearly worse than ``none`` (the upper end of the paired
-interval below 0) ends it with ``none``: most of a decision against a fold then costs a fit on 2,000
-rows and one pass of 32 captions over the gallery. A fold is kept only on the last stage's
-measurement, so the stages never fold what the single measurement would not.
+interval below 0) ends it with ``none``: a clear decision against a fold then costs a fit on 2,000
+rows and the scores of 32 captions against each gallery block, gathered as the build embeds it
+(:class:`FirstStage`: no pass of its own). A fold is kept only on the last stage's measurement, so
+the stages never fold what the single measurement would not.
 """
 
 from __future__ import annotations
