@@ -135,13 +135,15 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
     show = getattr(log, "show", False) if log is not None else False  # the stage reporter's choice (Stages.show)
     if show is not False and hasattr(log, "clear"):
         log.clear()  # the counted lines below say where the encoding is
-    rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names, progress=show)
+    first = _first_stage(model, n, normalizer, _run_metric(run), select_on, seed)
+    rows = _embed_gallery(model, video_features, video_mask, out, block_rows, names=names, progress=show,
+                          visit=None if first is None else first.add)
     from xmodal.retrieval.index import _release_freed_memory
 
     _release_freed_memory()  # the encoder's freed block buffers, before the index grows (issue 43 item 7)
     created = not out.exists()
     try:
-        folded, choice = _fold(model, rows, normalizer, _run_metric(run), select_on, say, seed)
+        folded, choice = _fold(model, rows, normalizer, _run_metric(run), select_on, say, seed, first=first)
         shift = folded["query_shift"]
         shift = np.zeros(rows.dim, np.float32) if shift is None else shift.cpu().numpy().astype(np.float32)
         queries, recall_source = ((None, None) if kind == "flat" and max_bytes is None
@@ -220,10 +222,35 @@ def _save_within(index: Any, path: Path, max_bytes: int | None) -> None:
         raise ValueError(f"--max-memory: the index file came to {size} bytes, over the budget of {max_bytes}")
 
 
-def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict | None, say: Any, seed: int
-          ) -> tuple[dict, dict]:
+def _first_stage(model: Any, n: int, normalizer: Any, metric: str, select_on: dict | None, seed: int) -> Any:
+    """A :class:`~xmodal.retrieval.foldcheck.FirstStage` for ``--normalizer auto`` on a gallery of ``n`` rows
+    larger than the sample (it sees the rows as they are embedded), or None where :func:`_fold` measures
+    nothing or measures no earlier stage (it then reports any bad input itself)."""
+    from xmodal.retrieval import foldcheck
+    from xmodal.retrieval.index import best_foldable
+
+    if normalizer != "auto" or n <= foldcheck.SAMPLE_ROWS:
+        return None
+    try:
+        if best_foldable(model, metric) == "none":
+            return None
+        pairs = select_on if select_on is not None else foldcheck.heldout_pairs(model)
+        if pairs is None:
+            return None
+        added = pairs.get("video") is not None
+        t2v = np.asarray(pairs["text_to_video"], dtype=np.int64) + (n if added else 0)
+        first = foldcheck.FirstStage(n, pairs["text"], t2v, added=added, size=foldcheck.SAMPLE_ROWS,
+                                     neighbours=foldcheck.NEIGHBOURS, seed=seed)
+    except (TypeError, ValueError, KeyError):
+        return None  # _fold says what is wrong, after the gallery is embedded as before
+    return first if first.active else None
+
+
+def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict | None, say: Any, seed: int,
+          first: Any = None) -> tuple[dict, dict]:
     """``(folded, choice)``: the index form of the normaliser (``fold_run_normalizer``) and how it was
-    chosen (``meta.json["normalizer_choice"]``)."""
+    chosen (``meta.json["normalizer_choice"]``); ``first``: :func:`_first_stage`'s rows, gathered while the
+    gallery was embedded."""
     from xmodal.retrieval import foldcheck
     from xmodal.retrieval.index import best_foldable, fold_run_normalizer
     from xmodal.retrieval.testtime import _METHODS
@@ -257,10 +284,14 @@ def _fold(model: Any, rows: Any, normalizer: str, metric: str, select_on: dict |
     extra = pairs.get("video")
     t2v = np.asarray(pairs["text_to_video"], dtype=np.int64) + (n if extra is not None else 0)
     size = foldcheck.SAMPLE_ROWS
+    early = [st for st in foldcheck.STAGES if foldcheck.MIN_FOLD_QUERIES <= st[0] < len(t2v) and st[1] < size]
     say(f"index: fitting {candidate} on {min(n, size):,} of the {n:,} gallery embeddings (a seeded sample, "
-        f"with the captions' videos) and measuring it on {len(t2v):,} captions")
+        f"with the captions' videos) and measuring it on {len(t2v):,} captions"
+        + (f", in stages from {early[0][0]:,} captions on {early[0][1]:,} rows (stopped where {candidate} is "
+           f"clearly worse than none)" if early and n > size else ""))
     fit = lambda g, x: fold_run_normalizer(model, g, candidate, metric=metric, extra=x)  # noqa: E731
-    record, folded = foldcheck.choose_on_sample(rows, fit, pairs["text"], t2v, extra=extra, size=size, neighbours=foldcheck.NEIGHBOURS, seed=seed)
+    record, folded = foldcheck.choose_on_sample(rows, fit, pairs["text"], t2v, extra=extra, size=size,
+                                                neighbours=foldcheck.NEIGHBOURS, seed=seed, first=first)
     record.update(given="auto", source=pairs.get("source", "held-out train captions of the run"),
                   gallery=n, added_videos=0 if extra is None else int(len(extra)), bank_note=note(candidate))
     record["why"] = foldcheck.describe_choice(record)
@@ -337,12 +368,13 @@ def _rows(x: Any, sl: slice) -> Any:
 
 
 def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: int, *,
-                   names: list[str] | None = None, progress: bool | None = False):
+                   names: list[str] | None = None, progress: bool | None = False, visit: Any = None):
     """The gallery's embeddings ``[N, D]`` in a :class:`~xmodal.retrieval.rowstore.RowStore`,
     encoded ``block_rows`` videos at a time (a large store is a temporary file beside ``out``;
     stale ones of a killed build are removed first). A row whose embedding is not finite (finite
     features the video head overflows, e.g. 3e38) is refused by row number and name: indexed, it
-    would be a NaN no search can find."""
+    would be a NaN no search can find. ``visit(start, block)`` sees each block as it is embedded (the
+    fold check's first stage, :class:`~xmodal.retrieval.foldcheck.FirstStage`)."""
     from xmodal.retrieval.rowstore import RowStore
 
     n = _num_rows(features)
@@ -366,6 +398,8 @@ def _embed_gallery(model: Any, features: Any, mask: Any, out: Path, block_rows: 
                 if store is None:
                     store = RowStore(n, emb.shape[1], directory=directory, prefix=prefix)
                 store.append(emb)
+                if visit is not None:
+                    visit(start, emb)
                 bar.update(sl.stop - sl.start)
     except BaseException:
         if store is not None:

@@ -21,6 +21,14 @@ only through the row scaling ``alpha``, an average over the gallery's videos tha
 estimates (Park et al. 2022, sec. 3.4); the near videos keep the top of each caption's ranking, which a
 uniform sample alone would thin out (a 10% sample keeps one in ten of the videos that outrank a
 caption's own).
+
+The measurement grows in stages (:data:`STAGES`): a seeded 32 of the captions on 2,000 of the sampled
+rows, then 128 on 8,000, then every caption on :data:`SAMPLE_ROWS`; each stage's captions and rows are a
+subset of the next's. A stage where the fold is clearly worse than ``none`` (the upper end of the paired
+interval below 0) ends it with ``none``: a clear decision against a fold then costs a fit on 2,000
+rows and the scores of 32 captions against each gallery block, gathered as the build embeds it
+(:class:`FirstStage`: no pass of its own). A fold is kept only on the last stage's measurement, so
+the stages never fold what the single measurement would not.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import numpy as np
 import torch
 
 __all__ = ["fold_ranks", "choose_fold", "choose_on_sample", "fold_sample", "heldout_pairs", "describe_choice",
-           "SAMPLE_ROWS", "NEIGHBOURS"]
+           "SAMPLE_ROWS", "NEIGHBOURS", "STAGES", "FirstStage"]
 
 #: Gallery rows (a seeded sample, plus the captions' own videos) the candidate is fitted and measured on.
 SAMPLE_ROWS = 50_000
@@ -213,11 +221,9 @@ def choose_fold(rows: Any, folded: dict, queries: Any, text_to_video: Any, *, ex
     return record
 
 
-def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
-    """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors)."""
+def _checked(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int):
+    """``(n, queries, text_to_video, size, neighbours, seed)`` of :func:`fold_sample`'s arguments, checked."""
     from xmodal._validate import float_matrix, int_array, short_repr, whole_number
-    from xmodal.retrieval.recall import sample_rows
-    from xmodal.retrieval.rowstore import take_rows
 
     shape = getattr(rows, "shape", None)
     if isinstance(rows, (str, bytes)) or shape is None or len(shape) != 2 or not hasattr(rows, "__getitem__") \
@@ -236,14 +242,29 @@ def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int,
     if t2v.shape != (q.shape[0],) or (t2v.size and (t2v.min() < (n if added else 0) or (not added and t2v.max() >= n))):
         raise ValueError(f"text_to_video: expected {q.shape[0]} videos, " +
                          (f"added after the gallery (>= {n})" if added else f"gallery rows in [0, {n})"))
+    return n, q, t2v, size, neighbours, seed
+
+
+def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int, neighbours: int, seed: int,
+            uniform: np.ndarray | None = None):
+    """:func:`fold_sample`'s rows, with the uniform and near rows themselves (float32 tensors); ``uniform``:
+    the gallery rows to sample (sorted; default the ``size`` seeded rows of ``sample_rows``)."""
+    from xmodal.retrieval.recall import sample_rows
+    from xmodal.retrieval.rowstore import take_rows
+
+    n, q, t2v, size, neighbours, seed = _checked(rows, queries, text_to_video, added, size, neighbours, seed)
     if n <= size:
         return None
-    uniform = sample_rows(n, size, seed)
+    uniform = sample_rows(n, size, seed) if uniform is None else uniform
+    size = len(uniform)
     part = torch.from_numpy(np.ascontiguousarray(take_rows(rows, uniform), dtype=np.float32))
-    near = [t2v[t2v < n]] if not added else []
+    hit_ids, hit_rows = [np.zeros(0, np.int64)], [torch.zeros((0, part.shape[1]))]
+    threshold = None
     if neighbours:
         # the score of each caption's neighbours-th best video, estimated from the sample's
-        # (neighbours * size / n)-th best: one pass over the gallery then keeps about that many a caption
+        # (neighbours * size / n)-th best (at least its best: n / size videos a caption expected): one pass
+        # over the gallery then keeps about that many a caption (and the rows themselves, read in that pass:
+        # no second read), of which each caption's `neighbours` best are kept
         k = max(1, min(size, int(np.ceil(neighbours * size / n))))
         threshold = torch.topk(q @ part.T, k, dim=1).values[:, -1].reshape(1, -1)
         step = max(256, (1 << 22) // max(1, q.shape[0]))
@@ -252,18 +273,31 @@ def _sample(rows: Any, queries: Any, text_to_video: Any, added: bool, size: int,
             g = torch.as_tensor(g.detach().cpu().numpy() if hasattr(g, "detach") else np.asarray(g)).float()
             s = g @ q.T  # [b, H]: a video's margins over the captions' thresholds, reduced along the row
             s.sub_(threshold)
-            hit = s.amax(1) >= 0  # twice as fast as comparing every score, then any()
-            near.append(start + torch.nonzero(hit).reshape(-1).numpy().astype(np.int64))
-    near = np.setdiff1d(np.concatenate(near) if near else np.zeros(0, np.int64), uniform).astype(np.int64)
+            hit = torch.nonzero(s.amax(1) >= 0).reshape(-1)  # twice as fast as comparing every score, then any()
+            hit_ids.append(start + hit.numpy().astype(np.int64))
+            hit_rows.append(g[hit])
+    ids, kept = np.concatenate(hit_ids), torch.cat(hit_rows)  # ids ascending
+    if neighbours and len(ids) > neighbours:  # each caption's `neighbours` best of them (a low threshold keeps more)
+        chunk = max(1, (1 << 24) // len(ids))
+        best = [torch.topk(q[i:i + chunk] @ kept.T, neighbours, dim=1).indices.reshape(-1)
+                for i in range(0, q.shape[0], chunk)]
+        sel = torch.unique(torch.cat(best))
+        ids, kept = ids[sel.numpy()], kept[sel]
+    near = np.setdiff1d(np.concatenate([ids, t2v[t2v < n]] if not added else [ids]), uniform).astype(np.int64)
     measured = np.concatenate([uniform, near])
     if added:
         mapped = t2v - n + len(measured)
     else:
         order = np.argsort(measured, kind="stable")
         mapped = order[np.searchsorted(measured[order], t2v)].astype(np.int64)
-    near_rows = torch.from_numpy(np.ascontiguousarray(take_rows(rows, near), dtype=np.float32)
-                                 .reshape(len(near), part.shape[1]))
-    return uniform, part, near, near_rows, mapped
+    at = np.minimum(np.searchsorted(ids, near), max(0, len(ids) - 1))
+    found = (ids[at] == near) if len(ids) else np.zeros(len(near), bool)
+    near_rows = torch.empty((len(near), part.shape[1]))
+    near_rows[torch.from_numpy(found)] = kept[torch.from_numpy(at[found])]
+    if not found.all():  # captions' own videos no caption's pass kept
+        near_rows[torch.from_numpy(~found)] = torch.from_numpy(np.ascontiguousarray(
+            take_rows(rows, near[~found]), dtype=np.float32).reshape(-1, part.shape[1]))
+    return uniform, part, near, near_rows, mapped, threshold
 
 
 def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
@@ -287,7 +321,7 @@ def fold_sample(rows: Any, queries: Any, text_to_video: Any, *, added: bool, siz
 
 def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, extra: Any = None,
                      size: int = SAMPLE_ROWS, neighbours: int = NEIGHBOURS, seed: int = 0,
-                     n_boot: int = 10000) -> tuple[dict, dict | None]:
+                     n_boot: int = 10000, stages: Any = None, first: Any = None) -> tuple[dict, dict | None]:
     """:func:`choose_fold` on a sample of the gallery (:func:`fold_sample`): the candidate is fitted on
     ``size`` seeded rows only (``fit(gallery_rows [S, D], further_rows [U, D] or None)``,
     :func:`xmodal.retrieval.index.fold_run_normalizer` of the candidate with ``extra``), and the captions'
@@ -295,24 +329,204 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
     :func:`xmodal.retrieval.index.gallery_bias`'s ``extra``), so a candidate not folded costs a fit on
     ``size`` rows and one pass of the captions over the gallery, never a fit on the gallery.
 
+    The measurement grows in ``stages`` (default :data:`STAGES`): ``(captions, rows)`` pairs, each a seeded
+    subset of the next stage's captions and sampled rows, measured the same way, then all captions on
+    ``size`` rows. An earlier stage ends the measurement only when the fold is clearly worse than ``none``
+    there (the upper end of the paired interval below 0: ``none`` is folded); a fold clear of ``none`` or
+    a straddling interval goes on to the next stage, so a fold is only ever kept on the last stage's
+    measurement. A stage with as many captions or rows as the last, or fewer than
+    :data:`MIN_FOLD_QUERIES` captions, is skipped. ``first``: a :class:`FirstStage` that saw the gallery's
+    rows as they were embedded; its rows replace the first stage's pass over the gallery.
+
     Returns:
-        ``(record, folded)``: :func:`choose_fold`'s record plus ``"sample_rows"`` (rows fitted on: the whole
-        gallery when it is no larger) and ``"near_rows"``, and ``folded``, the gallery's own fit when the
-        sample is the whole gallery (else None: a folded candidate is then fitted on the gallery).
+        ``(record, folded)``: :func:`choose_fold`'s record (of the stage that decided) plus
+        ``"sample_rows"`` (rows fitted on: the whole gallery when it is no larger), ``"near_rows"``,
+        ``"captions"`` (held-out captions available; ``"queries"`` is how many were measured) and
+        ``"stages"`` (each stage measured: ``queries``, ``sample_rows``, ``near_rows``, ``diff``,
+        ``ci_low``, ``ci_high``), and ``folded``, the gallery's own fit when the sample is the whole
+        gallery (else None: a folded candidate is then fitted on the gallery).
     """
     from xmodal._validate import float_matrix, short_repr
 
     if not callable(fit):
         raise TypeError(f"fit: expected a callable (gallery rows, further rows) -> folded record, got {short_repr(fit)}")
+    plan = _stages(STAGES if stages is None else stages)
     x = None if extra is None else float_matrix(extra, "extra").detach().float().cpu()
-    picked = _sample(rows, queries, text_to_video, x is not None, size, neighbours, seed)
-    n = int(rows.shape[0])
-    if picked is None:
+    n, q, t2v, size, neighbours, seed = _checked(rows, queries, text_to_video, x is not None, size, neighbours, seed)
+    if n <= size:
         folded = fit(rows, x)
         record = choose_fold(rows, folded, queries, text_to_video, extra=x, seed=seed, n_boot=n_boot)
-        record.update(sample_rows=n, near_rows=0)
+        record.update(sample_rows=n, near_rows=0, captions=record["queries"], stages=[_stage_entry(record)])
         return record, folded
-    uniform, part, near, near_rows, t2v = picked
+    h_all = q.shape[0]
+    history, stages_ = [], _plan(n, h_all, size, seed, plan)
+    for i, (captions, uniform) in enumerate(stages_):
+        last = i == len(stages_) - 1
+        picked = None
+        if i == 0 and first is not None and not last:  # gathered while the gallery was embedded: no pass
+            picked = first.result(n, captions, uniform)
+        record = _measure_on(rows, fit, q[captions], t2v[captions], x, uniform, size, neighbours, seed, n_boot,
+                             picked=picked)
+        history.append(_stage_entry(record))
+        if last or record["test"]["ci_high"] < 0:
+            break
+    plan = stages_
+    record.update(captions=int(h_all), stages=history)
+    if len(history) < len(plan):
+        record["stopped_early"] = (f"{record['candidate']} clearly worse than none on {record['queries']:,} of the "
+                                   f"{h_all:,} captions (stage {len(history)} of {len(plan)}): measured no further")
+    return record, None
+
+
+#: The earlier stages of :func:`choose_on_sample`: ``(captions, sampled rows)``, before all captions on
+#: :data:`SAMPLE_ROWS` rows. A candidate clearly worse than ``none`` on a stage is measured no further.
+STAGES = ((32, 2_000), (128, 8_000))
+
+
+def _stages(stages: Any) -> list[tuple[int, int]]:
+    """``stages`` checked: increasing ``(captions, rows)`` pairs of positive whole numbers."""
+    from xmodal._validate import short_repr, whole_number
+
+    if isinstance(stages, (str, bytes)) or not hasattr(stages, "__iter__"):
+        raise TypeError(f"stages: expected (captions, rows) pairs, got {short_repr(stages)}")
+    out = []
+    for pair in stages:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"stages: expected (captions, rows) pairs, got {short_repr(pair)}")
+        h, r = (whole_number(v, "stages", minimum=1) for v in pair)
+        if out and (h <= out[-1][0] or r < out[-1][1]):
+            raise ValueError(f"stages: expected more captions and no fewer rows each stage, got {short_repr(stages)}")
+        out.append((h, r))
+    return out
+
+
+def _plan(n: int, h_all: int, size: int, seed: int, stages: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(captions, uniform rows)`` of each stage measured on a gallery of ``n > size`` rows: the checked
+    ``stages`` with fewer captions and rows than the last, then every caption on ``size`` seeded rows."""
+    from xmodal.retrieval.recall import sample_rows
+
+    plan = [(h, r) for h, r in stages if MIN_FOLD_QUERIES <= h < h_all and r < size]
+    uniform_all = sample_rows(n, size, seed)
+    row_order = np.random.default_rng([seed, 1]).permutation(len(uniform_all))  # nested: each stage's rows
+    caption_order = np.random.default_rng([seed, 2]).permutation(h_all)  # are a prefix of the next's
+    return [(np.sort(caption_order[:h]), np.sort(uniform_all[row_order[:r]])) for h, r in plan] + \
+        [(np.arange(h_all), uniform_all)]
+
+
+class FirstStage:
+    """The first stage of :func:`choose_on_sample`, gathered from the gallery's blocks as they are embedded
+    (:meth:`add`, the build's one pass): its sampled rows and, for each of its captions, the ``neighbours``
+    best videos (exact, a running top-k) with their rows, so that stage needs no pass of its own.
+
+    Args: as :func:`choose_on_sample` (``n``: the gallery's rows; ``added``: the captions' videos follow
+    the gallery). :attr:`active` is False where no earlier stage is measured (a gallery of at most ``size``
+    rows, or too few captions); :meth:`add` then does nothing.
+    """
+
+    def __init__(self, n: int, queries: Any, text_to_video: Any, *, added: bool, size: int = SAMPLE_ROWS,
+                 neighbours: int = NEIGHBOURS, seed: int = 0, stages: Any = None) -> None:
+        from xmodal._validate import float_matrix, int_array, whole_number
+
+        n, size = whole_number(n, "n", minimum=1), whole_number(size, "size", minimum=1)
+        neighbours, seed = whole_number(neighbours, "neighbours"), whole_number(seed, "seed")
+        q = float_matrix(queries, "queries").detach().float().cpu()
+        t2v = np.asarray(int_array(text_to_video, "text_to_video"), dtype=np.int64)
+        if t2v.shape != (q.shape[0],):
+            raise ValueError(f"text_to_video: expected {q.shape[0]} videos")
+        plan = _plan(n, q.shape[0], size, seed, _stages(STAGES if stages is None else stages)) if n > size else []
+        self.active = len(plan) > 1
+        self.n, self.added, self._filled = n, bool(added), 0
+        if not self.active:
+            return
+        self.captions, self.uniform = plan[0]
+        self.q = q[torch.from_numpy(self.captions)]
+        own = t2v[self.captions]
+        self.own = np.unique(own[own < n]) if not added else np.zeros(0, np.int64)
+        self.k = min(neighbours, n)
+        h = self.q.shape[0]
+        self.best = torch.full((self.k, h), float("-inf"))
+        self.best_ids = torch.full((self.k, h), -1, dtype=torch.int64)
+        self.part = self.own_rows = None
+        self.kept_ids, self.kept_rows = np.zeros(0, np.int64), None
+
+    def add(self, start: int, block: Any) -> None:
+        """The gallery's rows ``start ..`` (``[b, D]`` embeddings, in order)."""
+        if not self.active:
+            return
+        g = torch.as_tensor(block.detach().cpu().numpy() if hasattr(block, "detach") else np.asarray(block)).float()
+        if start != self._filled or g.ndim != 2 or g.shape[1] != self.q.shape[1]:
+            raise ValueError(f"block: expected the gallery's rows from {self._filled} on, [b, {self.q.shape[1]}]")
+        stop = start + g.shape[0]
+        self._filled = stop
+        if self.part is None:
+            self.part = torch.empty((len(self.uniform), g.shape[1]))
+            self.own_rows = torch.empty((len(self.own), g.shape[1]))
+            self.kept_rows = torch.empty((0, g.shape[1]))
+        for rows_at, into in ((self.uniform, self.part), (self.own, self.own_rows)):
+            lo, hi = np.searchsorted(rows_at, [start, stop])
+            into[lo:hi] = g[torch.from_numpy(rows_at[lo:hi] - start)]
+        if not self.k:
+            return
+        s = g @ self.q.T  # [b, h]; a row is a candidate where it reaches some caption's running k-th best
+        hit = torch.nonzero((s - self.best[-1]).amax(1) >= 0).reshape(-1)
+        if not len(hit):
+            return
+        ids = torch.cat([self.best_ids, (start + hit)[:, None].expand(-1, self.q.shape[0])])
+        top = torch.topk(torch.cat([self.best, s[hit]]), self.k, dim=0)
+        self.best, self.best_ids = top.values, torch.gather(ids, 0, top.indices)
+        keep_ids = np.concatenate([self.kept_ids, start + hit.numpy()])
+        keep_rows = torch.cat([self.kept_rows, g[hit]])
+        still = np.isin(keep_ids, self.best_ids.numpy())  # the rows of the current best only
+        self.kept_ids, self.kept_rows = keep_ids[still], keep_rows[torch.from_numpy(still)]
+
+    def result(self, n: int, captions: np.ndarray, uniform: np.ndarray):
+        """:func:`_sample`'s tuple for the first stage (``captions`` / ``uniform``: the stage expected),
+        or None where this collector saw another stage or not the whole gallery."""
+        if not self.active or n != self.n or self._filled != n or not np.array_equal(captions, self.captions) \
+                or not np.array_equal(uniform, self.uniform):
+            return None
+        best = np.unique(self.best_ids.numpy())
+        best = best[best >= 0]
+        near = np.setdiff1d(np.concatenate([best, self.own]), self.uniform).astype(np.int64)
+        d = self.part.shape[1]
+        near_rows = torch.empty((len(near), d))
+        for ids, rows_of in ((self.kept_ids, self.kept_rows), (self.own, self.own_rows)):
+            order = np.argsort(ids, kind="stable")
+            at = np.minimum(np.searchsorted(ids[order], near), max(0, len(ids) - 1))
+            found = (ids[order][at] == near) if len(ids) else np.zeros(len(near), bool)
+            near_rows[torch.from_numpy(found)] = rows_of[torch.from_numpy(order[at[found]])]
+        return self.uniform, self.part, near, near_rows, None, self.best[-1].reshape(1, -1)
+
+
+def _stage_entry(record: dict) -> dict:
+    t = record["test"]
+    return {"queries": int(record["queries"]), "sample_rows": record.get("sample_rows"),
+            "near_rows": record.get("near_rows", 0), "added_rows": record.get("added_rows", 0), "diff": t["diff"],
+            "ci_low": t["ci_low"], "ci_high": t["ci_high"]}
+
+
+def _measure_on(rows: Any, fit: Any, q: torch.Tensor, t2v: np.ndarray, x: torch.Tensor | None, uniform: np.ndarray,
+                size: int, neighbours: int, seed: int, n_boot: int, picked: tuple | None = None) -> dict:
+    """:func:`choose_fold` of the captions ``q`` on the gallery rows ``uniform`` and the captions' near rows,
+    the candidate fitted on ``uniform`` (one stage of :func:`choose_on_sample`; ``picked``: those rows
+    already gathered, :meth:`FirstStage.result`)."""
+    if picked is None:
+        picked = _sample(rows, q, t2v, x is not None, size, neighbours, seed, uniform=uniform)
+    _, part, near, near_rows, mapped, threshold = picked
+    if mapped is None:  # each caption's video as a row of [uniform, near, added videos]
+        n, measured = int(rows.shape[0]), np.concatenate([uniform, near])
+        order = np.argsort(measured, kind="stable")
+        mapped = t2v - n + len(measured) if x is not None else \
+            order[np.searchsorted(measured[order], t2v)].astype(np.int64)
+    if x is not None:  # the added videos as the gallery's rows: the captions' own and those reaching a threshold
+        n_measured = part.shape[0] + near_rows.shape[0]
+        own = mapped - n_measured
+        keep = np.unique(own)
+        if threshold is not None:
+            reach = torch.nonzero((q @ x.T - threshold.reshape(-1, 1)).amax(0) >= 0).reshape(-1).numpy()
+            keep = np.union1d(keep, reach)
+        if len(keep) < len(x):
+            x, mapped = x[torch.from_numpy(keep)], n_measured + np.searchsorted(keep, own)
     further = near_rows if x is None else torch.cat([near_rows, x])
     fitted = fit(part, further if len(further) else None)
     _check_folded(fitted, part.shape[1])
@@ -326,9 +540,9 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         folded["bias"] = torch.cat([bias, more[:len(near)]])
         if x is not None:
             folded["extra_bias"] = more[len(near):]
-    record = choose_fold(torch.cat([part, near_rows]), folded, queries, t2v, extra=x, seed=seed, n_boot=n_boot)
-    record.update(sample_rows=int(len(uniform)), near_rows=int(len(near)))
-    return record, None
+    record = choose_fold(torch.cat([part, near_rows]), folded, q, mapped, extra=x, seed=seed, n_boot=n_boot)
+    record.update(sample_rows=int(len(uniform)), near_rows=int(len(near)), added_rows=0 if x is None else len(x))
+    return record
 
 
 def describe_choice(record: dict) -> str:
@@ -339,17 +553,24 @@ def describe_choice(record: dict) -> str:
         return str(record.get("why", ""))
     cand, n, f, t = record["candidate"], record["none"], record["fold"], record["test"]
     where = f"{record['queries']:,} {record.get('source', 'captions')}"
+    if record.get("captions", record["queries"]) > record["queries"]:
+        where = f"{record['queries']:,} of the {record['captions']:,} {record.get('source', 'captions')}"
     sample, gallery = record.get("sample_rows"), record.get("gallery", 0)
     of = f"a seeded sample of {sample:,} of the {gallery:,} gallery videos and the captions' " \
          f"{record.get('near_rows', 0):,} nearest" if sample and sample < gallery else \
         f"the {gallery:,}-video gallery"
     if record.get("added_videos"):
-        where += f" (their {record['added_videos']:,} videos added to {of})"
+        used = record.get("added_rows", record["added_videos"])
+        where += (f" (their {used:,} videos added to {of})" if used == record["added_videos"] else
+                  f" ({used:,} of the {record['added_videos']:,} added videos, theirs and those near them, added "
+                  f"to {of})")
     elif sample and sample < gallery:
         where += f" against {of} (their own videos included)"
     if record.get("too_few"):
         return f"measured on {where}: {record['too_few']}"
-    verdict = (f"{cand} is clear of none, folded" if t["clear"] else f"{cand} is not clear of none, none folded")
+    verdict = (f"{cand} is clear of none, folded" if t["clear"] else
+               f"{cand} is clearly worse than none, none folded (measured no further)" if record.get("stopped_early")
+               else f"{cand} is not clear of none, none folded")
     return (f"measured on {where}: {cand} t2v R@1 {f['R@1']:.2f} / R@10 {f['R@10']:.2f} vs none "
             f"{n['R@1']:.2f} / {n['R@10']:.2f}; R@1+5+10 {t['diff']:+.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]: "
             f"{verdict}")

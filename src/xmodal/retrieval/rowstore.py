@@ -25,6 +25,12 @@ __all__ = ["RowStore", "ShiftedRows", "IN_MEMORY_BYTES"]
 IN_MEMORY_BYTES = 64 << 20
 
 
+#: :meth:`RowStore.take` reads the rows between two wanted rows up to this many bytes apart (cheaper than
+#: another system call), in reads of at most :data:`TAKE_READ_BYTES`.
+TAKE_GAP_BYTES = 1 << 16
+TAKE_READ_BYTES = 1 << 24
+
+
 class RowStore:
     """``[N, D]`` float32 rows appended in order, then read as row slices (torch tensors).
 
@@ -107,22 +113,27 @@ class RowStore:
         return torch.from_numpy(self._read(start, max(start, stop)))
 
     def take(self, rows: Any) -> np.ndarray:
-        """float32 ``[len(rows), D]``: the given rows, in the given order (read in runs of
-        consecutive rows)."""
+        """float32 ``[len(rows), D]``: the given rows, in the given order (read in runs of rows at most
+        :data:`TAKE_GAP_BYTES` apart, each read at most :data:`TAKE_READ_BYTES`: a few large reads
+        instead of a system call a row)."""
         rows = np.asarray(rows, dtype=np.int64)
         if self._array is not None:
             return self._array[rows]
         order = np.argsort(rows, kind="stable")
         out = np.empty((rows.size, self.dim), np.float32)
         sorted_rows = rows[order]
+        gap = max(1, TAKE_GAP_BYTES // self._row_bytes)
+        span = max(1, TAKE_READ_BYTES // self._row_bytes)
+        # a read ends where the next row is more than `gap` rows on, or would make the read longer than `span`
+        ends = np.flatnonzero(np.diff(sorted_rows) > gap) + 1
         i = 0
-        while i < sorted_rows.size:  # one read per run of consecutive rows
-            j = i + 1
-            while j < sorted_rows.size and sorted_rows[j] <= sorted_rows[j - 1] + 1:
-                j += 1
-            block = self._read(int(sorted_rows[i]), int(sorted_rows[j - 1]) + 1)
-            out[order[i:j]] = block[sorted_rows[i:j] - sorted_rows[i]]
-            i = j
+        for j in [*ends.tolist(), sorted_rows.size]:
+            while i < j:
+                k = i + int(np.searchsorted(sorted_rows[i:j], sorted_rows[i] + span, side="left"))
+                k = max(k, i + 1)
+                block = self._read(int(sorted_rows[i]), int(sorted_rows[k - 1]) + 1)
+                out[order[i:k]] = block[sorted_rows[i:k] - sorted_rows[i]]
+                i = k
         return out
 
     def blocks(self, rows: int) -> Iterator[tuple[int, int, torch.Tensor]]:
