@@ -362,3 +362,28 @@ def test_payload_round_trip(clip_dir):
     again = model_from_payload(model_payload(model))
     ids = tokenize(captions, CLIPProcessor.from_pretrained(str(clip_dir)).tokenizer, 10)
     assert torch.equal(again.encode_text(ids) @ again.encode_video(frames, mask).T, sim)
+
+
+def test_sample_frames_equals_a_per_video_loop():
+    """The vectorised sampling equals a per-video loop over each video's real frames (CLIP4Clip's
+    ``_get_rawvideo`` positions, :func:`frame_positions`), masks with gaps and all three ``frame_pos``."""
+    from xmodal.models.clip4clip import frame_positions, sample_frames
+
+    def loop(frames, mask, max_frames, frame_pos):
+        n, f = frames.shape[:2]
+        index = torch.zeros(n, min(f, max_frames), dtype=torch.long)
+        out = torch.zeros(n, min(f, max_frames), dtype=torch.bool)
+        for i in range(n):
+            rows = [j for j in range(f) if mask[i, j]]
+            for k, p in enumerate(frame_positions(len(rows), max_frames, frame_pos)):
+                index[i, k], out[i, k] = rows[p], True
+        return torch.stack([frames[i, index[i]] for i in range(n)]), out
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        n, f, mf = (int(torch.randint(1, hi, (1,), generator=g)) for hi in (9, 15, 13))
+        frames = torch.randint(0, 255, (n, f, 5), generator=g).to(torch.uint8)
+        mask = torch.rand(n, f, generator=g) > 0.3
+        for frame_pos in ("head", "tail", "uniform"):
+            got, want = sample_frames(frames, mask, mf, frame_pos), loop(frames, mask, mf, frame_pos)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -92,11 +92,13 @@ def sample_frames(frames: torch.Tensor, mask: torch.Tensor | None, max_frames: i
     index = torch.zeros(n, m, dtype=torch.long)
     out_mask = torch.zeros(n, m, dtype=torch.bool)
     real = mask.cpu()
-    for i in range(n):
-        rows = torch.nonzero(real[i]).flatten()
-        keep = rows[torch.from_numpy(frame_positions(len(rows), max_frames, frame_pos))]
-        index[i, :len(keep)] = keep
-        out_mask[i, :len(keep)] = True
+    counts = real.sum(1)
+    order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)  # each row's real frames first, in order
+    for c in torch.unique(counts).tolist():  # the positions kept depend on the real-frame count alone
+        rows = torch.nonzero(counts == c).flatten()
+        pos = torch.from_numpy(frame_positions(int(c), max_frames, frame_pos))
+        index[rows[:, None], torch.arange(len(pos))[None, :]] = order[rows][:, pos]
+        out_mask[rows, :len(pos)] = True
     index = index.to(frames.device)
     picked = torch.gather(frames, 1, index[..., None].expand(-1, -1, frames.shape[2]))
     return picked, out_mask.to(frames.device)
