@@ -66,6 +66,11 @@ PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?" + _REF + r"(?:\s+([-/])\s+" + _RE
 #: A decimal number or a percentage (a ``m ± s`` holds two decimals); what precedes it may make it a
 #: citation (``sec. 4.3``).
 TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))")
+#: A whole number with a unit of measure (a size, a time, a rate, a ratio ``3x``): ``811 MiB``, ``5,020 MiB``,
+#: ``175 queries/s``, ``631 s``. A product of dimensions (``224 x 224``, ``100,000 x N``) is not a ratio: ``x`` counts
+#: only written against the number (``3x``).
+UNITS = r"(?:[kKMGT]i?B|ms|s|min|h|q/s|queries/s|frames/s|videos/s|clips/s|steps/s|images/s|rows/s)"
+TYPED_UNIT = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\s?" + UNITS + r"|x)(?![\w/])")
 #: A section of a page whose numbers come from data files (the whole page: front matter ``numbers: data``).
 REGION = re.compile(r"<!-- numbers from data -->(.*?)<!-- end numbers from data -->", re.DOTALL)
 #: The number a text cell starts with (``24.16 (qbnorm)``), which a placeholder with a format prints.
@@ -192,7 +197,7 @@ def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[st
 
 
 def typed_numbers(markdown: str) -> list[str]:
-    """Decimal numbers and percentages in the prose of a page's Markdown source: not in code
+    """Decimal numbers, percentages and whole numbers with a unit (``811 MiB``, ``3x``) in the prose of a page's Markdown source: not in code
     (fenced or inline), link targets, HTML comments or placeholders, and not a citation (sec. 4.3)."""
     text = re.sub(r"^[ \t]*(```|~~~).*?^[ \t]*\1", "", markdown, flags=re.S | re.M)
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
@@ -201,8 +206,9 @@ def typed_numbers(markdown: str) -> list[str]:
     text = re.sub(r"\]\([^)]*\)", "]", text)
     out = []
     for line in text.splitlines():
-        for m in TYPED.finditer(line):
-            if m.group(0) != "±" and _cited(line[:m.start()]):
+        hits = sorted([*TYPED.finditer(line), *TYPED_UNIT.finditer(line)], key=lambda m: m.start())
+        for m in hits:
+            if _cited(line[:m.start()]):
                 continue
             out.append(f"{m.group(0)!r} in: {line.strip()[:100]}")
     return out
