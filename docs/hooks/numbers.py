@@ -17,9 +17,12 @@ replaces at build time:
 A placeholder that names a missing file or key, or a data file without its provenance
 (:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails.
 
-Every page is checked: a typed result in its prose (a decimal number or a percentage outside code, links,
-HTML comments and placeholders; section, equation and table citations and a confidence level excepted) is a
-warning too. A page not yet converted says so in its front matter, ``numbers: typed`` (the list of such pages
+Every page is checked: a typed result in its prose (a decimal number, a percentage, or a whole number with a
+unit of measure, :data:`TYPED_UNIT`: a size ``811 MiB``, a time ``631 s`` / ``16 min``, a rate ``175 queries/s``
+or a ratio ``17x``, outside code, links, HTML comments and placeholders; section, equation and table citations
+and a confidence level excepted) is a warning too. A product of dimensions (``224 x 224``, ``100,000 x N``) is
+not a ratio and passes; a size or time that is a setting (``--max-bytes 64 MiB``, ``every 30 s``) goes in a
+code span with its name, like any setting. A page not yet converted says so in its front matter, ``numbers: typed`` (the list of such pages
 is kept in ``tests/test_docs_numbers.py`` and may only shrink); in it, a part between ``<!-- numbers from
 data -->`` and ``<!-- end numbers from data -->`` is still checked. (``numbers: data``, the old opt-in, is
 accepted and means the default.)
