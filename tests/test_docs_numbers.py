@@ -368,3 +368,26 @@ def test_run_writes_the_tables_a_command_prints_with_this_runs_provenance(tmp_pa
     bad = tmp_path / "bad.json"
     assert resultfile.main(["--run", "python -c \"raise SystemExit('no such data')\"", "--out", str(bad)]) == 2
     assert "exited with 1: no such data" in capsys.readouterr().err and not bad.exists()
+
+
+def test_whole_numbers_with_a_unit_are_typed_results_unless_in_code_or_a_placeholder(tmp_path):
+    """A size, time, rate or ratio typed in prose (``811 MiB``, ``5,020 MiB``, ``631 s``, ``175 queries/s``,
+    ``17x``) is flagged like a decimal; the same in a code span, or printed by a placeholder, passes, and so do a
+    product of dimensions (``224 x 224``, ``100,000 x N``), a bare count and a citation."""
+    flagged = {"peak 811 MiB here": "'811 MiB'", "before: 5,020 MiB": "'5,020 MiB'", "took 571-631 s": "'631 s'",
+               "at 175 queries/s": "'175 queries/s'", "17x flat's speed": "'17x'", "a 400 MB folder": "'400 MB'",
+               "for 13 min": "'13 min'", "a 1678 MiB peak": "'1678 MiB'", "24 GB machine": "'24 GB'"}
+    for text, hit in flagged.items():
+        found = hook.typed_numbers(text)
+        assert len(found) == 1 and found[0].startswith(hit), (text, found)
+    for text in ("peak `811 MiB` here", "`--max-bytes 64 MiB`", "frames of 224 x 224 and 224x224",
+                 "K = 100,000 x N rows", "2 x width", "the 3 runs of 16 cells", "every `30 s`"):
+        assert not hook.typed_numbers(text), (text, hook.typed_numbers(text))
+    data = tmp_path / "results" / "data"
+    data.mkdir(parents=True)
+    prov = {"command": "python bench/x.py", "commit": "abc", "date": "d", "machine": "m", "source": "s"}
+    (data / "v.json").write_text(json.dumps({**prov, "peak": "811 MiB", "mib": 811.0}))
+    page = "peak {{ v:peak }} here, {{ v:mib|.0f }} MiB"
+    assert not hook.typed_numbers(page)
+    out, errors = hook.render(page, tmp_path, "p.md")
+    assert not errors and out == "peak 811 MiB here, 811 MiB"

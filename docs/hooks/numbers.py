@@ -17,9 +17,12 @@ replaces at build time:
 A placeholder that names a missing file or key, or a data file without its provenance
 (:data:`PROVENANCE`), is a warning, so ``mkdocs build --strict`` fails.
 
-Every page is checked: a typed result in its prose (a decimal number or a percentage outside code, links,
-HTML comments and placeholders; section, equation and table citations and a confidence level excepted) is a
-warning too. A page not yet converted says so in its front matter, ``numbers: typed`` (the list of such pages
+Every page is checked: a typed result in its prose (a decimal number, a percentage, or a whole number with a
+unit of measure, :data:`TYPED_UNIT`: a size ``811 MiB``, a time ``631 s`` / ``16 min``, a rate ``175 queries/s``
+or a ratio ``17x``, outside code, links, HTML comments and placeholders; section, equation and table citations
+and a confidence level excepted) is a warning too. A product of dimensions (``224 x 224``, ``100,000 x N``) is
+not a ratio and passes; a size or time that is a setting (``--max-bytes 64 MiB``, ``every 30 s``) goes in a
+code span with its name, like any setting. A page not yet converted says so in its front matter, ``numbers: typed`` (the list of such pages
 is kept in ``tests/test_docs_numbers.py`` and may only shrink); in it, a part between ``<!-- numbers from
 data -->`` and ``<!-- end numbers from data -->`` is still checked. (``numbers: data``, the old opt-in, is
 accepted and means the default.)
@@ -66,6 +69,11 @@ PLACEHOLDER = re.compile(r"\{\{\s*(table\s+)?" + _REF + r"(?:\s+([-/])\s+" + _RE
 #: A decimal number or a percentage (a ``m ± s`` holds two decimals); what precedes it may make it a
 #: citation (``sec. 4.3``).
 TYPED = re.compile(r"(?<![\w.])(?:\d+\.\d+(?:\.\d+)*|\d+(?:\.\d+)?\s?%(?!\s*(?:CI|interval|confidence)))")
+#: A whole number with a unit of measure (a size, a time, a rate, a ratio ``3x``): ``811 MiB``, ``5,020 MiB``,
+#: ``175 queries/s``, ``631 s``. A product of dimensions (``224 x 224``, ``100,000 x N``) is not a ratio: ``x`` counts
+#: only written against the number (``3x``).
+UNITS = r"(?:[kKMGT]i?B|ms|s|min|h|q/s|queries/s|frames/s|videos/s|clips/s|steps/s|images/s|rows/s)"
+TYPED_UNIT = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\s?" + UNITS + r"|x)(?![\w/])")
 #: A section of a page whose numbers come from data files (the whole page: front matter ``numbers: data``).
 REGION = re.compile(r"<!-- numbers from data -->(.*?)<!-- end numbers from data -->", re.DOTALL)
 #: The number a text cell starts with (``24.16 (qbnorm)``), which a placeholder with a format prints.
@@ -192,7 +200,7 @@ def render(markdown: str, docs_dir: Path, where: str = "") -> tuple[str, list[st
 
 
 def typed_numbers(markdown: str) -> list[str]:
-    """Decimal numbers and percentages in the prose of a page's Markdown source: not in code
+    """Decimal numbers, percentages and whole numbers with a unit (``811 MiB``, ``3x``) in the prose of a page's Markdown source: not in code
     (fenced or inline), link targets, HTML comments or placeholders, and not a citation (sec. 4.3)."""
     text = re.sub(r"^[ \t]*(```|~~~).*?^[ \t]*\1", "", markdown, flags=re.S | re.M)
     text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
@@ -201,8 +209,9 @@ def typed_numbers(markdown: str) -> list[str]:
     text = re.sub(r"\]\([^)]*\)", "]", text)
     out = []
     for line in text.splitlines():
-        for m in TYPED.finditer(line):
-            if m.group(0) != "±" and _cited(line[:m.start()]):
+        hits = sorted([*TYPED.finditer(line), *TYPED_UNIT.finditer(line)], key=lambda m: m.start())
+        for m in hits:
+            if _cited(line[:m.start()]):
                 continue
             out.append(f"{m.group(0)!r} in: {line.strip()[:100]}")
     return out
