@@ -121,6 +121,32 @@ def import_faiss():
     return faiss
 
 
+#: FAISS's ``distance_compute_blas_threshold`` before 1.15 (see :func:`quantiser_training`).
+BLAS_THRESHOLD = 20
+
+
+@contextlib.contextmanager
+def quantiser_training():
+    """FAISS's BLAS threshold at its pre-1.15 value while quantisers train, restored after.
+
+    FAISS 1.15 raised ``distance_compute_blas_threshold`` from 20 to 128,000 queries: a product
+    quantiser's k-means (4 values a sub-vector here, :data:`PQ_DSUB`) then assigns its training points
+    with the scalar path, which is many times slower at 4 dimensions (``python bench/faiss_train.py``
+    times both in one process). The cells' k-means and every search are as fast either way at the widths
+    an index stores, so only training is changed."""
+    faiss = import_faiss()
+    cvar = getattr(faiss, "cvar", None)
+    old = getattr(cvar, "distance_compute_blas_threshold", None)
+    if old is None:  # another build of FAISS
+        yield
+        return
+    cvar.distance_compute_blas_threshold = min(int(old), BLAS_THRESHOLD)
+    try:
+        yield
+    finally:
+        cvar.distance_compute_blas_threshold = old
+
+
 def _float32(x: Any, name: str) -> np.ndarray:
     t = float_matrix(x, name)
     return np.ascontiguousarray(t.detach().cpu().numpy(), dtype=np.float32)
@@ -319,7 +345,8 @@ class BiasedIndex:
 
             train_rows = sample_rows(n, max(40 * self.nlist, 256 * 39 if self.kind in COMPRESSED_KINDS else 0), seed)
             if centroids is None or self.kind != "ivf":  # ivf with trained cells needs no training
-                self.index.train(_finite(_place(_take(rows, train_rows), b[train_rows], self.width), train_rows))
+                with quantiser_training():
+                    self.index.train(_finite(_place(_take(rows, train_rows), b[train_rows], self.width), train_rows))
             else:
                 self.index.is_trained = True
             _release_freed_memory()  # the training sample's pages, before the index grows

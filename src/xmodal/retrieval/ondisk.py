@@ -149,7 +149,10 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
 
     b = np.zeros(len(train), np.float32) if bias is None else np.asarray(bias, np.float32)[train]
     if centroids is None or kind != "ivf":  # ivf with its cells trained needs no training
-        index.train(_finite(_place(np.asarray(_take(rows, train), np.float32), b, width), train))
+        from xmodal.retrieval.index import quantiser_training
+
+        with quantiser_training():
+            index.train(_finite(_place(np.asarray(_take(rows, train), np.float32), b, width), train))
     else:
         index.is_trained = True
     faiss.extract_index_ivf(index).nprobe = min(8, nlist)
