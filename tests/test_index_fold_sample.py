@@ -39,15 +39,20 @@ def scenario(helps: bool, n: int = 6000, d: int = 32, m: int = 120, seed: int = 
     return (torch.from_numpy(x) for x in (g, bank, cap, own))
 
 
-@pytest.mark.parametrize("helps", [True, False])
-def test_the_sample_decision_equals_the_full_gallery_decision(helps):
-    g, bank, cap, own = scenario(helps)
-    fitted_on = []
+def sinkhorn_fit(bank):
+    """``(rows each fit saw, fit)``: the candidate's fit as ``choose_on_sample`` calls it (Sinkhorn on ``bank``)."""
+    fitted_on: list[int] = []
 
     def fit(rows, extra):
         fitted_on.append(int(rows.shape[0]))
         b, xb = gallery_bias("sinkhorn", rows, bank, extra=extra, temperature=0.05, iters=20)
         return {"normalizer": "sinkhorn", "bias": b, "extra_bias": xb, "query_shift": None}
+    return fitted_on, fit
+
+@pytest.mark.parametrize("helps", [True, False])
+def test_the_sample_decision_equals_the_full_gallery_decision(helps):
+    g, bank, cap, own = scenario(helps)
+    fitted_on, fit = sinkhorn_fit(bank)
 
     t2v = len(g) + np.arange(len(own))
     full = choose_fold(g, fit(g, own), cap, t2v, extra=own, n_boot=2000)
@@ -118,18 +123,23 @@ def run_dir(tmp_path_factory):
     return sinkhorn_run_and_gallery(tmp_path_factory.mktemp("foldsample"))
 
 
+def counted_fits(real_fold):
+    """``(sizes, counting)``: ``fold_run_normalizer`` recording each fit's normaliser and gallery rows."""
+    sizes: list[tuple[str, int]] = []
+
+    def counting(model, rows, normalizer="selected", **kw):
+        sizes.append((normalizer, int(rows.shape[0])))
+        return real_fold(model, rows, normalizer, **kw)
+    return sizes, counting
+
 @pytest.mark.parametrize("verdict", ["none", "candidate"])
 def test_the_whole_gallery_is_fitted_only_when_the_fold_is_kept(run_dir, tmp_path, monkeypatch, capsys, verdict):
     from xmodal.cli import main
     from xmodal.retrieval import index as index_module
 
     run, feats = run_dir
-    real_fold, real_choose = index_module.fold_run_normalizer, foldcheck.choose_fold
-    sizes = []
-
-    def counting(model, rows, normalizer="selected", **kw):
-        sizes.append((normalizer, int(rows.shape[0])))
-        return real_fold(model, rows, normalizer, **kw)
+    real_choose = foldcheck.choose_fold
+    sizes, counting = counted_fits(index_module.fold_run_normalizer)
 
     def decided(*args, **kw):  # the measurement as it is, its verdict forced
         rec = real_choose(*args, **kw)
@@ -158,12 +168,7 @@ def test_an_early_stage_ends_the_measurement_only_when_the_fold_is_clearly_worse
     from xmodal.retrieval.foldcheck import describe_choice
 
     g, bank, cap, own = scenario(helps)
-    fitted_on = []
-
-    def fit(rows, extra):
-        fitted_on.append(int(rows.shape[0]))
-        b, xb = gallery_bias("sinkhorn", rows, bank, extra=extra, temperature=0.05, iters=20)
-        return {"normalizer": "sinkhorn", "bias": b, "extra_bias": xb, "query_shift": None}
+    fitted_on, fit = sinkhorn_fit(bank)
 
     t2v = len(g) + np.arange(len(own))
     full = choose_fold(g, fit(g, own), cap, t2v, extra=own, n_boot=2000)  # every row, every caption
@@ -192,12 +197,8 @@ def test_the_build_records_each_stage_and_stops_where_the_fold_is_clearly_worse(
     from xmodal.retrieval import index as index_module
 
     run, feats = run_dir
-    real_fold, real_choose = index_module.fold_run_normalizer, foldcheck.choose_fold
-    sizes = []
-
-    def counting(model, rows, normalizer="selected", **kw):
-        sizes.append((normalizer, int(rows.shape[0])))
-        return real_fold(model, rows, normalizer, **kw)
+    real_choose = foldcheck.choose_fold
+    sizes, counting = counted_fits(index_module.fold_run_normalizer)
 
     def worse(*args, **kw):  # the measurement as it is, its interval forced below 0
         rec = real_choose(*args, **kw)
