@@ -235,7 +235,7 @@ class ModelConfig:
     global_heads: int = key(8, "global transformer heads (Table 7: 8); its width is model.dim")
     global_layers: int = key(1, "global transformer layers (Table 7: 1)")
     block: str = key("xmodal", "transformer block of transformer towers and the global towers: xmodal (pre-norm, "
-                               "feed-forward 4x, learned positions, output Linear) | release (COOT / CrossCLR "
+                               "feed-forward `4 x width`, learned positions, output Linear) | release (COOT / CrossCLR "
                                "release: post-norm, feed-forward = width, sine/cosine positions, input layer "
                                "norm, truncated-normal init, no output Linear: needs hidden = dim)")
     local_pooling: str = key("mean", "how transformer towers pool their frames (tokens): mean | max (per channel; "
