@@ -55,6 +55,13 @@ def _folded(rows: Any, bias: Any, start: int, stop: int, width: int) -> np.ndarr
     return _finite(_place(_numpy(rows[start:stop]).astype(np.float32, copy=False), b, width), start)
 
 
+def _folded_blocks(rows: Any, bias: Any, n: int, width: int, block: int = 65536):
+    """A callable giving ``(start, stop, folded rows)`` for the blocks of ``rows`` in order (each call anew:
+    the exact top 10 and the tuning both read them)."""
+    return lambda: ((a, min(n, a + block), _folded(rows, bias, a, min(n, a + block), width))
+                    for a in range(0, n, block))
+
+
 def _check_rows(rows: Any, bias: Any) -> tuple[int, int]:
     shape = getattr(rows, "shape", ())
     if len(shape) != 2 or shape[0] < 1:
@@ -120,8 +127,7 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
 
         spec.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
         q = spec._fold_queries(_float32(queries, "queries"))
-        blocks = lambda: ((a, min(n, a + 65536), _folded(rows, bias, a, min(n, a + 65536), width))  # noqa: E731
-                          for a in range(0, n, 65536))
+        blocks = _folded_blocks(rows, bias, n, width)
         spec._exact_rows = spec._exact(q, blocks, min(10, n))
         full_bias = np.zeros(n, np.float32) if bias is None else np.asarray(bias, np.float32)
         nlist, centroids, choice = spec._choose_nlist(rows, full_bias, q, seed)
@@ -282,8 +288,7 @@ def merge_shards(trained: str | os.PathLike, shards: list, out_dir: str | os.Pat
                 raise ValueError("rows: the recall is measured against exact search over the gallery rows")
             q = _float32(queries, "queries")
             merged.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
-            blocks = lambda: ((a, min(n, a + 65536), _folded(rows, bias, a, min(n, a + 65536), merged.width))  # noqa: E731
-                              for a in range(0, n, 65536))
+            blocks = _folded_blocks(rows, bias, n, merged.width)
             merged._exact_rows = merged._exact(merged._fold_queries(q), blocks, min(10, n))
             merged._tune(q, blocks)
             faiss.write_index(merged.index, str(stage / "index.faiss"))  # the chosen nprobe saved with it
