@@ -165,3 +165,43 @@ def test_the_cli_keeps_the_choice_within_the_budget_and_says_so(tmp_path, capsys
     assert main([*flags, "--out", str(tmp_path / "none"), "--max-memory", "2kB"]) != 0
     err = capsys.readouterr().err
     assert "is below the smallest index" in err and "Traceback" not in err
+
+
+def test_a_tight_budget_bounds_the_cell_count_so_a_larger_code_fits():
+    """The coarse centroids are in the file: where the largest code fits only with fewer cells, the build's
+    cell-count choice is bounded (the 8% budget of the synthetic 50k bench chose 16-byte codes before this,
+    24-byte codes after)."""
+    from xmodal.retrieval.budget import _to_measure, candidates
+    from xmodal.retrieval.index import nlist_candidates
+
+    n, d = 50_000, 128
+    cands = candidates(n, d, False, kinds=("opq",))
+    caps = nlist_candidates(n)
+    assert caps == [223, 447, 894]
+    by = {(c["pq_m"], c["max_nlist"]): c["predicted_bytes"] for c in cands}
+    # hand-computed from FAISS's layout (predicted_bytes' docstring): rotation d' x w, coarse, PQ, codes + ids
+    w, m = 128, 24
+    dp = 144
+    for cap in caps:
+        want = 4096 + 4 * dp * w + 4 * dp + 4 * dp * cap + 8 * cap + 4 * dp * 256 + n * (m + 8)
+        assert by[(m, cap)] == want
+    budget = 2_200_800  # 8% of the float32 size, as bench/ann_peer.py computes it
+    assert by[(24, 894)] > budget >= by[(24, 447)]
+    [chosen] = _to_measure(cands, budget)
+    assert (chosen["pq_m"], chosen["max_nlist"]) == (24, 447)
+    # a larger budget: the code first (32 bytes with the fewest cells beats 24 with the most), then cells
+    [bigger] = _to_measure(cands, by[(24, 894)])
+    assert by[(32, 223)] <= by[(24, 894)] < by[(32, 447)]
+    assert (bigger["pq_m"], bigger["max_nlist"]) == (32, 223)
+
+
+def test_max_nlist_bounds_the_measured_cell_count():
+    g, x = _data(n=4000, d=8, q=40)
+    free = BiasedIndex(g, kind="ivf", queries=x, seed=0)
+    assert [r["nlist"] for r in free.nlist_choice] == [63, 102]  # min(f sqrt(N), N / 39)
+    bounded = BiasedIndex(g, kind="ivf", queries=x, seed=0, max_nlist=80)
+    assert [r["nlist"] for r in bounded.nlist_choice] == [63] and bounded.nlist == 63
+    tiny = BiasedIndex(g, kind="ivf", queries=x, seed=0, max_nlist=10)
+    assert tiny.nlist == 10 and [r["nlist"] for r in tiny.nlist_choice] == [10]
+    given = BiasedIndex(g, kind="ivf", nlist=50, nprobe=4, max_nlist=10)  # a given cell count wins
+    assert given.nlist == 50

@@ -17,7 +17,9 @@ Candidates (``w``: the stored width, ``N`` vectors; :data:`~xmodal.retrieval.ind
 - compressed: ``ivfpqr`` (4-bit codes + 8-bit re-ranking, about ``1.125 w + 8`` bytes a vector),
   ``opq`` with the largest code size ``m`` that fits (``m + 8`` bytes a vector: OPQ's rotation, Ge et al.
   2013, "Optimized Product Quantization", CVPR, sec. 3, then ``m`` one-byte sub-quantisers), ``ivfpq``
-  (``w / 4 + 8``). At most these three are built.
+  (``w / 4 + 8``). At most these three are built. The coarse centroids are in the file too: where a
+  kind fits only with fewer cells than the build would choose, its cell-count choice is bounded
+  (``BiasedIndex(max_nlist=)``), so a tight budget holds a larger code with fewer cells.
 
 The choice records (``meta.json["budget"]``) every candidate measured (kind, factory, predicted and
 written bytes, recall@10, queries/s at the kept setting) and the next budget up: the smallest
@@ -124,41 +126,40 @@ def predicted_bytes(kind: str, n: int, width: int, nlist: int | None = None, pq_
     raise ValueError(f"kind: no size model for {kind!r}")
 
 
-def _nlist_bound(n: int, nlist: int | None) -> int:
-    """The largest cell count a build may choose (its candidates), or the given one."""
-    from xmodal.retrieval import index as ix
-
-    if nlist is not None:
-        return int(nlist)
-    return max([ix._default_nlist(n)] + [max(1, min(int(f * np.sqrt(n)), n // ix.MIN_POINTS_PER_CENTROID))
-                                         for f in ix.NLIST_FACTORS])
-
-
 def candidates(n: int, dim: int, biased: bool, *, nlist: int | None = None, kinds: tuple | None = None) -> list[dict]:
-    """Every candidate ``{"kind", "pq_m", "predicted_bytes"}`` (``opq``: one per code size), smallest first."""
-    from xmodal.retrieval.index import MIN_PQ_ROWS, OPQ_CODE_SIZES, _width
+    """Every candidate ``{"kind", "pq_m", "max_nlist", "predicted_bytes"}``, smallest first: ``opq`` one per
+    code size; an IVF kind whose cell count the build chooses, one per bound on it
+    (:func:`~xmodal.retrieval.index.nlist_candidates`: its coarse centroids are in the file too, so a tight
+    budget may hold a larger code with fewer cells); bytes predicted at the bound."""
+    from xmodal.retrieval.index import MIN_PQ_ROWS, OPQ_CODE_SIZES, _width, nlist_candidates
 
     out = []
     for kind in kinds or ("flat", "ivf", "hnsw", "ivfpqr", "ivfpq", "opq"):
         if kind in ("ivfpq", "ivfpqr", "opq") and n < MIN_PQ_ROWS:
             continue
         w = _width(dim, kind, biased)
-        c = _nlist_bound(n, nlist) if kind not in ("flat", "hnsw") else None
+        caps = [None] if kind in ("flat", "hnsw") else [int(nlist)] if nlist is not None else nlist_candidates(n)
         ms = [m for m in OPQ_CODE_SIZES if m <= w] if kind == "opq" else [None]
         for m in ms:
-            out.append({"kind": kind, "pq_m": m, "predicted_bytes": predicted_bytes(kind, n, w, c, m)})
+            for c in caps:
+                out.append({"kind": kind, "pq_m": m, "max_nlist": None if nlist is not None else c,
+                            "predicted_bytes": predicted_bytes(kind, n, w, c, m)})
     return sorted(out, key=lambda c: c["predicted_bytes"])
 
 
 def _to_measure(cands: list[dict], budget: int) -> list[dict]:
-    """The candidates built for ``budget``: the exact kinds that fit when ``flat`` does; else per
-    compressed kind the largest that fits (``opq``: the largest code)."""
+    """The candidates built for ``budget``: the exact kinds that fit when ``flat`` does (each at its largest
+    cell bound that fits); else per compressed kind the largest that fits: the largest code (``opq``), then
+    the most cells."""
     fit = [c for c in cands if c["predicted_bytes"] <= budget]
-    if any(c["kind"] == "flat" for c in fit):
-        return [c for c in fit if c["kind"] in ("flat", "ivf", "hnsw")]
+    exact = any(c["kind"] == "flat" for c in fit)
     best: dict[str, dict] = {}
-    for c in fit:  # smallest first: the last of a kind is its largest
-        best[c["kind"]] = c
+    for c in fit:
+        if exact and c["kind"] not in ("flat", "ivf", "hnsw"):
+            continue
+        key = (c["pq_m"] or 0, c["max_nlist"] or 0)
+        if c["kind"] not in best or key > (best[c["kind"]]["pq_m"] or 0, best[c["kind"]]["max_nlist"] or 0):
+            best[c["kind"]] = c
     return sorted(best.values(), key=lambda c: -c["predicted_bytes"])
 
 
@@ -221,7 +222,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
     with tempfile.TemporaryDirectory(dir=workdir, prefix=".budget") as tmp:
         def build(c: dict) -> tuple[Any, dict]:
             start = time.perf_counter()
-            index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], queries=queries,
+            index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], max_nlist=c.get("max_nlist"), queries=queries,
                                 target_recall=target_recall if c["kind"] != "flat" else None, nlist=nlist,
                                 seed=seed, block_rows=block_rows or BLOCK_ROWS)
             path = Path(tmp) / "candidate.faiss"

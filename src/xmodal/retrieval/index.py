@@ -240,6 +240,20 @@ def _default_nlist(n: int) -> int:
     return max(1, min(int(4 * np.sqrt(n)), n // 39))
 
 
+def nlist_candidates(n: int, max_nlist: int | None = None) -> list[int]:
+    """The cell counts a build with recall queries measures (:data:`NLIST_FACTORS` x sqrt(N), at most N / 39),
+    ascending; with ``max_nlist`` those at most it (``--max-memory``: the cells' centroids must fit too), or
+    ``[max_nlist]`` when none is.
+
+    >>> nlist_candidates(50000), nlist_candidates(50000, max_nlist=500), nlist_candidates(50000, max_nlist=100)
+    ([223, 447, 894], [223, 447], [100])
+    """
+    out = sorted({max(1, min(int(f * np.sqrt(n)), n // MIN_POINTS_PER_CENTROID)) for f in NLIST_FACTORS})
+    if max_nlist is None:
+        return out
+    return [c for c in out if c <= max_nlist] or [int(max_nlist)]
+
+
 class BiasedIndex:
     """Top-k maximum-inner-product search over a gallery, with an optional folded bias.
 
@@ -254,6 +268,8 @@ class BiasedIndex:
         target_recall: the recall@10 the search parameter must reach (default 0.95 for the
             approximate kinds when ``queries`` are given); ignored by ``flat``.
         nlist: IVF cells (default ``4 sqrt(N)``, at most ``N / 39``).
+        max_nlist: the most cells a build that chooses its cell count may choose (a memory budget's bound:
+            :func:`nlist_candidates`); ignored when ``nlist`` is given.
         nprobe / ef_search: a fixed search parameter instead of one chosen by recall
             (``nprobe`` default 8 without queries; ``ef_search`` default 64).
         block_rows: gallery rows per block while building.
@@ -278,7 +294,7 @@ class BiasedIndex:
     def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat", queries: Any = None,
                  target_recall: float | None = None, nlist: int | None = None, nprobe: int | None = None,
                  ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0,
-                 pq_m: int | None = None, progress: bool | None = False) -> None:
+                 pq_m: int | None = None, max_nlist: int | None = None, progress: bool | None = False) -> None:
         faiss = import_faiss()
         self._show = progress
         self.kind = option(kind, "kind", KINDS)
@@ -306,7 +322,10 @@ class BiasedIndex:
         self.nlist = None
         self.nlist_choice: list[dict] = []
         if self.kind in IVF_KINDS:
-            self.nlist = whole_number(nlist, "nlist", minimum=1) if nlist is not None else _default_nlist(n)
+            self._max_nlist = None if max_nlist is None or nlist is not None else whole_number(max_nlist, "max_nlist",
+                                                                                               minimum=1)
+            self.nlist = (whole_number(nlist, "nlist", minimum=1) if nlist is not None
+                          else min(_default_nlist(n), self._max_nlist or n))
             if self.nlist > n:
                 raise ValueError(f"nlist: must be in [1, {n}], got {self.nlist}")
         if nprobe is not None:
@@ -391,7 +410,7 @@ class BiasedIndex:
         from xmodal.retrieval.recall import sample_rows
 
         n = self.num_items
-        candidates = sorted({max(1, min(int(f * np.sqrt(n)), n // MIN_POINTS_PER_CENTROID)) for f in NLIST_FACTORS})
+        candidates = nlist_candidates(n, getattr(self, "_max_nlist", None))
         tops = self._exact_rows
         top_rows = np.unique(tops[tops >= 0])
         top_vecs = _place(_take(rows, top_rows), b[top_rows], self.width)
