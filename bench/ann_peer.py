@@ -482,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collections", nargs="+", default=["synthetic", "flickr8k"])
     p.add_argument("--root", default="/tmp/ann_peer")
     p.add_argument("--peer-python", default=str(ROOT / ".peer-venv" / "bin" / "python"))
-    p.add_argument("--budgets", nargs="+", default=[b for b, _ in BUDGETS], choices=[b for b, _ in BUDGETS],
-                   help="which budgets to build (default all)")
+    p.add_argument("--budgets", nargs="+", default=[b for b, _ in BUDGETS], choices=[b for b, _ in BUDGETS] + ["none"],
+                   help="which budgets to build (default all; none: only --cli)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--reuse", action="store_true", help="keep the indexes (and their measured build cost) an earlier "
