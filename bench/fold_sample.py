@@ -29,6 +29,10 @@ from pathlib import Path
 import numpy as np
 
 
+#: The result file's key of each build (the pages name them: ``{{ fold_sample_1m:table.auto.x_none }}``).
+KEYS = {"none": "none", "auto (stages)": "auto", "auto (last stage only)": "last_stage", "auto (whole gallery)": "whole"}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--videos", type=int, default=200_000)
@@ -152,9 +156,10 @@ def main() -> None:
         b = next(x for x in builds if x["build"] == name)
         ci = "" if b["diff"] is None else f"{b['diff']:+.2f} [{b['ci'][0]:.2f}, {b['ci'][1]:.2f}]"
         dec = float(np.median([x["decision_s"] for x in builds if x["build"] == name]))
-        table[name] = {"builds": len(w), "median_wall_s": float(np.median(w)), "x_none": float(np.median(w) / none),
-                       "decision_s": dec, "one_plus_decision_over_none": 1 + dec / none, "folded": b["folded"],
-                       "captions": b["queries"], "rows_fitted_on": b["sample_rows"]}
+        table[KEYS[name]] = {"build": name, "builds": len(w), "median_wall_s": float(np.median(w)),
+                             "x_none": float(np.median(w) / none), "decision_s": dec,
+                             "one_plus_decision_over_none": 1 + dec / none, "folded": b["folded"],
+                             "captions": b["queries"], "rows_fitted_on": b["sample_rows"]}
         print(f"| {name} | {len(w)} | {np.median(w):.2f} | {np.median(w) / none:.2f} | {dec:.3f} | "
               f"{1 + dec / none:.2f} | {b['folded']} | "
               f"{b['queries'] or '-'} | {b['sample_rows'] or '-'} | {ci} |")
@@ -163,20 +168,21 @@ def main() -> None:
     for name in [x[0] for x in one[1:]]:  # each round's auto over the same round's none: load drifts less
         r = [next(b for b in rounds[i:i + per] if b["build"] == name)["wall_s"] / rounds[i]["wall_s"]
              for i in range(0, len(rounds), per)]
-        table[name]["same_round_ratio"] = {"median": float(np.median(r)), "rounds": r}
+        table[KEYS[name]]["same_round_ratio"] = {"median": float(np.median(r)), "rounds": r}
         print(f"{name} / none, same round: median {np.median(r):.2f} (rounds: {', '.join(f'{x:.2f}' for x in r)})")
     auto = {b["build"]: b["folded"] for b in builds if b["build"].startswith("auto")}
     if "auto (whole gallery)" in auto:
         for name in auto:
             print(f"{name} decision == whole-gallery decision: {auto[name] == auto['auto (whole gallery)']}")
-            table[name]["equals_whole_gallery"] = auto[name] == auto["auto (whole gallery)"]
+            table[KEYS[name]]["equals_whole_gallery"] = "yes" if auto[name] == auto["auto (whole gallery)"] else "no"
     if args.write:
         import sys
 
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import resultfile
 
-        data = resultfile.provenance("bench/fold_sample.py", None, "bench/fold_sample.py --write (this file is its output)")
+        data = resultfile.provenance("bench/fold_sample.py", None,
+                                     "bench/fold_sample.py --write (this file is its output)")
         resultfile.write_json(args.write, {**data, "videos": args.videos, "video_dim": args.video_dim,
                                            "threads": args.threads, "goal_x_none": 1.2,
                                            "sample_rows": int(sample), "stages": [list(s) for s in stages],
