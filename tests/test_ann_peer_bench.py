@@ -62,3 +62,33 @@ def test_budget_kind_fits_its_estimate():
         ["ivf", "ivfpqr", "ivfpq"]
     assert ann_peer.kind_for_budget(10 ** 12, 1000, 8) == "ivf"
     assert ann_peer.kind_for_budget(1, 1000, 8) == "ivfpq"
+
+
+def test_equal_recall_nprobe_is_the_first_setting_reaching_the_target_on_a_real_ivf_index():
+    faiss = pytest.importorskip("faiss")
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((4000, 16)).astype(np.float32)
+    tune = rng.standard_normal((60, 16)).astype(np.float32)
+    flat = faiss.IndexFlatIP(16)
+    flat.add(g)
+    exact = flat.search(tune, 10)[1]
+    ivf = faiss.index_factory(16, "IVF64,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(g)
+    ivf.add(g)
+
+    def search(q, p):
+        return ivf.search(q, 10, params=faiss.SearchParametersIVF(nprobe=p))[1]
+
+    def recall(p):  # a naive count: true neighbours found, over all
+        got = search(tune, p)
+        return sum(len(set(a) & set(b)) for a, b in zip(got, exact)) / exact.size
+
+    target = recall(12)
+    p, r = ann_peer.equal_recall_nprobe(search, tune, exact, 2, 64, target)
+    assert r == recall(p) >= target
+    steps = [2]
+    while steps[-1] < p:
+        steps.append(min(64, max(steps[-1] + 1, int(steps[-1] * 1.25))))
+    assert steps[-1] == p and all(recall(s) < target for s in steps[:-1])
+    # unreachable: every cell, and says what it reached
+    assert ann_peer.equal_recall_nprobe(search, tune, exact, 2, 64, 1.1) == (64, recall(64))
