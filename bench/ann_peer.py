@@ -509,19 +509,20 @@ def cli_rows(work: Path, coll: dict, args: argparse.Namespace) -> list[dict]:
 
 
 def table(rows: list[dict], title: str) -> dict:
-    """The result file's table (rendered by docs/hooks/numbers.py) and its Markdown, printed."""
-    columns = ["collection", "budget", "index", "factory", "search setting", "MB", "within budget", "recall@10",
-               "R@1", "queries/s", "compared / query", "build wall s", "build CPU s", "build peak MB"]
+    """The result file's table (rendered by docs/hooks/numbers.py) and its Markdown, printed: the numbers
+    first, the factory and the search setting (long strings) last."""
+    columns = ["collection", "budget", "index", "MB", "within budget", "recall@10", "R@1", "queries/s",
+               "compared / query", "build wall s", "build CPU s", "build peak MB", "factory", "search setting"]
     cells = []
     for r in rows:
         mb = r["bytes"] / 2**20
         within = "-" if not r.get("budget_bytes") else ("yes" if r["bytes"] <= r["budget_bytes"] else "no")
         built = "wall_s" in r
-        cells.append([r["collection"], r["budget"], r["who"], r["factory"], r["setting"] or "-", round(mb, 1),
-                      within, round(r["recall_at_10"], 3), round(r["r1"], 2), int(round(r["qps"])),
-                      int(round(r["compared"])), round(r["wall_s"], 1) if built else "-",
-                      round(r["cpu_s"], 1) if built else "-", int(round(r["peak_anon"] / 2**20)) if built else "-"])
-    formats = [None, None, None, None, None, ".1f", None, ".3f", ".2f", None, None, ".1f", ".1f", None]
+        cells.append([r["collection"], r["budget"], r["who"], round(mb, 1), within, round(r["recall_at_10"], 3),
+                      round(r["r1"], 2), int(round(r["qps"])), int(round(r["compared"])),
+                      round(r["wall_s"], 1) if built else "-", round(r["cpu_s"], 1) if built else "-",
+                      int(round(r["peak_anon"] / 2**20)) if built else "-", r["factory"], r["setting"] or "-"])
+    formats = [None, None, None, ".1f", None, ".3f", ".2f", None, None, ".1f", ".1f", None, None, None]
     print(f"\n## {title}\n")
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
@@ -563,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     root = Path(args.root)
     rows: list[dict] = []
+    notes: dict[str, str] = {}
     for name in args.collections:
         work = root / (f"synthetic_{args.clips}" if name == "synthetic" else name)
         work.mkdir(parents=True, exist_ok=True)
@@ -585,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
             built += cli_rows(work, coll, args)
         evaluate(built, coll, args.repeats)
         for e in built:
-            e["collection"] = f"{name} ({coll['note']})"
+            e["collection"] = name
+        notes[name] = coll["note"]
         rows += built
         print(f"{name}: exact R@1 {coll['exact_r1']:.2f}", file=sys.stderr)
     title = f"xmodal against autofaiss 2.18.0 at its budgets (--threads {args.threads}, best of {args.repeats})"
@@ -597,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         data = resultfile.provenance("bench/ann_peer.py", argv, "bench/ann_peer.py --write (this file is its output)")
         data["peer_pins"] = "autofaiss==2.18.0 faiss-cpu==1.13.2 numpy==1.26.4 pandas==2.2.3 pyarrow==18.1.0"
         data["raw"] = [{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows]
-        resultfile.write_json(args.write, {**data, "tables": [t]})
+        resultfile.write_json(args.write, {**data, "collections": notes, "tables": [t]})
     return 0
 
 
