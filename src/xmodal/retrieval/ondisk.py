@@ -134,7 +134,9 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     nlist = _default_nlist(n) if nlist is None else whole_number(nlist, "nlist", minimum=1)
     if nlist > n:
         raise ValueError(f"nlist: must be in [1, {n}], got {nlist}")
-    size = max(40 * nlist, 256 * 39 if kind == "ivfpq" else 0)
+    from xmodal.retrieval.index import PQ_TRAIN_ROWS
+
+    size = max(40 * nlist, PQ_TRAIN_ROWS if kind == "ivfpq" else 0)
     if train_rows is not None:
         size = whole_number(train_rows, "train_rows", minimum=1)
         if min(size, n) < nlist:
