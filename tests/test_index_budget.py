@@ -205,3 +205,28 @@ def test_max_nlist_bounds_the_measured_cell_count():
     assert tiny.nlist == 10 and [r["nlist"] for r in tiny.nlist_choice] == [10]
     given = BiasedIndex(g, kind="ivf", nlist=50, nprobe=4, max_nlist=10)  # a given cell count wins
     assert given.nlist == 50
+
+
+def test_the_next_budget_up_is_the_first_larger_candidate_that_measures_better(monkeypatch):
+    """A larger file that measures no better is not what the next budget up buys: the line says so, and
+    every candidate built over the budget is in the record."""
+    import xmodal.retrieval.budget as budget
+
+    g, x = _data(n=12000, d=16, q=40)
+    fits = budget.candidates(12000, 16, False, kinds=("opq",))[0]["predicted_bytes"]  # the smallest opq
+    record = choose_index(g, max_bytes=fits, queries=x, kinds=("opq",), seed=0)[1]
+    over = record["over_budget"]
+    assert over and all(not r["fits"] and r["bytes"] > fits for r in over)
+    best = record["chosen"]["recall_at_10"]
+    nxt = record["next_up"]
+    if nxt is not None:  # the first larger candidate that measures better, and the last built
+        assert nxt is over[-1] and nxt["recall_at_10"] > best + 0.005
+        assert all(r["recall_at_10"] <= best + 0.005 for r in over[:-1])
+        assert "the next budget up" in budget.budget_line(record)
+    else:
+        assert len(over) == budget.MAX_NEXT_BUILDS and all(r["recall_at_10"] <= best + 0.005 for r in over)
+        assert "measure no higher recall@10" in budget.budget_line(record)
+    # the line's wording when nothing built over the budget beats the choice, from a record
+    worse = dict(record, next_up=None, over_budget=[dict(over[0], recall_at_10=0.0)])
+    assert budget.budget_line(worse).endswith(
+        f"; the 1 larger candidate built (up to {budget.format_size(over[0]['bytes'])}) measure no higher recall@10")

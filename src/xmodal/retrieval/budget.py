@@ -179,12 +179,15 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         kinds: restrict the candidates to these kinds (``--kind`` given with ``--max-memory``).
         nlist: a fixed cell count (default: the build's own choice).
         workdir: where each candidate's file is written to be measured (default: a temporary folder).
-        next_up: also build the smallest candidate that does not fit (the record's ``"next_up"``).
+        next_up: also build the candidates that do not fit, smallest first, up to :data:`MAX_NEXT_BUILDS`, until
+            one measures a higher recall@10 than the choice (the record's ``"next_up"``; every one built:
+            ``"over_budget"``).
         log: hears one line per candidate.
 
     Returns:
         ``(index, record)``: the chosen :class:`~xmodal.retrieval.index.BiasedIndex` and
-        ``{"max_bytes", "chosen": {...}, "measured": [{...}, ...], "next_up": {...} | None, "why": str}``.
+        ``{"max_bytes", "chosen": {...}, "measured": [{...}, ...], "next_up": {...} | None, "why": str,
+        "over_budget": [{...}, ...]}``.
 
     Raises:
         ValueError: one line naming the smallest possible size when no candidate fits.
@@ -250,11 +253,16 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         nxt = None
         over = [c for c in cands if c["predicted_bytes"] > max_bytes
                 and not any(r["kind"] == c["kind"] and r["predicted_bytes"] == c["predicted_bytes"] for r in rows)]
+        beyond: list[dict] = []
         for c in over[:MAX_NEXT_BUILDS] if next_up else []:
             index, row = build(c)  # the prediction is an upper bound: a candidate predicted over may still fit
             if not row["fits"]:
-                nxt = row
-                break
+                beyond.append(row)
+                # a larger file that measures no better buys nothing: the next budget up is the first that does
+                if chosen is None or row["recall_at_10"] > chosen["recall_at_10"] + RECALL_TOLERANCE:
+                    nxt = row
+                    break
+                continue
             rows.append(row)
             consider(index, row)
             del index
@@ -264,7 +272,8 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
                          f"written was {format_size(least)}); give --max-memory {math.ceil(least / 1e4) / 100}MB or more")
     why = (f"best recall@10 within {format_size(max_bytes)} among {len([r for r in rows if r['fits']])} measured "
            f"(ties within {RECALL_TOLERANCE}: the smaller file)")
-    record = {"max_bytes": int(max_bytes), "chosen": chosen, "measured": rows, "next_up": nxt, "why": why}
+    record = {"max_bytes": int(max_bytes), "chosen": chosen, "measured": rows, "next_up": nxt, "why": why,
+              "over_budget": beyond}
     return kept, record
 
 
@@ -299,9 +308,13 @@ def budget_line(record: dict) -> str:
     line = (f"budget {format_size(record['max_bytes'])}: chose {c['factory']} ({format_size(c['bytes'])}, recall@10 "
             f"{c['recall_at_10']:.3f}, {c['queries_per_s']:.0f} queries/s): {record['why']}")
     nxt = record.get("next_up")
+    beyond = record.get("over_budget") or []
     if nxt:
         line += (f"; the next budget up, {format_size(nxt['bytes'])}, buys {nxt['factory']} at recall@10 "
                  f"{nxt['recall_at_10']:.3f}")
+    elif beyond:
+        line += (f"; the {len(beyond)} larger candidate{'s' if len(beyond) > 1 else ''} built (up to "
+                 f"{format_size(max(r['bytes'] for r in beyond))}) measure no higher recall@10")
     else:
         line += "; no larger candidate"
     return line
