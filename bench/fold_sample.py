@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -176,8 +177,6 @@ def main() -> None:
             print(f"{name} decision == whole-gallery decision: {auto[name] == auto['auto (whole gallery)']}")
             table[KEYS[name]]["equals_whole_gallery"] = "yes" if auto[name] == auto["auto (whole gallery)"] else "no"
     if args.write:
-        import sys
-
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import resultfile
 

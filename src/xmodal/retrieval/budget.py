@@ -153,12 +153,14 @@ def _to_measure(cands: list[dict], budget: int) -> list[dict]:
     the most cells."""
     fit = [c for c in cands if c["predicted_bytes"] <= budget]
     exact = any(c["kind"] == "flat" for c in fit)
+    def larger(c: dict) -> tuple[int, int]:  # the code first, then the cells
+        return c["pq_m"] or 0, c["max_nlist"] or 0
+
     best: dict[str, dict] = {}
     for c in fit:
         if exact and c["kind"] not in ("flat", "ivf", "hnsw"):
             continue
-        key = (c["pq_m"] or 0, c["max_nlist"] or 0)
-        if c["kind"] not in best or key > (best[c["kind"]]["pq_m"] or 0, best[c["kind"]]["max_nlist"] or 0):
+        if c["kind"] not in best or larger(c) > larger(best[c["kind"]]):
             best[c["kind"]] = c
     return sorted(best.values(), key=lambda c: -c["predicted_bytes"])
 

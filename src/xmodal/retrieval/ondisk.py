@@ -111,7 +111,8 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     returned as ``"nlist_choice"`` (empty when not measured).
     """
     from xmodal._validate import option, whole_number
-    from xmodal.retrieval.index import BiasedIndex, _default_nlist, _take, _width, import_faiss
+    from xmodal.retrieval.index import (PQ_TRAIN_ROWS, BiasedIndex, _default_nlist, _finite, _place, _take, _width,
+                                        import_faiss, quantiser_training)
     from xmodal.retrieval.recall import sample_rows
 
     faiss = import_faiss()
@@ -134,8 +135,6 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
     nlist = _default_nlist(n) if nlist is None else whole_number(nlist, "nlist", minimum=1)
     if nlist > n:
         raise ValueError(f"nlist: must be in [1, {n}], got {nlist}")
-    from xmodal.retrieval.index import PQ_TRAIN_ROWS
-
     size = max(40 * nlist, PQ_TRAIN_ROWS if kind == "ivfpq" else 0)
     if train_rows is not None:
         size = whole_number(train_rows, "train_rows", minimum=1)
@@ -153,12 +152,8 @@ def train_empty(rows: Any, out: str | os.PathLike, *, bias: Any = None, kind: st
         pq = faiss.downcast_index(ivf).pq
         pq.cp.niter, pq.cp.seed = 10, int(seed)
     train = sample_rows(n, size, seed)
-    from xmodal.retrieval.index import _finite, _place
-
     b = np.zeros(len(train), np.float32) if bias is None else np.asarray(bias, np.float32)[train]
     if centroids is None or kind != "ivf":  # ivf with its cells trained needs no training
-        from xmodal.retrieval.index import quantiser_training
-
         with quantiser_training():
             index.train(_finite(_place(np.asarray(_take(rows, train), np.float32), b, width), train))
     else:
