@@ -205,6 +205,9 @@ def test_max_nlist_bounds_the_measured_cell_count():
     assert tiny.nlist == 10 and [r["nlist"] for r in tiny.nlist_choice] == [10]
     given = BiasedIndex(g, kind="ivf", nlist=50, nprobe=4, max_nlist=10)  # a given cell count wins
     assert given.nlist == 50
+    for bad, kind, match in ((0, "ivf", "max_nlist: "), (2.5, "ivf", "max_nlist: "), (10, "flat", "max_nlist: only")):
+        with pytest.raises(ValueError, match=match):
+            BiasedIndex(g, kind=kind, max_nlist=bad)
 
 
 def test_the_next_budget_up_is_the_first_larger_candidate_that_measures_better(monkeypatch):
@@ -230,3 +233,18 @@ def test_the_next_budget_up_is_the_first_larger_candidate_that_measures_better(m
     worse = dict(record, next_up=None, over_budget=[dict(over[0], recall_at_10=0.0)])
     assert budget.budget_line(worse).endswith(
         f"; the 1 larger candidate built (up to {budget.format_size(over[0]['bytes'])}) measure no higher recall@10")
+
+
+@pytest.mark.parametrize("kind, want", [("ivf", 40 * 8), ("ivfpq", 25_600), ("opq", 25_600)])
+def test_compressed_kinds_ask_for_at_least_pq_train_rows(kind, want, monkeypatch):
+    """The sub-quantisers train on 100 rows a centroid at least (``PQ_TRAIN_ROWS``), the cells on 40 a cell."""
+    import xmodal.retrieval.recall as recall
+    from xmodal.retrieval.index import PQ_TRAIN_ROWS
+
+    assert PQ_TRAIN_ROWS == 100 * 256
+    asked = []
+    real = recall.sample_rows
+    monkeypatch.setattr(recall, "sample_rows", lambda n, size, seed: asked.append(size) or real(n, size, seed))
+    g, _ = _data(n=3000, d=16, q=4)
+    BiasedIndex(g, kind=kind, nlist=8, nprobe=2)
+    assert asked == [want]

@@ -318,6 +318,9 @@ class BiasedIndex:
         self.biased = bias is not None
         self.num_items, self.dim, self.width = n, d, _width(d, self.kind, self.biased)
         self.pq_m = None
+        if max_nlist is not None and self.kind not in IVF_KINDS:
+            raise ValueError(f"max_nlist: only the IVF kinds ({', '.join(IVF_KINDS)}) have cells; this index is "
+                             f"{self.kind}")
         if pq_m is not None and self.kind != "opq":
             raise ValueError(f"pq_m: only the opq kind takes a code size; this index is {self.kind}")
         if self.kind == "opq":
