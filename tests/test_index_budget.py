@@ -157,7 +157,14 @@ def test_the_cli_keeps_the_choice_within_the_budget_and_says_so(tmp_path, capsys
     np.save(tmp_path / "v.npy", np.random.default_rng(0).standard_normal((1200, 64)).astype(np.float32))
     flags = ["index", "--run", str(tmp_path / "run"), "--video-features", str(tmp_path / "v.npy"), "--threads", "1",
              "--normalizer", "none"]
+    stale = tmp_path / ".idx.budget-killed"  # what a build killed while measuring candidates leaves
+    stale.mkdir()
+    (stale / "candidate.faiss").write_bytes(b"half")
+    other = tmp_path / ".other.budget-x"  # another --out's scratch is not ours to remove
+    other.mkdir()
     assert main([*flags, "--out", str(tmp_path / "idx"), "--max-memory", "25kB"]) == 0
+    assert not stale.exists() and other.is_dir()
+    assert not [p for p in tmp_path.iterdir() if ".budget" in p.name and p != other]
     out = capsys.readouterr().out
     meta = json.loads((tmp_path / "idx" / "meta.json").read_text())
     assert (tmp_path / "idx" / "index.faiss").stat().st_size <= 25_000 == meta["budget"]["max_bytes"]

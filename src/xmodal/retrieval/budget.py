@@ -168,7 +168,7 @@ def _to_measure(cands: list[dict], budget: int) -> list[dict]:
 def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any, target_recall: float | None = None,
                  kinds: tuple | None = None, nlist: int | None = None, seed: int = 0, block_rows: int | None = None,
                  workdir: str | os.PathLike | None = None, next_up: bool = True,
-                 log: Callable[[str], None] | None = None) -> tuple[Any, dict]:
+                 log: Callable[[str], None] | None = None, scratch_prefix: str = ".budget") -> tuple[Any, dict]:
     """Build the candidates for ``max_bytes`` and keep the best measured recall@10 whose file fits.
 
     Args:
@@ -181,6 +181,8 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         kinds: restrict the candidates to these kinds (``--kind`` given with ``--max-memory``).
         nlist: a fixed cell count (default: the build's own choice).
         workdir: where each candidate's file is written to be measured (default: a temporary folder).
+        scratch_prefix: the name of that folder's own temporary folder starts so (``xmodal index``: one
+            named after ``--out``, whose stale copies a killed build left it removes first).
         next_up: also build the candidates that do not fit, smallest first, up to :data:`MAX_NEXT_BUILDS`, until
             one measures a higher recall@10 than the choice (the record's ``"next_up"``; every one built:
             ``"over_budget"``).
@@ -224,7 +226,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
                          f"(give --max-memory {math.ceil(smallest['predicted_bytes'] / 1e6 * 100) / 100}MB or more)")
     rows: list[dict] = []
     chosen = kept = None
-    with tempfile.TemporaryDirectory(dir=workdir, prefix=".budget") as tmp:
+    with tempfile.TemporaryDirectory(dir=workdir, prefix=scratch_prefix) as tmp:
         def build(c: dict) -> tuple[Any, dict]:
             start = time.perf_counter()
             index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], max_nlist=c.get("max_nlist"), queries=queries,

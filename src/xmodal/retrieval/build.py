@@ -153,11 +153,16 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
             from xmodal.retrieval.budget import choose_index
 
             say(f"index: choosing the index for {max_bytes} bytes ({folded['normalizer']} folded in)")
+            scratch = f".{out.name}.budget-"
+            if out.parent.is_dir():  # candidates a killed build left beside --out
+                for stale in out.parent.glob(scratch + "*"):
+                    shutil.rmtree(stale, ignore_errors=True)
             index, budget = choose_index(folded["gallery"], folded["bias"], max_bytes=max_bytes,
                                          queries=None if queries is None else queries - shift[None, :],
                                          target_recall=target_recall, kinds=None if kind == "flat" else (kind,),
                                          nlist=nlist, seed=seed, block_rows=block_rows, log=say,
-                                         workdir=out.parent if out.parent.is_dir() else None)
+                                         workdir=out.parent if out.parent.is_dir() else None,
+                                         scratch_prefix=scratch)
             kind = index.kind
         else:
             say(f"index: building the {kind} index ({folded['normalizer']} folded in"
