@@ -255,3 +255,55 @@ def test_compressed_kinds_ask_for_at_least_pq_train_rows(kind, want, monkeypatch
     g, _ = _data(n=3000, d=16, q=4)
     BiasedIndex(g, kind=kind, nlist=8, nprobe=2)
     assert asked == [want]
+
+
+def _recall(got, want):
+    """Naive recall@10: the share of each query's exact top 10 returned, averaged."""
+    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / len(b) for a, b in zip(got, want)]))
+
+
+@pytest.mark.parametrize("kind, n", [("ivfpq", 12000), ("ivf", 4000)])
+def test_best_tuning_keeps_the_cheapest_setting_near_the_recall_the_index_can_reach(kind, n):
+    """``target_recall="best"`` (a budget's default): the curve runs until the recall stops growing and
+    the kept setting is within 0.005 of the best recall any setting reaches, counted here by a naive
+    loop at every nprobe up to every cell."""
+    from xmodal.retrieval.curve import dominating
+    from xmodal.retrieval.index import RECALL_TOLERANCE
+
+    g, x = _data(n=n, d=16, q=60, seed=1)
+    exact = _naive_topk(x, g, 10)
+    best = BiasedIndex(g, kind=kind, queries=x, seed=0, target_recall="best")
+    assert best.tuned_to == "best" and best.target_met is None and best.target_recall == 0.95
+    every = {p: _recall(best.search(x, 10, nprobe=p)[1], exact) for p in range(1, best.nlist + 1)}
+    ceiling = max(every.values())
+    (name, value), = best.search_params.items()
+    assert name == "nprobe" and best.recall_at_10 == pytest.approx(every[value], abs=1e-9)
+    assert best.recall_at_10 >= ceiling - 2 * RECALL_TOLERANCE
+    top = max(r["recall_at_10"] for r in best.curve)
+    kept = next(r for r in best.curve if r.get(name) == value)
+    assert kept["recall_at_10"] >= top - RECALL_TOLERANCE and dominating(kept, best.curve) is None
+    # at a target it reaches, the kept setting is no larger: a target buys speed, "best" buys recall
+    low = BiasedIndex(g, kind=kind, queries=x, seed=0, target_recall=0.5)
+    assert low.tuned_to == "target" and low.target_met is True and low.search_params["nprobe"] <= value
+    assert low.recall_at_10 <= best.recall_at_10 + 1e-9
+    with pytest.raises(ValueError, match="target_recall"):
+        BiasedIndex(g, kind=kind, queries=x, target_recall="most")
+
+
+def test_the_budget_compares_candidates_at_their_best_not_at_a_target():
+    """Without --target-recall each candidate is measured at the best recall it reaches, so a larger
+    code that only ties at 0.95 can win on recall; with a target, the record says so."""
+    g, x = _data(n=12000, d=16, q=60, seed=2)
+    exact = _naive_topk(x, g, 10)
+    from xmodal.retrieval.budget import candidates
+
+    cands = candidates(12000, 16, False)
+    budget = max(c["predicted_bytes"] for c in cands if c["kind"] == "opq") + 100
+    index, record = choose_index(g, max_bytes=budget, queries=x, seed=0, next_up=False)
+    assert "within 0.005 of its best" in record["why"] and index.tuned_to == "best"
+    ceiling = _recall(index.search(x, 10, nprobe=index.nlist)[1], exact) if index.nlist else 1.0
+    assert record["chosen"]["recall_at_10"] >= ceiling - 0.01
+    at = choose_index(g, max_bytes=budget, queries=x, seed=0, next_up=False, target_recall=0.5)[1]
+    assert "reaching 0.500" in at["why"]
+    assert all(r["recall_at_10"] >= 0.5 for r in at["measured"])
+    assert record["chosen"]["recall_at_10"] >= at["chosen"]["recall_at_10"] - 1e-9

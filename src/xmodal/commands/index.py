@@ -122,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "within it are kept; the choice, why, and what the next budget up buys are printed "
                              "and stored in meta.json (budget)")
     parser.add_argument("--target-recall", type=float, default=None, metavar="R",
-                        help="recall@10 the approximate kinds' search parameter must reach (default 0.95)")
+                        help="recall@10 the approximate kinds' search parameter must reach (default 0.95; with "
+                             "--max-memory, default none: each candidate at the best recall it reaches)")
     parser.add_argument("--recall-queries", type=int, default=None, metavar="N",
                         help="stored text embeddings of the run the recall is measured on (default 1000, "
                              "at most the run's test_time.bank_size)")
@@ -435,6 +436,8 @@ def recall_line(meta: dict, *, short: bool = False) -> str:
     if short:
         return text
     target = "" if meta.get("target_recall") is None else f"; target {meta['target_recall']:.3f}"
+    if meta.get("tuned_to") == "best":  # a memory budget's choice: no target for the setting
+        target = f"; the cheapest setting within 0.005 of the best it reached, cells chosen for {meta['target_recall']:.3f}"
     return f"{text} (measured on {meta['recall_queries']} queries: {meta.get('recall_source') or 'stored texts'} " \
            f"of the run{target})"
 

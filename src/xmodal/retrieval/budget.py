@@ -3,11 +3,15 @@
 The peer is autofaiss (``build_index(max_index_memory_usage=...)``): it turns the budget into a
 compression ratio and picks, without measuring, a factory from a fixed list (HNSW when its graph fits,
 else ``IVF{nlist},Flat``, else ``OPQ{m}_{d'},IVF{nlist}[_HNSW32],PQ{m}x8`` with the largest ``m`` whose
-code fits; ``get_optimal_index_keys_v2``). Here every candidate's file size is predicted
-(:func:`predicted_bytes`, from FAISS's serialised layout), the feasible ones are built, and the one kept
-is the best *measured* recall@10 (on the run's recall queries, each at its tuned search setting:
-:class:`~xmodal.retrieval.index.BiasedIndex` with ``queries`` / ``target_recall``) whose *written* file is
-within the budget; candidates within ``RECALL_TOLERANCE`` of the best recall go to the smaller file.
+code fits; ``get_optimal_index_keys_v2``), and searches it with every cell probed. Here every candidate's
+file size is predicted (:func:`predicted_bytes`, from FAISS's serialised layout), the feasible ones are
+built, and the one kept is the best *measured* recall@10 (on the run's recall queries) whose *written*
+file is within the budget; candidates within ``RECALL_TOLERANCE`` of the best recall go to the smaller
+file. Each candidate is measured at the best recall it reaches: without a target
+(``target_recall="best"`` of :class:`~xmodal.retrieval.index.BiasedIndex`, the default here) its search
+setting is doubled until the recall stops growing and the cheapest setting within ``RECALL_TOLERANCE``
+of the best is kept. Measured at a target instead (``--target-recall``), every candidate reaching it
+ties, and the smallest file wins: a budget then buys speed, not recall.
 
 Candidates (``w``: the stored width, ``N`` vectors; :data:`~xmodal.retrieval.index.KINDS`):
 
@@ -177,7 +181,8 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         max_bytes: the budget for the index file (``index.faiss``), bytes.
         queries: ``[Q, D]`` recall queries (shifted as searches are); the recall@10 of every candidate is
             measured on them against exact search.
-        target_recall: each candidate's search setting target (BiasedIndex's default 0.95).
+        target_recall: each candidate's search setting target; None (the default): ``"best"``, each at the
+            cheapest setting within ``RECALL_TOLERANCE`` of the best recall it reaches.
         kinds: restrict the candidates to these kinds (``--kind`` given with ``--max-memory``).
         nlist: a fixed cell count (default: the build's own choice).
         workdir: where each candidate's file is written to be measured (default: a temporary folder).
@@ -230,7 +235,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         def build(c: dict) -> tuple[Any, dict]:
             start = time.perf_counter()
             index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], max_nlist=c.get("max_nlist"), queries=queries,
-                                target_recall=target_recall if c["kind"] != "flat" else None, nlist=nlist,
+                                target_recall=(target_recall or "best") if c["kind"] != "flat" else None, nlist=nlist,
                                 seed=seed, block_rows=block_rows or BLOCK_ROWS)
             path = Path(tmp) / "candidate.faiss"
             index.save(path)
@@ -274,8 +279,10 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         least = min(r["bytes"] for r in rows)
         raise ValueError(f"--max-memory: {format_size(max_bytes)} holds none of the indexes built (the smallest "
                          f"written was {format_size(least)}); give --max-memory {math.ceil(least / 1e4) / 100}MB or more")
+    at = (f"each at the cheapest setting reaching {target_recall:.3f}" if target_recall is not None
+          else f"each at the cheapest setting within {RECALL_TOLERANCE} of its best")
     why = (f"best recall@10 within {format_size(max_bytes)} among {len([r for r in rows if r['fits']])} measured "
-           f"(ties within {RECALL_TOLERANCE}: the smaller file)")
+           f"({at}; ties within {RECALL_TOLERANCE}: the smaller file)")
     record = {"max_bytes": int(max_bytes), "chosen": chosen, "measured": rows, "next_up": nxt, "why": why,
               "over_budget": beyond}
     return kept, record

@@ -271,7 +271,12 @@ class BiasedIndex:
         queries: ``[Q, D]`` sample queries (already shifted as searches will be) on which the
             recall@10 is measured and the search parameter chosen; None: not measured.
         target_recall: the recall@10 the search parameter must reach (default 0.95 for the
-            approximate kinds when ``queries`` are given); ignored by ``flat``.
+            approximate kinds when ``queries`` are given); ignored by ``flat``. ``"best"``: no target;
+            the setting is doubled until the recall stops growing (:data:`PLATEAU_GAIN`) and the cheapest
+            within :data:`RECALL_TOLERANCE` of the best measured is kept (a memory budget's choice,
+            :mod:`xmodal.retrieval.budget`: the most accurate index within the budget, at the setting
+            that reaches what it can); the cells are still chosen for the default target
+            (``tuned_to == "best"``, ``target_met`` None).
         nlist: IVF cells (default ``4 sqrt(N)``, at most ``N / 39``).
         max_nlist: the most cells a build that chooses its cell count may choose (a memory budget's bound:
             :func:`nlist_candidates`); ignored when ``nlist`` is given.
@@ -351,7 +356,11 @@ class BiasedIndex:
 
         tuning = queries is not None and nprobe is None and ef_search is None and self.kind != "flat"
         if tuning:
-            self.target_recall = _recall_target(TARGET_RECALL if target_recall is None else target_recall)
+            if isinstance(target_recall, str) and target_recall != "best":
+                raise ValueError(f"target_recall: expected a recall in (0, 1] or 'best', got {target_recall[:20]!r}")
+            self.tuned_to = "best" if target_recall == "best" else "target"
+            self.target_recall = _recall_target(TARGET_RECALL if target_recall is None or self.tuned_to == "best"
+                                                else target_recall)
             q_folded = self._fold_queries(_float32(queries, "queries"))
             self._exact_rows = self._exact(q_folded, blocks, min(10, n))
         centroids = None
@@ -395,7 +404,7 @@ class BiasedIndex:
         self.recall_tried: dict[int, float] = {}
         self.curve: list[dict] = []
         if not tuning:
-            self.target_recall = None
+            self.target_recall, self.tuned_to = None, None
         if self.kind == "flat":
             self.search_params: dict = {}
         elif tuning:
@@ -568,7 +577,9 @@ class BiasedIndex:
             return recall_at_k(got["rows"], exact, k)
 
         candidates = self._candidates(k)
-        _, _, met, tried = smallest_reaching(measure, candidates, self.target_recall, plateau=PLATEAU_GAIN)
+        best_mode = self.tuned_to == "best"  # no target: every doubling until the recall stops growing
+        _, _, met, tried = smallest_reaching(measure, candidates, 2.0 if best_mode else self.target_recall,
+                                             plateau=PLATEAU_GAIN)
         if not met:  # nothing reaches the target: the cheap settings near the best recall are measured too
             top = max(tried.values())
             cached = lambda v: tried[v] if v in tried else measure(v)  # noqa: E731
@@ -588,13 +599,15 @@ class BiasedIndex:
                                "queries_per_s": float(rate)})
         bar.close()
         best = max(p["recall_at_10"] for p in self.curve)
-        met = best >= self.target_recall
+        met = None if best_mode else best >= self.target_recall
         kept = curves.keep(self.curve, self.target_recall if met else best - RECALL_TOLERANCE)
         self.kind_advice = None
         if kept.get("exact"):
             self._keep_exact()
+            reach = (f"within {RECALL_TOLERANCE} of its best recall@10" if best_mode
+                     else f"reaching recall@10 {self.target_recall:.3f}")
             self.kind_advice = (f"an exact scan ({kept['queries_per_s']:,.0f} queries/s) is as fast as every {self.kind} "
-                                f"setting reaching recall@10 {self.target_recall:.3f} on this gallery, so the index "
+                                f"setting {reach} on this gallery, so the index "
                                 f"keeps exact search: --kind flat is the index for this gallery")
         else:
             self._set_params(kept[name])
@@ -738,6 +751,7 @@ class BiasedIndex:
             obj.biased = fits[0]
         obj.recall_at_10 = 1.0 if obj.kind == "flat" else None
         obj.recall_queries, obj.target_met, obj.target_recall, obj.recall_tried = 0, None, None, {}
+        obj.tuned_to = None
         obj.curve, obj.nlist_choice = [], []
         return obj
 
