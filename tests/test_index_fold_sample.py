@@ -244,7 +244,8 @@ def test_the_first_stage_gathered_while_embedding_holds_each_captions_best_video
     assert first.active and len(first.captions) == 24 and len(first.uniform) == 150
     for start in range(0, n, 1000):  # the build's blocks, in order
         first.add(start, g[start:start + 1000])
-    uniform, part, near, near_rows, _, threshold = first.result(n, first.captions, first.uniform)
+    assert first.result(n, first.captions, first.uniform) is None  # the near rows are read from the gallery
+    uniform, part, near, near_rows, _, threshold = first.result(n, first.captions, first.uniform, g)
     assert torch.equal(part, g[torch.from_numpy(uniform)]) and torch.equal(near_rows, g[torch.from_numpy(near)])
     s = (cap @ g.T).numpy()
     want = set() if added else set(t2v[first.captions].tolist())

@@ -364,7 +364,7 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
         last = i == len(stages_) - 1
         picked = None
         if i == 0 and first is not None and not last:  # gathered while the gallery was embedded: no pass
-            picked = first.result(n, captions, uniform)
+            picked = first.result(n, captions, uniform, rows)
         record = _measure_on(rows, fit, q[captions], t2v[captions], x, uniform, size, neighbours, seed, n_boot,
                              picked=picked)
         history.append(_stage_entry(record))
@@ -447,7 +447,6 @@ class FirstStage:
         self.best = torch.full((self.k, h), float("-inf"))
         self.best_ids = torch.full((self.k, h), -1, dtype=torch.int64)
         self.part = self.own_rows = None
-        self.kept_ids, self.kept_rows = np.zeros(0, np.int64), None
 
     def add(self, start: int, block: Any) -> None:
         """The gallery's rows ``start ..`` (``[b, D]`` embeddings, in order)."""
@@ -461,7 +460,6 @@ class FirstStage:
         if self.part is None:
             self.part = torch.empty((len(self.uniform), g.shape[1]))
             self.own_rows = torch.empty((len(self.own), g.shape[1]))
-            self.kept_rows = torch.empty((0, g.shape[1]))
         for rows_at, into in ((self.uniform, self.part), (self.own, self.own_rows)):
             lo, hi = np.searchsorted(rows_at, [start, stop])
             into[lo:hi] = g[torch.from_numpy(rows_at[lo:hi] - start)]
@@ -471,17 +469,16 @@ class FirstStage:
         hit = torch.nonzero((s - self.best[-1]).amax(1) >= 0).reshape(-1)
         if not len(hit):
             return
+        # only the running best's ids: their rows are read once at the end (:meth:`result`), the few
+        # thousand a stage needs, rather than copied block by block as the best changes
         ids = torch.cat([self.best_ids, (start + hit)[:, None].expand(-1, self.q.shape[0])])
         top = torch.topk(torch.cat([self.best, s[hit]]), self.k, dim=0)
         self.best, self.best_ids = top.values, torch.gather(ids, 0, top.indices)
-        keep_ids = np.concatenate([self.kept_ids, start + hit.numpy()])
-        keep_rows = torch.cat([self.kept_rows, g[hit]])
-        still = np.isin(keep_ids, self.best_ids.numpy())  # the rows of the current best only
-        self.kept_ids, self.kept_rows = keep_ids[still], keep_rows[torch.from_numpy(still)]
 
-    def result(self, n: int, captions: np.ndarray, uniform: np.ndarray):
+    def result(self, n: int, captions: np.ndarray, uniform: np.ndarray, rows: Any = None):
         """:func:`_sample`'s tuple for the first stage (``captions`` / ``uniform``: the stage expected),
-        or None where this collector saw another stage or not the whole gallery."""
+        or None where this collector saw another stage or not the whole gallery; ``rows``: the gallery the
+        near rows are read from (the rows :meth:`add` saw; None: a stage with no near rows)."""
         if not self.active or n != self.n or self._filled != n or not np.array_equal(captions, self.captions) \
                 or not np.array_equal(uniform, self.uniform):
             return None
@@ -490,11 +487,16 @@ class FirstStage:
         near = np.setdiff1d(np.concatenate([best, self.own]), self.uniform).astype(np.int64)
         d = self.part.shape[1]
         near_rows = torch.empty((len(near), d))
-        for ids, rows_of in ((self.kept_ids, self.kept_rows), (self.own, self.own_rows)):
-            order = np.argsort(ids, kind="stable")
-            at = np.minimum(np.searchsorted(ids[order], near), max(0, len(ids) - 1))
-            found = (ids[order][at] == near) if len(ids) else np.zeros(len(near), bool)
-            near_rows[torch.from_numpy(found)] = rows_of[torch.from_numpy(order[at[found]])]
+        mine = np.isin(near, self.own)  # the captions' own videos were kept in the pass
+        if mine.any():
+            near_rows[torch.from_numpy(mine)] = self.own_rows[torch.from_numpy(np.searchsorted(self.own, near[mine]))]
+        if (~mine).any():
+            if rows is None:
+                return None
+            from xmodal.retrieval.rowstore import take_rows
+
+            got = np.ascontiguousarray(take_rows(rows, near[~mine]), dtype=np.float32).reshape(-1, d)
+            near_rows[torch.from_numpy(~mine)] = torch.from_numpy(got)
         return self.uniform, self.part, near, near_rows, None, self.best[-1].reshape(1, -1)
 
 
