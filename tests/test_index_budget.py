@@ -227,6 +227,8 @@ def test_the_next_budget_up_is_the_first_larger_candidate_that_measures_better(m
     record = choose_index(g, max_bytes=fits, queries=x, kinds=("opq",), seed=0)[1]
     over = record["over_budget"]
     assert over and all(not r["fits"] and r["bytes"] > fits for r in over)
+    code = record["chosen"]["factory"].split(",")[0]  # OPQ{m}_{d'}: the same code over more cells is not tried
+    assert [r["factory"].startswith(code + ",") for r in record["measured"] + over].count(True) == 1
     best = record["chosen"]["recall_at_10"]
     nxt = record["next_up"]
     if nxt is not None:  # the first larger candidate that measures better, and the last built

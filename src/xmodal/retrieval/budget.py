@@ -26,8 +26,10 @@ Candidates (``w``: the stored width, ``N`` vectors; :data:`~xmodal.retrieval.ind
   (``BiasedIndex(max_nlist=)``), so a tight budget holds a larger code with fewer cells.
 
 The choice records (``meta.json["budget"]``) every candidate measured (kind, factory, predicted and
-written bytes, recall@10, queries/s at the kept setting) and the next budget up: the smallest
-candidate that did not fit, built and measured too, so its bytes and recall say what more memory buys.
+written bytes, recall@10, queries/s at the kept setting) and the next budget up: the candidates that
+did not fit, of a larger code or another kind than those measured (the same code over more cells is not
+tried), built smallest first until one measures a higher recall, so its bytes and recall say what more
+memory buys.
 
 Monotone in the budget: a larger budget measures the same candidates or larger ones of the same
 families (only ``opq``'s ``m`` grows), so its choice's recall is at least the smaller budget's unless a
@@ -172,7 +174,8 @@ def _to_measure(cands: list[dict], budget: int) -> list[dict]:
 def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any, target_recall: float | None = None,
                  kinds: tuple | None = None, nlist: int | None = None, seed: int = 0, block_rows: int | None = None,
                  workdir: str | os.PathLike | None = None, next_up: bool = True,
-                 log: Callable[[str], None] | None = None, scratch_prefix: str = ".budget") -> tuple[Any, dict]:
+                 log: Callable[[str], None] | None = None, scratch_prefix: str = ".budget",
+                 progress: bool | None = False) -> tuple[Any, dict]:
     """Build the candidates for ``max_bytes`` and keep the best measured recall@10 whose file fits.
 
     Args:
@@ -191,7 +194,9 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         next_up: also build the candidates that do not fit, smallest first, up to :data:`MAX_NEXT_BUILDS`, until
             one measures a higher recall@10 than the choice (the record's ``"next_up"``; every one built:
             ``"over_budget"``).
-        log: hears one line per candidate.
+        log: hears a line as each candidate's build starts and one with what it measured.
+        progress: each candidate's long steps (adding, the settings measured) as
+            :class:`~xmodal.retrieval.index.BiasedIndex`'s ``progress``.
 
     Returns:
         ``(index, record)``: the chosen :class:`~xmodal.retrieval.index.BiasedIndex` and
@@ -232,11 +237,13 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
     rows: list[dict] = []
     chosen = kept = None
     with tempfile.TemporaryDirectory(dir=workdir, prefix=scratch_prefix) as tmp:
-        def build(c: dict) -> tuple[Any, dict]:
+        def build(c: dict, why: str = "") -> tuple[Any, dict]:
+            say(f"budget: building {_label(c)}" + (f" with at most {c['max_nlist']} cells" if c.get("max_nlist") else "")
+                + f" (about {format_size(c['predicted_bytes'])}{why})")
             start = time.perf_counter()
             index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], max_nlist=c.get("max_nlist"), queries=queries,
                                 target_recall=(target_recall or "best") if c["kind"] != "flat" else None, nlist=nlist,
-                                seed=seed, block_rows=block_rows or BLOCK_ROWS)
+                                seed=seed, block_rows=block_rows or BLOCK_ROWS, progress=progress)
             path = Path(tmp) / "candidate.faiss"
             index.save(path)
             size = path.stat().st_size
@@ -254,17 +261,21 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
             if row["fits"] and (kept is None or _better(row, chosen, RECALL_TOLERANCE)):
                 kept, chosen = index, row
 
-        for c in todo:
-            index, row = build(c)
+        for i, c in enumerate(todo):
+            index, row = build(c, f", candidate {i + 1} of {len(todo)}")
             rows.append(row)
             consider(index, row)
             del index
         nxt = None
-        over = [c for c in cands if c["predicted_bytes"] > max_bytes
+        # a larger code or another kind: the same code over more cells buys speed at a target, hardly
+        # recall at its best (every cell probed, the cells only change what the codes encode)
+        codes = {(c["kind"], c["pq_m"]) for c in todo}
+        over = [c for c in cands if c["predicted_bytes"] > max_bytes and (c["kind"], c["pq_m"]) not in codes
                 and not any(r["kind"] == c["kind"] and r["predicted_bytes"] == c["predicted_bytes"] for r in rows)]
         beyond: list[dict] = []
         for c in over[:MAX_NEXT_BUILDS] if next_up else []:
-            index, row = build(c)  # the prediction is an upper bound: a candidate predicted over may still fit
+            # the prediction is an upper bound: a candidate predicted over may still fit
+            index, row = build(c, f", over {format_size(max_bytes)}: what the next budget up buys")
             if not row["fits"]:
                 beyond.append(row)
                 # a larger file that measures no better buys nothing: the next budget up is the first that does

@@ -162,7 +162,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                                          target_recall=target_recall, kinds=None if kind == "flat" else (kind,),
                                          nlist=nlist, seed=seed, block_rows=block_rows, log=say,
                                          workdir=out.parent if out.parent.is_dir() else None,
-                                         scratch_prefix=scratch)
+                                         scratch_prefix=scratch, progress=show)
             kind = index.kind
         else:
             say(f"index: building the {kind} index ({folded['normalizer']} folded in"
