@@ -9,8 +9,8 @@ built, and the one kept is the best *measured* recall@10 (on the run's recall qu
 file is within the budget; candidates within ``RECALL_TOLERANCE`` of the best recall go to the smaller
 file. Each candidate is measured at the best recall it reaches: without a target
 (``target_recall="best"`` of :class:`~xmodal.retrieval.index.BiasedIndex`, the default here) its search
-setting is doubled until the recall stops growing and the cheapest setting within ``RECALL_TOLERANCE``
-of the best is kept. Measured at a target instead (``--target-recall``), every candidate reaching it
+setting is doubled until the recall stops growing and the cheapest setting within ``BEST_TOLERANCE``
+(0.001) of the best is kept. Measured at a target instead (``--target-recall``), every candidate reaching it
 ties, and the smallest file wins: a budget then buys speed, not recall.
 
 Candidates (``w``: the stored width, ``N`` vectors; :data:`~xmodal.retrieval.index.KINDS`):
@@ -185,7 +185,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         queries: ``[Q, D]`` recall queries (shifted as searches are); the recall@10 of every candidate is
             measured on them against exact search.
         target_recall: each candidate's search setting target; None (the default): ``"best"``, each at the
-            cheapest setting within ``RECALL_TOLERANCE`` of the best recall it reaches.
+            cheapest setting within ``BEST_TOLERANCE`` of the best recall it reaches.
         kinds: restrict the candidates to these kinds (``--kind`` given with ``--max-memory``).
         nlist: a fixed cell count (default: the build's own choice).
         workdir: where each candidate's file is written to be measured (default: a temporary folder).
@@ -207,7 +207,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         ValueError: one line naming the smallest possible size when no candidate fits.
     """
     from xmodal._validate import float_matrix, whole_number
-    from xmodal.retrieval.index import BLOCK_ROWS, KINDS, RECALL_TOLERANCE, BiasedIndex, _is_source
+    from xmodal.retrieval.index import BEST_TOLERANCE, BLOCK_ROWS, KINDS, RECALL_TOLERANCE, BiasedIndex, _is_source
 
     if log is not None and not callable(log):
         raise TypeError(f"log: expected a callable or None, got {type(log).__name__}")
@@ -291,7 +291,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         raise ValueError(f"--max-memory: {format_size(max_bytes)} holds none of the indexes built (the smallest "
                          f"written was {format_size(least)}); give --max-memory {math.ceil(least / 1e4) / 100}MB or more")
     at = (f"each at the cheapest setting reaching {target_recall:.3f}" if target_recall is not None
-          else f"each at the cheapest setting within {RECALL_TOLERANCE} of its best")
+          else f"each at the cheapest setting within {BEST_TOLERANCE} of its best")
     why = (f"best recall@10 within {format_size(max_bytes)} among {len([r for r in rows if r['fits']])} measured "
            f"({at}; ties within {RECALL_TOLERANCE}: the smaller file)")
     record = {"max_bytes": int(max_bytes), "chosen": chosen, "measured": rows, "next_up": nxt, "why": why,
