@@ -127,6 +127,8 @@ def test_the_budget_is_never_exceeded_and_more_memory_is_never_worse(budgets, tm
     assert recalls == sorted(recalls)  # the candidate sets grow with the budget (module docstring)
     small, middle, large = (record for _, (_, record) in sorted(out.items()))
     assert large["chosen"]["kind"] == "flat" and large["chosen"]["recall_at_10"] == 1.0
+    roomy = choose_index(g, max_bytes=10 ** 9, queries=x, next_up=False)[1]  # ivf and hnsw fit too
+    assert [r["kind"] for r in roomy["measured"]] == ["flat"]  # exact and the smallest exact file: built alone
     assert small["chosen"]["kind"] in ("opq", "ivfpq") and len(middle["measured"]) == 3
     assert small["next_up"]["bytes"] > small["max_bytes"] and not small["next_up"]["fits"]
 

@@ -16,8 +16,9 @@ ties, and the smallest file wins: a budget then buys speed, not recall.
 Candidates (``w``: the stored width, ``N`` vectors; :data:`~xmodal.retrieval.index.KINDS`):
 
 - exact storage: ``flat`` (``4 w N`` bytes), ``ivf`` and ``hnsw`` (more bytes, same vectors). When ``flat``
-  fits, the exact kinds that fit are measured: ``flat`` is exact, so it is kept unless a faster one
-  reaches the same recall (``--target-recall``).
+  fits it is the choice, built alone: exact search is the best recall there is and ``flat`` the smallest
+  file that holds it, so ``ivf`` and ``hnsw`` could at most tie on recall and lose on bytes (measuring
+  them to their best recall took 37 of the 42 s of the synthetic 50k bench's float32 build at fd935f0).
 - compressed: ``ivfpqr`` (4-bit codes + 8-bit re-ranking, about ``1.125 w + 8`` bytes a vector),
   ``opq`` with the largest code size ``m`` that fits (``m + 8`` bytes a vector: OPQ's rotation, Ge et al.
   2013, "Optimized Product Quantization", CVPR, sec. 3, then ``m`` one-byte sub-quantisers), ``ivfpq``
@@ -154,18 +155,18 @@ def candidates(n: int, dim: int, biased: bool, *, nlist: int | None = None, kind
 
 
 def _to_measure(cands: list[dict], budget: int) -> list[dict]:
-    """The candidates built for ``budget``: the exact kinds that fit when ``flat`` does (each at its largest
-    cell bound that fits); else per compressed kind the largest that fits: the largest code (``opq``), then
-    the most cells."""
+    """The candidates built for ``budget``: ``flat`` alone when it fits (exact, and the smallest exact file);
+    else per kind the largest that fits: the largest code (``opq``), then the most cells."""
     fit = [c for c in cands if c["predicted_bytes"] <= budget]
-    exact = any(c["kind"] == "flat" for c in fit)
+    flat = [c for c in fit if c["kind"] == "flat"]
+    if flat:
+        return flat
+
     def larger(c: dict) -> tuple[int, int]:  # the code first, then the cells
         return c["pq_m"] or 0, c["max_nlist"] or 0
 
     best: dict[str, dict] = {}
     for c in fit:
-        if exact and c["kind"] not in ("flat", "ivf", "hnsw"):
-            continue
         if c["kind"] not in best or larger(c) > larger(best[c["kind"]]):
             best[c["kind"]] = c
     return sorted(best.values(), key=lambda c: -c["predicted_bytes"])
