@@ -23,9 +23,11 @@ per 4 values), ivfpqr (IVF cells, 4-bit fast-scan codes that shortlist 8x the re
 asked for, re-ranked by one byte per value: about a third of ivf's memory), hnsw (a
 neighbour graph over float32 vectors), opq (a learned rotation, OPQ, then one byte per
 sub-quantiser: the compressed index autofaiss builds for a memory budget).
---max-memory SIZE chooses among them for the index file's size: every candidate that
-fits (predicted from FAISS's layout) is built and measured, the best recall@10 whose
-written file fits is kept, and the choice, why, and the next budget up are printed. The ivf kinds choose their cell count by
+--max-memory SIZE chooses among them for the index file's size: flat alone where it fits,
+else the largest of each compressed kind that fits (predicted from FAISS's layout) is built
+and measured at the best recall@10 it reaches (its setting doubled until the recall stops
+growing; with --target-recall, at that target instead), the best whose written file fits
+is kept, and the choice, why, and the next budget up are printed. The ivf kinds choose their cell count by
 measurement unless --nlist is given (sqrt(N), 2 sqrt(N) or 4 sqrt(N): the fewest
 vectors compared per query that reach the target). An approximate kind states
 its quality: the build searches up to --recall-queries of the run's stored text
