@@ -58,7 +58,9 @@ def add_shard_task(*, shard: tuple[int, int], topic: str | None, trained: str, r
     from xmodal.retrieval.ondisk import add_shard, shard_rows
 
     if threads is not None:
-        import_faiss().omp_set_num_threads(int(threads))
+        from xmodal._validate import whole_number
+
+        import_faiss().omp_set_num_threads(whole_number(threads, "threads", minimum=1))
     cpu = time.process_time()
     with PeakAnon() as peak:
         gallery = np.load(rows, mmap_mode="r", allow_pickle=False)
