@@ -439,7 +439,10 @@ def recall_line(meta: dict, *, short: bool = False) -> str:
         return text
     target = "" if meta.get("target_recall") is None else f"; target {meta['target_recall']:.3f}"
     if meta.get("tuned_to") == "best":  # a memory budget's choice: no target for the setting
-        target = f"; the cheapest setting within 0.001 of the best it reached, cells chosen for {meta['target_recall']:.3f}"
+        from xmodal.retrieval.index import BEST_TOLERANCE
+
+        target = (f"; the cheapest setting within {BEST_TOLERANCE} of the best it reached, cells chosen for "
+                  f"{meta['target_recall']:.3f}")
     return f"{text} (measured on {meta['recall_queries']} queries: {meta.get('recall_source') or 'stored texts'} " \
            f"of the run{target})"
 

@@ -184,7 +184,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                 "factory": index.factory, "exact": kind == "flat" or index.search_params.get("exact") is True,
                 "recall_at_10": index.recall_at_10, "recall_queries": int(index.recall_queries),
                 "search_params": dict(index.search_params), "target_recall": index.target_recall,
-                "tuned_to": getattr(index, "tuned_to", None), "target_met": index.target_met,
+                "tuned_to": index.tuned_to, "target_met": index.target_met,
                 "recall_source": recall_source, "curve": list(index.curve),
                 "curve_rate": _curve_rate(index), "kind_advice": getattr(index, "kind_advice", None),
                 "nlist_choice": list(index.nlist_choice)}
