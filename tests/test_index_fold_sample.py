@@ -191,6 +191,29 @@ def test_an_early_stage_ends_the_measurement_only_when_the_fold_is_clearly_worse
         choose_on_sample(g, fit, cap, t2v, extra=own, size=600, stages=[(24, 150), (12, 300)])
 
 
+@pytest.mark.parametrize("helps", [True, False])
+def test_the_default_stages_decide_as_the_last_stage_on_a_gallery_over_the_sample(helps):
+    """At the shipped :data:`STAGES` (a first stage of 1,000 rows) on a gallery larger than the sample: a fold
+    that helps is not stopped early, and one that hurts is stopped on the first stage; each decides as the
+    last stage alone (``stages=()``) does."""
+    from xmodal.retrieval import foldcheck
+
+    g, bank, cap, own = scenario(helps, n=foldcheck.SAMPLE_ROWS + 10_000, m=600, seed=1)
+    fitted_on, fit = sinkhorn_fit(bank)
+    t2v = len(g) + np.arange(len(own))
+    last, _ = choose_on_sample(g, fit, cap, t2v, extra=own, n_boot=2000, stages=())
+    assert last["chosen"] == ("sinkhorn" if helps else "none")
+    fitted_on.clear()
+    rec, _ = choose_on_sample(g, fit, cap, t2v, extra=own, n_boot=2000)
+    assert rec["chosen"] == last["chosen"]
+    first = foldcheck.STAGES[0]
+    assert (rec["stages"][0]["queries"], rec["stages"][0]["sample_rows"]) == first
+    if helps:
+        assert fitted_on == [r for _, r in foldcheck.STAGES] + [foldcheck.SAMPLE_ROWS]
+    else:
+        assert fitted_on == [first[1]] and rec["stages"][0]["ci_high"] < 0
+
+
 def test_the_build_records_each_stage_and_stops_where_the_fold_is_clearly_worse(run_dir, tmp_path, monkeypatch,
                                                                                capsys):
     from xmodal.cli import main

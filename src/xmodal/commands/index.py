@@ -52,7 +52,7 @@ Which normaliser is folded (--normalizer auto, the default): the run's choice am
 foldable ones (metrics.json "index_normalizer"), only where it serves text -> video on this
 gallery. The build fits it on a seeded sample of the gallery and ranks the run's held-out
 train captions (no normaliser was fitted on them; their videos added to the gallery as if it
-held them) with and without it, in stages (32 captions on 2,000 rows, 128 on 8,000, all on
+held them) with and without it, in stages (32 captions on 1,000 rows, 128 on 8,000, all on
 50,000: a stage where it is clearly worse than none ends the measurement); it is folded
 only when clear of none by the paired rule (the lower end of the 95% paired bootstrap
 interval of t2v R@1+R@5+R@10, fold minus none, above 0), and on 6 captions or more (with fewer even a gain on every caption cannot reach p < 0.05: the paired

@@ -22,10 +22,10 @@ estimates (Park et al. 2022, sec. 3.4); the near videos keep the top of each cap
 uniform sample alone would thin out (a 10% sample keeps one in ten of the videos that outrank a
 caption's own).
 
-The measurement grows in stages (:data:`STAGES`): a seeded 32 of the captions on 2,000 of the sampled
+The measurement grows in stages (:data:`STAGES`): a seeded 32 of the captions on 1,000 of the sampled
 rows, then 128 on 8,000, then every caption on :data:`SAMPLE_ROWS`; each stage's captions and rows are a
 subset of the next's. A stage where the fold is clearly worse than ``none`` (the upper end of the paired
-interval below 0) ends it with ``none``: a clear decision against a fold then costs a fit on 2,000
+interval below 0) ends it with ``none``: a clear decision against a fold then costs a fit on 1,000
 rows and the scores of 32 captions against each gallery block, gathered as the build embeds it
 (:class:`FirstStage`: no pass of its own). A fold is kept only on the last stage's measurement, so
 the stages never fold what the single measurement would not.
@@ -380,7 +380,9 @@ def choose_on_sample(rows: Any, fit: Any, queries: Any, text_to_video: Any, *, e
 
 #: The earlier stages of :func:`choose_on_sample`: ``(captions, sampled rows)``, before all captions on
 #: :data:`SAMPLE_ROWS` rows. A candidate clearly worse than ``none`` on a stage is measured no further.
-STAGES = ((32, 2_000), (128, 8_000))
+#: The first stage fits on 1,000 rows, not 2,000: its fit is most of a clear decision's fixed cost, which
+#: weighs most where embedding is cheap (``bench/fold_sample.py --videos 200000``, docs/search.md).
+STAGES = ((32, 1_000), (128, 8_000))
 
 
 def _stages(stages: Any) -> list[tuple[int, int]]:
