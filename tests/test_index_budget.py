@@ -91,6 +91,71 @@ def test_opq_searches_as_faiss_own_factory_of_the_same_string():
     np.testing.assert_array_equal(index.search(x, 10)[1], ref.search(x, 10)[1])
 
 
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_rabitq_searches_as_faiss_own_factory_and_reloads_with_its_bits(bits, tmp_path):
+    """``rabitq`` is FAISS's ``IVF{nlist},RaBitQ{b}`` trained on the same rows, with the queries quantised to
+    ``RABITQ_QUERY_BITS`` bits; the file keeps the kind, the bits, the query bits and the answers."""
+    from xmodal.retrieval.index import RABITQ_QUERY_BITS
+
+    faiss = import_faiss()
+    g, x = _data(n=3000, d=16)
+    index = BiasedIndex(g, kind="rabitq", bits=bits, nlist=16, nprobe=4)
+    assert index.factory == "IVF16,RaBitQ" + (str(bits) if bits > 1 else "") and index.width == 16
+    ref = faiss.index_factory(16, index.factory, faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.extract_index_ivf(ref)
+    ivf.cp.niter, ivf.cp.seed = 10, 0
+    ref.train(g)  # fewer rows than the training sample: all of them, in order
+    ref.add(g)
+    params = faiss.IVFRaBitQSearchParameters()
+    params.nprobe, params.qb = 4, RABITQ_QUERY_BITS
+    got = index.search(x, 10)
+    np.testing.assert_array_equal(got[1], ref.search(x, 10, params=params)[1])
+    index.save(tmp_path / "r.faiss")
+    back = BiasedIndex.load(tmp_path / "r.faiss", dim=16)
+    assert (back.kind, back.bits, back.search_params, back.biased) == ("rabitq", bits, {"nprobe": 4}, False)
+    np.testing.assert_array_equal(back.search(x, 10)[1], got[1])
+    with pytest.raises(ValueError, match="no search over it is exact"):
+        back.search(x, 10, exact=True)
+
+
+def test_rabitq_more_bits_more_recall_and_its_file_within_the_prediction(tmp_path):
+    """Every cell probed, recall@10 (a naive count against naive exact search) grows with the bits; each
+    written file is at most its predicted size and within 2% of it."""
+    g, x = _data(n=4000, d=16, q=60, seed=3)
+    exact = _naive_topk(x, g, 10)
+    recalls = []
+    for bits in (1, 2, 4, 8):
+        index = BiasedIndex(g, kind="rabitq", bits=bits, nlist=32, nprobe=32)
+        recalls.append(_recall(index.search(x, 10)[1], exact))
+        index.save(tmp_path / "r.faiss")
+        size, predicted = (tmp_path / "r.faiss").stat().st_size, predicted_bytes("rabitq", 4000, 16, 32, bits=bits)
+        assert size <= predicted <= 1.02 * size + 4096
+    assert recalls == sorted(recalls) and recalls[0] < 0.7 < 0.95 < recalls[-1]
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match="bits"):
+            BiasedIndex(g, kind="rabitq", bits=bad, nlist=8)
+    with pytest.raises(ValueError, match="only the rabitq kind"):
+        BiasedIndex(g, kind="ivfpq", bits=2, nlist=8)
+
+
+def test_a_tight_budget_offers_a_code_over_fewer_cells_than_the_smallest_candidate():
+    """Where a code's fewest candidate cells do not fit, the budget offers it over the most cells that do
+    (down to MIN_NLIST_DIVISOR times fewer); the size grows with the cells, so one cell more would not fit."""
+    from xmodal.retrieval.budget import MIN_NLIST_DIVISOR, candidates
+    from xmodal.retrieval.index import nlist_candidates
+
+    n, w = 33000, 384
+    fewest = nlist_candidates(n)[0]
+    two = predicted_bytes("rabitq", n, w, fewest, bits=2)
+    budget = two - 40 * 4 * w  # 40 cells' centroids short
+    extra = [c for c in candidates(n, w, False, budget=budget) if c["kind"] == "rabitq" and c["bits"] == 2
+             and c["max_nlist"] < fewest]
+    assert len(extra) == 1 and extra[0]["predicted_bytes"] <= budget
+    cells = extra[0]["max_nlist"]
+    assert cells >= fewest // MIN_NLIST_DIVISOR and predicted_bytes("rabitq", n, w, cells + 1, bits=2) > budget
+    assert not [c for c in candidates(n, w, False) if c["max_nlist"] is not None and c["max_nlist"] < fewest]
+
+
 def test_parse_size_and_one_line_errors():
     assert parse_size("22MB") == 22_000_000 and parse_size("1.5GB") == 1_500_000_000 and parse_size("1KiB") == 1024
     for bad in ("", "12 parsecs", "-3MB", "0"):
@@ -129,7 +194,8 @@ def test_the_budget_is_never_exceeded_and_more_memory_is_never_worse(budgets, tm
     assert large["chosen"]["kind"] == "flat" and large["chosen"]["recall_at_10"] == 1.0
     roomy = choose_index(g, max_bytes=10 ** 9, queries=x, next_up=False)[1]  # ivf and hnsw fit too
     assert [r["kind"] for r in roomy["measured"]] == ["flat"]  # exact and the smallest exact file: built alone
-    assert small["chosen"]["kind"] in ("opq", "ivfpq") and len(middle["measured"]) == 3
+    assert small["chosen"]["kind"] in ("opq", "ivfpq", "rabitq")
+    assert sorted(r["kind"] for r in middle["measured"]) == ["ivfpq", "ivfpqr", "opq", "rabitq"]  # the largest of each
     assert small["next_up"]["bytes"] > small["max_bytes"] and not small["next_up"]["fits"]
 
 
@@ -174,6 +240,18 @@ def test_the_cli_keeps_the_choice_within_the_budget_and_says_so(tmp_path, capsys
     assert main([*flags, "--out", str(tmp_path / "none"), "--max-memory", "2kB"]) != 0
     err = capsys.readouterr().err
     assert "is below the smallest index" in err and "Traceback" not in err
+    # --kind rabitq --bits B: FAISS's RaBitQ codes at B bits a value, the file says so when read back
+    assert main([*flags, "--out", str(tmp_path / "rq"), "--kind", "rabitq", "--bits", "2", "--nlist", "8"]) == 0
+    meta = json.loads((tmp_path / "rq" / "meta.json").read_text())
+    assert meta["kind"] == "rabitq" and meta["factory"] == "IVF8,RaBitQ2" and 0 < meta["recall_at_10"] <= 1
+    assert BiasedIndex.load(tmp_path / "rq" / "index.faiss", dim=meta["dim"]).bits == 2
+    capsys.readouterr()
+    for bad, says in ((["--kind", "ivf", "--bits", "2"], "--bits: only for --kind rabitq"),
+                      (["--kind", "rabitq", "--bits", "9"], "--bits: must be in [1, 8]"),
+                      (["--kind", "rabitq", "--bits", "2", "--max-memory", "1MB"], "--max-memory chooses")):
+        assert main([*flags, "--out", str(tmp_path / "bad"), *bad]) != 0
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
 
 
 def test_a_tight_budget_bounds_the_cell_count_so_a_larger_code_fits():
@@ -266,7 +344,7 @@ def _recall(got, want):
     return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / len(b) for a, b in zip(got, want)]))
 
 
-@pytest.mark.parametrize("kind, n", [("ivfpq", 12000), ("ivf", 4000)])
+@pytest.mark.parametrize("kind, n", [("ivfpq", 12000), ("ivf", 4000), ("rabitq", 4000)])
 def test_best_tuning_keeps_the_cheapest_setting_near_the_recall_the_index_can_reach(kind, n):
     """``target_recall="best"`` (a budget's default): the curve runs until the recall stops growing and
     the kept setting is within 0.005 of the best recall any setting reaches, counted here by a naive
@@ -303,11 +381,12 @@ def test_the_budget_compares_candidates_at_their_best_not_at_a_target():
 
     cands = candidates(12000, 16, False)
     budget = max(c["predicted_bytes"] for c in cands if c["kind"] == "opq") + 100
-    index, record = choose_index(g, max_bytes=budget, queries=x, seed=0, next_up=False)
+    pq_kinds = ("ivfpq", "ivfpqr", "opq")  # (rabitq's 1-bit codes, all that fit here, reach 0.41)
+    index, record = choose_index(g, max_bytes=budget, queries=x, seed=0, next_up=False, kinds=pq_kinds)
     assert "within 0.001 of its best" in record["why"] and index.tuned_to == "best"
     ceiling = _recall(index.search(x, 10, nprobe=index.nlist)[1], exact) if index.nlist else 1.0
     assert record["chosen"]["recall_at_10"] >= ceiling - 0.01
-    at = choose_index(g, max_bytes=budget, queries=x, seed=0, next_up=False, target_recall=0.5)[1]
+    at = choose_index(g, max_bytes=budget, queries=x, seed=0, next_up=False, target_recall=0.5, kinds=pq_kinds)[1]
     assert "reaching 0.500" in at["why"]
     assert all(r["recall_at_10"] >= 0.5 for r in at["measured"])
     assert record["chosen"]["recall_at_10"] >= at["chosen"]["recall_at_10"] - 1e-9

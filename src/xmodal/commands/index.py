@@ -115,12 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the data layout --select-split is read from (default: --data)")
     parser.add_argument("--names", metavar="TXT", default=None,
                         help="optional video names, one per line (printed by 'xmodal query')")
-    parser.add_argument("--kind", default=None, choices=("flat", "ivf", "ivfpq", "ivfpqr", "hnsw", "opq"),
-                        help="flat: exact search (default); ivf, ivfpq, ivfpqr, hnsw, opq: approximate, with the "
-                             "recall measured at build time (see above); with --max-memory: only that kind")
+    parser.add_argument("--kind", default=None, choices=("flat", "ivf", "ivfpq", "ivfpqr", "hnsw", "opq", "rabitq"),
+                        help="flat: exact search (default); ivf, ivfpq, ivfpqr, hnsw, opq, rabitq: approximate, "
+                             "with the recall measured at build time (see above); with --max-memory: only that kind")
+    parser.add_argument("--bits", type=int, default=None, metavar="B",
+                        help="--kind rabitq: bits per stored value, 1 to 8 (default 4; --max-memory chooses them)")
     parser.add_argument("--max-memory", default=None, metavar="SIZE",
                         help="a budget for the index file (22MB, 1.5GB, 512MiB): the kind, factory (OPQ rotation, "
-                             "PQ code size, refine, cells) and search setting with the best measured recall@10 "
+                             "PQ code size, RaBitQ bits, refine, cells) and search setting with the best measured recall@10 "
                              "within it are kept; the choice, why, and what the next budget up buys are printed "
                              "and stored in meta.json (budget)")
     parser.add_argument("--target-recall", type=float, default=None, metavar="R",
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
                                texts=texts, target_recall=args.target_recall,
                                recall_queries=args.recall_queries or RECALL_QUERIES, nlist=args.nlist,
                                nprobe=args.nprobe, ef_search=args.ef_search, model=model, store=args.store,
-                               select_on=select_on, max_bytes=max_bytes)
+                               select_on=select_on, max_bytes=max_bytes, bits=args.bits)
     except (ValueError, TypeError) as exc:
         name, sep, rest = str(exc).partition(":")
         flags = {"normalizer": "--normalizer", "features": "--video-features", "texts": "--texts", "nlist": "--nlist",
@@ -455,13 +457,21 @@ def _check_search_flags(args: argparse.Namespace) -> None:
                               ("--nlist", args.nlist, MAX_NPROBE)):
         if value is not None and not 1 <= value <= most:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq"):
-        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr / opq (this is {kind}"
+    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq", "rabitq"):
+        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr / opq / rabitq (this is {kind}"
                          + ("; hnsw takes --ef-search)" if kind == "hnsw" else ")"))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for --kind hnsw (this is {kind})")
-    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq"):
-        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr / opq (this is {kind})")
+    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq", "rabitq"):
+        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr / opq / rabitq (this is {kind})")
+    bits = getattr(args, "bits", None)
+    if bits is not None:
+        if kind != "rabitq":
+            raise ValueError(f"--bits: only for --kind rabitq (this is {kind})")
+        if getattr(args, "max_memory", None) is not None:
+            raise ValueError("--bits: --max-memory chooses rabitq's bits; give one or the other")
+        if not 1 <= bits <= 8:
+            raise ValueError(f"--bits: must be in [1, 8], got {bits}")
     if args.target_recall is not None:
         if kind == "flat" and getattr(args, "max_memory", None) is None:
             raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq, ivfpqr or hnsw")

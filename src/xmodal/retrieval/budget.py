@@ -22,9 +22,12 @@ Candidates (``w``: the stored width, ``N`` vectors; :data:`~xmodal.retrieval.ind
 - compressed: ``ivfpqr`` (4-bit codes + 8-bit re-ranking, about ``1.125 w + 8`` bytes a vector),
   ``opq`` with the largest code size ``m`` that fits (``m + 8`` bytes a vector: OPQ's rotation, Ge et al.
   2013, "Optimized Product Quantization", CVPR, sec. 3, then ``m`` one-byte sub-quantisers), ``ivfpq``
-  (``w / 4 + 8``). At most these three are built. The coarse centroids are in the file too: where a
+  (``w / 4 + 8``), ``rabitq`` with the most bits a value that fit (FAISS's ``IndexIVFRaBitQ``: about
+  ``b w / 8`` bytes plus its factors and the id). At most these four are built. The coarse centroids are in the file too: where a
   kind fits only with fewer cells than the build would choose, its cell-count choice is bounded
   (``BiasedIndex(max_nlist=)``), so a tight budget holds a larger code with fewer cells.
+  Where even the fewest candidate cells do not fit, the code is offered over the most cells that do
+  (down to :data:`MIN_NLIST_DIVISOR` times fewer).
 
 The choice records (``meta.json["budget"]``) every candidate measured (kind, factory, predicted and
 written bytes, recall@10, queries/s at the kept setting) and the next budget up: the candidates that
@@ -33,7 +36,7 @@ tried), built smallest first until one measures a higher recall, so its bytes an
 memory buys.
 
 Monotone in the budget: a larger budget measures the same candidates or larger ones of the same
-families (only ``opq``'s ``m`` grows), so its choice's recall is at least the smaller budget's unless a
+families (only ``opq``'s ``m`` and ``rabitq``'s bits grow), so its choice's recall is at least the smaller budget's unless a
 larger OPQ code measures a lower recall than a smaller one (not observed; not guaranteed).
 """
 
@@ -60,6 +63,9 @@ ID_BYTES = 8
 MAX_NEXT_BUILDS = 3
 #: Slack on a prediction: headers and rounding FAISS adds.
 HEADER_BYTES = 4096
+#: A budget may hold a code over fewer cells than the build's smallest cell-count candidate, down to this
+#: many times fewer (fewer cells: coarser residuals and longer lists to scan).
+MIN_NLIST_DIVISOR = 8
 
 
 def parse_size(text: Any) -> int:
@@ -96,12 +102,14 @@ def format_size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def predicted_bytes(kind: str, n: int, width: int, nlist: int | None = None, pq_m: int | None = None) -> int:
+def predicted_bytes(kind: str, n: int, width: int, nlist: int | None = None, pq_m: int | None = None,
+                    bits: int | None = None) -> int:
     """The file size of a ``kind`` index of ``n`` vectors of stored ``width`` (an upper estimate: headers
     rounded up, every IVF list's size recorded), from FAISS's serialised layout: float32 vectors, int64 ids
     per IVF entry, float32 centroids (coarse ``nlist x width``, PQ ``256 x width`` for 8-bit codes), OPQ's
     ``d' x width`` rotation, HNSW's int32 links (``2 M`` on level 0, ``M / (M - 1)`` more on average above)
-    and per-node level / offset.
+    and per-node level / offset; ``rabitq``: FAISS's own code size for ``bits`` (the bits per value and
+    the per-vector factors) and a ``width`` centre.
 
     >>> predicted_bytes("flat", 1000, 128) - 1000 * 512
     4096
@@ -130,40 +138,72 @@ def predicted_bytes(kind: str, n: int, width: int, nlist: int | None = None, pq_
         d = opq_dim(width, pq_m)
         return (b + 4 * d * width + 4 * d + 4 * d * nlist + 8 * nlist + 4 * d * (1 << nbits)
                 + n * (math.ceil(pq_m * nbits / 8) + ID_BYTES))
+    if kind == "rabitq":
+        return b + coarse + 4 * width + n * (rabitq_code_size(width, bits) + ID_BYTES)
     raise ValueError(f"kind: no size model for {kind!r}")
 
 
-def candidates(n: int, dim: int, biased: bool, *, nlist: int | None = None, kinds: tuple | None = None) -> list[dict]:
-    """Every candidate ``{"kind", "pq_m", "max_nlist", "predicted_bytes"}``, smallest first: ``opq`` one per
-    code size; an IVF kind whose cell count the build chooses, one per bound on it
+def rabitq_code_size(width: int, bits: int) -> int:
+    """Bytes FAISS stores per ``rabitq`` vector of ``width`` values at ``bits`` bits a value (read from an
+    untrained ``IndexIVFRaBitQ``: no data needed).
+
+    >>> rabitq_code_size(128, 1), rabitq_code_size(128, 8)
+    (24, 148)
+    """
+    from xmodal.retrieval.index import import_faiss
+
+    faiss = import_faiss()
+    factory = "IVF1,RaBitQ" + (str(int(bits)) if int(bits) > 1 else "")
+    return int(faiss.index_factory(int(width), factory, faiss.METRIC_INNER_PRODUCT).code_size)
+
+
+def candidates(n: int, dim: int, biased: bool, *, nlist: int | None = None, kinds: tuple | None = None,
+               budget: int | None = None) -> list[dict]:
+    """Every candidate ``{"kind", "pq_m", "bits", "max_nlist", "predicted_bytes"}``, smallest first: ``opq`` one
+    per code size, ``rabitq`` one per bits a value (:data:`~xmodal.retrieval.index.RABITQ_BITS`); an IVF kind whose cell count the build chooses, one per bound on it
     (:func:`~xmodal.retrieval.index.nlist_candidates`: its coarse centroids are in the file too, so a tight
-    budget may hold a larger code with fewer cells); bytes predicted at the bound."""
-    from xmodal.retrieval.index import MIN_PQ_ROWS, OPQ_CODE_SIZES, _width, nlist_candidates
+    budget may hold a larger code with fewer cells); bytes predicted at the bound. With ``budget``, a code whose
+    fewest candidate cells do not fit is also offered with the most cells that do, down to
+    :data:`MIN_NLIST_DIVISOR` times fewer than those fewest."""
+    from xmodal.retrieval.index import COMPRESSED_KINDS, MIN_PQ_ROWS, OPQ_CODE_SIZES, RABITQ_BITS, _width, nlist_candidates
 
     out = []
-    for kind in kinds or ("flat", "ivf", "hnsw", "ivfpqr", "ivfpq", "opq"):
-        if kind in ("ivfpq", "ivfpqr", "opq") and n < MIN_PQ_ROWS:
+    for kind in kinds or ("flat", "ivf", "hnsw", "ivfpqr", "ivfpq", "opq", "rabitq"):
+        if kind in COMPRESSED_KINDS and n < MIN_PQ_ROWS:
             continue
         w = _width(dim, kind, biased)
         caps = [None] if kind in ("flat", "hnsw") else [int(nlist)] if nlist is not None else nlist_candidates(n)
         ms = [m for m in OPQ_CODE_SIZES if m <= w] if kind == "opq" else [None]
         for m in ms:
-            for c in caps:
-                out.append({"kind": kind, "pq_m": m, "max_nlist": None if nlist is not None else c,
-                            "predicted_bytes": predicted_bytes(kind, n, w, c, m)})
+            for bits in RABITQ_BITS if kind == "rabitq" else [None]:
+                for c in caps:
+                    out.append({"kind": kind, "pq_m": m, "bits": bits, "max_nlist": None if nlist is not None else c,
+                                "predicted_bytes": predicted_bytes(kind, n, w, c, m, bits)})
+                if budget is None or nlist is not None or caps == [None] or out[-len(caps)]["predicted_bytes"] <= budget:
+                    continue
+                # the fewest cells do not fit: the most cells that do (the size grows with the cells)
+                lo, hi = max(1, caps[0] // MIN_NLIST_DIVISOR), caps[0] - 1
+                if lo > hi or predicted_bytes(kind, n, w, lo, m, bits) > budget:
+                    continue
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if predicted_bytes(kind, n, w, mid, m, bits) <= budget else (lo, mid - 1)
+                out.append({"kind": kind, "pq_m": m, "bits": bits, "max_nlist": lo,
+                            "predicted_bytes": predicted_bytes(kind, n, w, lo, m, bits)})
     return sorted(out, key=lambda c: c["predicted_bytes"])
 
 
 def _to_measure(cands: list[dict], budget: int) -> list[dict]:
     """The candidates built for ``budget``: ``flat`` alone when it fits (exact, and the smallest exact file);
-    else per kind the largest that fits: the largest code (``opq``), then the most cells."""
+    else per kind the largest that fits: the largest code (``opq``'s bytes, ``rabitq``'s bits), then the most
+    cells."""
     fit = [c for c in cands if c["predicted_bytes"] <= budget]
     flat = [c for c in fit if c["kind"] == "flat"]
     if flat:
         return flat
 
     def larger(c: dict) -> tuple[int, int]:  # the code first, then the cells
-        return c["pq_m"] or 0, c["max_nlist"] or 0
+        return c["pq_m"] or c.get("bits") or 0, c["max_nlist"] or 0
 
     best: dict[str, dict] = {}
     for c in fit:
@@ -226,7 +266,7 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
     n, d = int(gallery.shape[0]), int(gallery.shape[1])
     if n < 1 or queries.shape[1] != d:
         raise ValueError(f"queries: expected [Q, {d}] and a gallery of at least one row, got {tuple(queries.shape)}")
-    cands = candidates(n, d, bias is not None, nlist=nlist, kinds=kinds)
+    cands = candidates(n, d, bias is not None, nlist=nlist, kinds=kinds, budget=max_bytes)
     if not cands:
         raise ValueError(f"--max-memory: no index kind of {', '.join(kinds or ())} suits {n} vectors")
     smallest = cands[0]
@@ -242,7 +282,8 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
             say(f"budget: building {_label(c)}" + (f" with at most {c['max_nlist']} cells" if c.get("max_nlist") else "")
                 + f" (about {format_size(c['predicted_bytes'])}{why})")
             start = time.perf_counter()
-            index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], max_nlist=c.get("max_nlist"), queries=queries,
+            index = BiasedIndex(gallery, bias, kind=c["kind"], pq_m=c["pq_m"], bits=c.get("bits"),
+                                max_nlist=c.get("max_nlist"), queries=queries,
                                 target_recall=(target_recall or "best") if c["kind"] != "flat" else None, nlist=nlist,
                                 seed=seed, block_rows=block_rows or BLOCK_ROWS, progress=progress)
             path = Path(tmp) / "candidate.faiss"
@@ -270,8 +311,8 @@ def choose_index(gallery: Any, bias: Any = None, *, max_bytes: int, queries: Any
         nxt = None
         # a larger code or another kind: the same code over more cells buys speed at a target, hardly
         # recall at its best (every cell probed, the cells only change what the codes encode)
-        codes = {(c["kind"], c["pq_m"]) for c in todo}
-        over = [c for c in cands if c["predicted_bytes"] > max_bytes and (c["kind"], c["pq_m"]) not in codes
+        codes = {(c["kind"], c["pq_m"], c.get("bits")) for c in todo}
+        over = [c for c in cands if c["predicted_bytes"] > max_bytes and (c["kind"], c["pq_m"], c.get("bits")) not in codes
                 and not any(r["kind"] == c["kind"] and r["predicted_bytes"] == c["predicted_bytes"] for r in rows)]
         beyond: list[dict] = []
         for c in over[:MAX_NEXT_BUILDS] if next_up else []:
@@ -320,7 +361,8 @@ def _rate(index: Any, queries: Any) -> float:
 
 
 def _label(c: dict) -> str:
-    return f"{c['kind']}" + (f" with {c['pq_m']}-byte codes" if c.get("pq_m") else "")
+    return f"{c['kind']}" + (f" with {c['pq_m']}-byte codes" if c.get("pq_m") else "") + \
+        (f" with {c['bits']}-bit values" if c.get("bits") else "")
 
 
 def budget_line(record: dict) -> str:

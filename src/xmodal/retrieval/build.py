@@ -47,7 +47,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
                 recall_queries: int = RECALL_QUERIES, nlist: int | None = None, nprobe: int | None = None,
                 ef_search: int | None = None, block_rows: int | None = None, seed: int = 0,
                 log: Any = None, texts: Any = None, model: Any = None, store: str = "float16",
-                select_on: dict | None = None, max_bytes: int | None = None) -> dict:
+                select_on: dict | None = None, max_bytes: int | None = None, bits: int | None = None) -> dict:
     """Write the index directory; returns its ``meta.json`` content.
 
     ``video_features`` / ``video_mask`` as ``model.encode_video`` takes them (dicts with experts;
@@ -88,7 +88,8 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
 
     ``max_bytes`` (``--max-memory``): the kind, factory and search setting are chosen for that file size by
     :func:`xmodal.retrieval.budget.choose_index` (``kind`` other than ``"flat"``: among that kind only); the
-    choice is ``meta.json["budget"]`` and the written ``index.faiss`` is checked against it.
+    choice is ``meta.json["budget"]`` and the written ``index.faiss`` is checked against it. ``bits``: ``rabitq``'s
+    bits per value (:class:`~xmodal.retrieval.index.BiasedIndex`; not with ``max_bytes``, which chooses them).
 
     Every file is written beside the previous index's (``.NAME.tmpPID``) and all are swapped in at the
     end, ``meta.json`` last (:class:`xmodal.runs.StagedFiles`): a failed or killed ``--overwrite``
@@ -104,6 +105,8 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
 
     out = Path(out)
     kind = option(kind, "kind", KINDS)
+    if bits is not None and (kind != "rabitq" or max_bytes is not None):
+        raise ValueError("bits: only for kind rabitq without max_bytes (a memory budget chooses the bits)")
     store_dtype = option(store, "store", STORES)
     recall_queries = whole_number(recall_queries, "recall_queries", minimum=1)
     block_rows = BLOCK_ROWS if block_rows is None else whole_number(block_rows, "block_rows", minimum=1)
@@ -170,7 +173,7 @@ def write_index(run: str, video_features: Any, out: str | Path, *, normalizer: s
             index = BiasedIndex(folded["gallery"], folded["bias"], kind=kind,
                                 queries=None if queries is None else queries - shift[None, :],
                                 target_recall=target_recall, nlist=nlist, nprobe=nprobe, ef_search=ef_search,
-                                block_rows=block_rows, seed=seed, progress=show)
+                                block_rows=block_rows, seed=seed, progress=show, bits=bits)
         from xmodal.features.identity import spec_to_file
 
         here = Path(out).resolve()  # folders named relative to the index: no absolute path of this machine

@@ -21,6 +21,7 @@ Kinds (built with ``faiss.index_factory``, inner-product metric):
 | ``ivfpqr`` | ``IVF{nlist},PQ{m}x4fsr,Refine(SQ8)`` | ``nprobe``; 4-bit fast-scan codes shortlist ``8 k`` candidates, re-ranked by 8-bit scalar codes |
 | ``hnsw`` | ``HNSW32`` | ``efSearch``; float32 vectors + a 32-neighbour graph |
 | ``opq`` | ``OPQ{m}_{d'},IVF{nlist},PQ{m}x8`` | ``nprobe``; a learned rotation to ``d'`` values (OPQ, Ge et al. 2013), then ``m`` bytes per vector |
+| ``rabitq`` | ``IVF{nlist},RaBitQ{b}`` | ``nprobe``; each residual to its cell as ``b`` bits a value plus a few float factors (RaBitQ, Gao & Long 2024; extended to ``b`` bits, Gao et al. 2025), queries quantised to :data:`RABITQ_QUERY_BITS` bits |
 
 ``opq`` is the compressed index autofaiss builds under a memory budget (its ``get_optimal_quantization``:
 ``OPQ{m}_{d'},IVF{nlist}[_HNSW32],PQ{m}x8``); here ``d'`` is the smallest multiple of ``m`` at least the
@@ -28,6 +29,12 @@ stored width (an orthonormal rotation of the zero-padded vector, so the cells an
 unrotated vectors carry over) and the cells are searched exactly (a flat coarse quantiser). ``pq_m`` sets
 ``m`` (default: :func:`default_pq_m`, a quarter of the width's bytes as ``ivfpq``);
 :mod:`xmodal.retrieval.budget` chooses it, and the kind, for a file-size budget.
+
+``rabitq`` stores FAISS's ``IndexIVFRaBitQ``: a random rotation, then each coordinate of the residual to
+its cell as ``bits`` bits (:data:`RABITQ_BITS`; default :data:`RABITQ_DEFAULT_BITS`) with per-vector factors
+that make the inner-product estimate unbiased. It needs no codebook training (the build trains only the
+cells), and under a memory budget it is the kind that holds the most recall per byte on both collections
+of ``bench/ann_peer.py`` at the 30% budget and on flickr8k at 8% (docs/benchmarks.md).
 
 An approximate index states its quality: given a sample of queries (``queries=``; the
 trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95
@@ -78,10 +85,18 @@ __all__ = ["BiasedIndex", "fold_bias", "import_faiss", "fold_run_normalizer", "s
 #: Run normalisers an inner-product index can hold exactly.
 FOLDABLE = ("none", "dn", "sinkhorn", "ncl")
 #: Index kinds (see the module docstring).
-KINDS = ("flat", "ivf", "ivfpq", "ivfpqr", "hnsw", "opq")
+KINDS = ("flat", "ivf", "ivfpq", "ivfpqr", "hnsw", "opq", "rabitq")
 #: Kinds with IVF cells (an ``nprobe``), and kinds that keep only compressed vectors (no exact search).
-IVF_KINDS = ("ivf", "ivfpq", "ivfpqr", "opq")
-COMPRESSED_KINDS = ("ivfpq", "ivfpqr", "opq")
+IVF_KINDS = ("ivf", "ivfpq", "ivfpqr", "opq", "rabitq")
+COMPRESSED_KINDS = ("ivfpq", "ivfpqr", "opq", "rabitq")
+#: The kinds with a product quantiser (trained sub-quantisers).
+PQ_KINDS = ("ivfpq", "ivfpqr", "opq")
+#: Bits per stored value ``rabitq`` takes (FAISS's ``RaBitQ{b}``), and its default.
+RABITQ_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
+RABITQ_DEFAULT_BITS = 4
+#: Bits a query is quantised to in a ``rabitq`` search (FAISS's ``qb``; its default 4 lost recall, 0, float
+#: queries, searched at a few queries/s).
+RABITQ_QUERY_BITS = 8
 #: Kinds whose stored width is padded to a multiple of :data:`PQ_DSUB` (the bias a sub-vector of its own).
 PADDED_KINDS = ("ivfpq", "ivfpqr")
 #: ``ivfpqr``: candidates re-ranked by the SQ8 refine stage, per result asked for.
@@ -272,7 +287,8 @@ class BiasedIndex:
             (:class:`~xmodal.retrieval.rowstore.RowStore`: ``shape``, ``[a:b]``, ``take``).
         bias: optional ``[N]`` per-gallery bias (e.g. ``SinkhornBias(...).bias`` or
             ``DistributionNormalization.gallery_bias(gallery)``).
-        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"``, ``"ivfpqr"`` or ``"hnsw"`` (module docstring).
+        kind: ``"flat"`` (exact), ``"ivf"``, ``"ivfpq"``, ``"ivfpqr"``, ``"hnsw"``, ``"opq"`` or ``"rabitq"``
+            (module docstring).
         queries: ``[Q, D]`` sample queries (already shifted as searches will be) on which the
             recall@10 is measured and the search parameter chosen; None: not measured.
         target_recall: the recall@10 the search parameter must reach (default 0.95 for the
@@ -283,6 +299,8 @@ class BiasedIndex:
             that reaches what it can); the cells are still chosen for the default target
             (``tuned_to == "best"``, ``target_met`` None).
         nlist: IVF cells (default ``4 sqrt(N)``, at most ``N / 39``).
+        pq_m: ``opq``'s bytes per vector (:func:`default_pq_m`). bits: ``rabitq``'s bits per value
+            (:data:`RABITQ_BITS`, default :data:`RABITQ_DEFAULT_BITS`).
         max_nlist: the most cells a build that chooses its cell count may choose (a memory budget's bound:
             :func:`nlist_candidates`); ignored when ``nlist`` is given.
         nprobe / ef_search: a fixed search parameter instead of one chosen by recall
@@ -309,7 +327,8 @@ class BiasedIndex:
     def __init__(self, gallery: Any, bias: Any | None = None, *, kind: str = "flat", queries: Any = None,
                  target_recall: float | None = None, nlist: int | None = None, nprobe: int | None = None,
                  ef_search: int | None = None, block_rows: int = BLOCK_ROWS, seed: int = 0,
-                 pq_m: int | None = None, max_nlist: int | None = None, progress: bool | None = False) -> None:
+                 pq_m: int | None = None, max_nlist: int | None = None, progress: bool | None = False,
+                 bits: int | None = None) -> None:
         faiss = import_faiss()
         self._show = progress
         self.kind = option(kind, "kind", KINDS)
@@ -333,6 +352,13 @@ class BiasedIndex:
                              f"{self.kind}")
         if pq_m is not None and self.kind != "opq":
             raise ValueError(f"pq_m: only the opq kind takes a code size; this index is {self.kind}")
+        self.bits = None
+        if bits is not None and self.kind != "rabitq":
+            raise ValueError(f"bits: only the rabitq kind takes bits per value; this index is {self.kind}")
+        if self.kind == "rabitq":
+            self.bits = RABITQ_DEFAULT_BITS if bits is None else whole_number(bits, "bits", minimum=1)
+            if self.bits not in RABITQ_BITS:
+                raise ValueError(f"bits: expected one of {RABITQ_BITS[0]}..{RABITQ_BITS[-1]}, got {self.bits}")
         if self.kind == "opq":
             self.pq_m = default_pq_m(self.width) if pq_m is None else whole_number(pq_m, "pq_m", minimum=1)
             if self.pq_m > self.width:
@@ -379,7 +405,7 @@ class BiasedIndex:
             if centroids is not None and self.kind != "opq":  # the chosen cell count's quantiser, trained while choosing it
                 # (opq's cells live in the rotated space: trained again there)
                 ivf.quantizer.add(centroids)
-            if self.kind in COMPRESSED_KINDS:
+            if self.kind in PQ_KINDS:
                 pq = faiss.downcast_index(ivf).pq  # the sub-quantisers' k-means
                 pq.cp.niter, pq.cp.seed = 10, int(seed)
             from xmodal.retrieval.recall import sample_rows
@@ -392,7 +418,10 @@ class BiasedIndex:
             else:
                 self.index.is_trained = True
             _release_freed_memory()  # the training sample's pages, before the index grows
-            if self.kind in ("ivfpqr", "opq"):  # refine codes / the rotation: FAISS's own add, block by block
+            if self.kind == "rabitq":
+                faiss.downcast_index(ivf).qb = RABITQ_QUERY_BITS  # saved with the index: every search quantises its queries so
+            if self.kind in ("ivfpqr", "opq", "rabitq"):  # refine codes / the rotation / RaBitQ's factors: FAISS's
+                # own add, block by block
                 if self.kind == "ivfpqr":
                     self.index.k_factor = REFINE_K_FACTOR
                 for _, _, block in _counted(blocks, n, "index: adding", progress)():
@@ -487,6 +516,8 @@ class BiasedIndex:
             return f"IVF{self.nlist},Flat"
         if self.kind == "ivfpqr":  # 4-bit fast-scan codes shortlist, 8-bit scalar codes re-rank
             return f"IVF{self.nlist},PQ{self.width // PQ_DSUB}x4fsr,Refine(SQ8)"
+        if self.kind == "rabitq":
+            return f"IVF{self.nlist},RaBitQ" + (str(self.bits) if self.bits > 1 else "")
         nbits = 8 if n >= 256 * 39 else max(1, min(8, int(np.log2(max(2, n // 39)))))
         if self.kind == "opq":
             m = self.pq_m
@@ -498,7 +529,7 @@ class BiasedIndex:
     # -- search parameters ----------------------------------------------------------------
     @property
     def _param_name(self) -> str | None:
-        return {"ivf": "nprobe", "ivfpq": "nprobe", "ivfpqr": "nprobe", "opq": "nprobe", "hnsw": "efSearch"}.get(self.kind)
+        return "efSearch" if self.kind == "hnsw" else "nprobe" if self.kind in IVF_KINDS else None
 
     def _set_params(self, value: int) -> None:
         """Make ``value`` the index's own default (saved with it)."""
@@ -516,7 +547,12 @@ class BiasedIndex:
             if self.kind not in IVF_KINDS:
                 raise ValueError(f"nprobe: only the ivf and ivfpq kinds have cells to probe; this index is "
                                  f"{self.kind}" + (" (use ef_search)" if self.kind == "hnsw" else ""))
-            params = faiss.SearchParametersIVF(nprobe=min(_bounded(nprobe, "nprobe", MAX_NPROBE), self.nlist))
+            nprobe = min(_bounded(nprobe, "nprobe", MAX_NPROBE), self.nlist)
+            if self.kind == "rabitq":  # the index's own query bits (a plain IVF parameter object would use 4)
+                params = faiss.IVFRaBitQSearchParameters()
+                params.nprobe, params.qb = nprobe, int(faiss.downcast_index(faiss.extract_index_ivf(self.index)).qb)
+                return params
+            params = faiss.SearchParametersIVF(nprobe=nprobe)
             if self.kind == "ivfpqr":
                 return faiss.IndexRefineSearchParameters(k_factor=float(self.index.k_factor),
                                                          base_index_params=params)
@@ -678,7 +714,7 @@ class BiasedIndex:
             if nprobe is not None or ef_search is not None:
                 raise ValueError("exact: give exact or a search parameter (nprobe / ef_search), not both")
             if self.kind in COMPRESSED_KINDS:
-                raise ValueError(f"exact: an {self.kind} index stores compressed vectors, so no search over it is exact "
+                raise ValueError(f"exact: {'a' if self.kind == 'rabitq' else 'an'} {self.kind} index stores compressed vectors, so no search over it is exact "
                                  "(nprobe = nlist scans every code); build a flat, ivf or hnsw index for exact "
                                  "answers")
             if self.kind == "hnsw":
@@ -726,13 +762,16 @@ class BiasedIndex:
         obj = cls.__new__(cls)
         obj.index, obj.num_items, obj.width = index, int(index.ntotal), int(index.d)
         ivf = faiss.try_extract_index_ivf(index)  # read_index returns the index as its own class
-        obj.pq_m = None
+        obj.pq_m = obj.bits = None
         if ivf is not None:
             obj.kind = "opq" if isinstance(index, faiss.IndexPreTransform) else \
+                "rabitq" if isinstance(index, faiss.IndexIVFRaBitQ) else \
                 "ivfpqr" if isinstance(index, faiss.IndexRefine) else \
                 "ivfpq" if isinstance(index, faiss.IndexIVFPQ) else "ivf"
             if obj.kind == "opq":
                 obj.pq_m = int(faiss.downcast_index(ivf).pq.M)
+            if obj.kind == "rabitq":
+                obj.bits = int(index.rabitq.nb_bits)
             obj.nlist = int(ivf.nlist)
             obj.search_params = {"nprobe": int(ivf.nprobe)}
         elif isinstance(index, faiss.IndexHNSW):
