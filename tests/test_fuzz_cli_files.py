@@ -148,7 +148,7 @@ OTHER_ARGS = {
     "encode": {"kind", "--frames", "--fps", "--size", "--model", "--batch-size", "--threads", "--truncated",
                "--max-pixels", "--workers", "--shard", "--device", "--precision", "--cluster", "--cluster-shards"},
     "eval": {"--split", "--normalizer", "--v2t-scores", "--ties", "--v2t", "--block-size", "--threads", "--ks"},
-    "index": {"--split", "--normalizer", "--kind", "--text-encoder", "--threads", "--target-recall",
+    "index": {"--split", "--normalizer", "--kind", "--bits", "--text-encoder", "--threads", "--target-recall",
               "--recall-queries", "--nlist", "--nprobe", "--ef-search", "--store", "--select-split", "--shard",
               "--train-rows", "--cluster", "--cluster-shards", "--merge", "--max-memory"},
     "export": {"--text-encoder", "--video-encoder", "--threads", "--license", "--dataset"},

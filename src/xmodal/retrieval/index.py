@@ -33,8 +33,7 @@ unrotated vectors carry over) and the cells are searched exactly (a flat coarse 
 ``rabitq`` stores FAISS's ``IndexIVFRaBitQ``: a random rotation, then each coordinate of the residual to
 its cell as ``bits`` bits (:data:`RABITQ_BITS`; default :data:`RABITQ_DEFAULT_BITS`) with per-vector factors
 that make the inner-product estimate unbiased. It needs no codebook training (the build trains only the
-cells), and under a memory budget it is the kind that holds the most recall per byte on both collections
-of ``bench/ann_peer.py`` at the 30% budget and on flickr8k at 8% (docs/benchmarks.md).
+cells); a memory budget measures it beside the product quantisers (docs/benchmarks.md: where it wins).
 
 An approximate index states its quality: given a sample of queries (``queries=``; the
 trained run's stored text embeddings in ``xmodal index``) and ``target_recall`` (0.95
