@@ -450,28 +450,28 @@ def recall_line(meta: dict, *, short: bool = False) -> str:
 
 
 def _check_search_flags(args: argparse.Namespace) -> None:
-    from xmodal.retrieval.index import MAX_EF_SEARCH, MAX_NPROBE
+    from xmodal.retrieval.index import IVF_KINDS, MAX_EF_SEARCH, MAX_NPROBE, RABITQ_BITS
 
     kind = args.kind
     for flag, value, most in (("--nprobe", args.nprobe, MAX_NPROBE), ("--ef-search", args.ef_search, MAX_EF_SEARCH),
                               ("--nlist", args.nlist, MAX_NPROBE)):
         if value is not None and not 1 <= value <= most:
             raise ValueError(f"{flag}: must be in [1, {most}] (at most {most}), got {value}")
-    if args.nprobe is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq", "rabitq"):
-        raise ValueError(f"--nprobe: only for --kind ivf / ivfpq / ivfpqr / opq / rabitq (this is {kind}"
+    if args.nprobe is not None and kind not in IVF_KINDS:
+        raise ValueError(f"--nprobe: only for --kind {' / '.join(IVF_KINDS)} (this is {kind}"
                          + ("; hnsw takes --ef-search)" if kind == "hnsw" else ")"))
     if args.ef_search is not None and kind != "hnsw":
         raise ValueError(f"--ef-search: only for --kind hnsw (this is {kind})")
-    if args.nlist is not None and kind not in ("ivf", "ivfpq", "ivfpqr", "opq", "rabitq"):
-        raise ValueError(f"--nlist: only for --kind ivf / ivfpq / ivfpqr / opq / rabitq (this is {kind})")
+    if args.nlist is not None and kind not in IVF_KINDS:
+        raise ValueError(f"--nlist: only for --kind {' / '.join(IVF_KINDS)} (this is {kind})")
     bits = getattr(args, "bits", None)
     if bits is not None:
         if kind != "rabitq":
             raise ValueError(f"--bits: only for --kind rabitq (this is {kind})")
         if getattr(args, "max_memory", None) is not None:
             raise ValueError("--bits: --max-memory chooses rabitq's bits; give one or the other")
-        if not 1 <= bits <= 8:
-            raise ValueError(f"--bits: must be in [1, 8], got {bits}")
+        if bits not in RABITQ_BITS:
+            raise ValueError(f"--bits: must be in [{RABITQ_BITS[0]}, {RABITQ_BITS[-1]}], got {bits}")
     if args.target_recall is not None:
         if kind == "flat" and getattr(args, "max_memory", None) is None:
             raise ValueError("--target-recall: a flat index is exact; give --kind ivf, ivfpq, ivfpqr or hnsw")
